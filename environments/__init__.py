@@ -1,0 +1,1 @@
+"""Built-in environments (installed as ``leanrl.environments``). ``leanrl envs`` lists them."""

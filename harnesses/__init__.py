@@ -1,0 +1,1 @@
+"""Built-in harnesses (installed as ``leanrl.harnesses``)."""

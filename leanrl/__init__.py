@@ -1,0 +1,74 @@
+"""leanrl: evaluate and post-train language models that write Lean 4 proofs.
+
+An :class:`Environment` is a :class:`Taskset` (theorems and reward), a :class:`Harness` (how the
+model works on a task) and a :class:`Runtime` (where Lean runs). The eval runner and the
+trainers consume it::
+
+    import leanrl
+    env = leanrl.load_environment("minif2f", split="test", limit=20, path="minif2f.jsonl")
+    tasks = env.tasks()
+
+Everything public is listed in ``__all__``; modules starting with ``_`` are private.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from leanrl.environment import Environment, EnvironmentConfig, load_environment
+from leanrl.errors import (
+    ConfigError,
+    DatasetError,
+    LeanNotFoundError,
+    LeanrlError,
+    PolicyError,
+    RuntimeUnavailable,
+)
+from leanrl.harness import Harness, HarnessConfig
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.rollout import ChatMessage, Rollout, Turn
+from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
+from leanrl.task import Task
+from leanrl.taskset import ColumnMap, Taskset, TasksetConfig
+from leanrl.verdict import Attempt, Message, Reason, Verdict, VerificationPolicy
+
+try:
+    __version__ = version("leanrl")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "Attempt",
+    "ChatMessage",
+    "ColumnMap",
+    "Completion",
+    "ConfigError",
+    "DatasetError",
+    "Environment",
+    "EnvironmentConfig",
+    "Harness",
+    "HarnessConfig",
+    "LeanNotFoundError",
+    "LeanrlError",
+    "Message",
+    "Policy",
+    "PolicyConfig",
+    "PolicyError",
+    "Prompt",
+    "Reason",
+    "Rollout",
+    "Runtime",
+    "RuntimeConfig",
+    "RuntimeUnavailable",
+    "SamplingConfig",
+    "TacticSession",
+    "TacticState",
+    "Task",
+    "Taskset",
+    "TasksetConfig",
+    "Turn",
+    "Verdict",
+    "VerificationPolicy",
+    "__version__",
+    "load_environment",
+]

@@ -1,0 +1,177 @@
+"""The ``leanrl`` command line.
+
+Every command is a pydantic model: its fields are the flags (nested models give dotted flags such
+as ``--env.taskset.limit 20``), its field docstrings are the ``--help`` text, and ``cli_cmd`` runs
+it. pydantic-settings does the parsing. Commands are listed in ``_COMMANDS``; their modules must
+import quickly (keep torch and friends inside ``cli_cmd``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
+
+from leanrl import registry
+from leanrl.errors import LeanrlError
+
+__all__ = ["EnvsCommand", "main"]
+
+
+class EnvsCommand(BaseModel):
+    """List the environments, harnesses and runtimes leanrl can find (built-in and installed
+    packages), each with a one-line description.
+
+    Third-party packages appear here once installed, if they register entry points in the groups
+    leanrl.environments, leanrl.harnesses or leanrl.runtimes (see docs/custom-environments.md).
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    json_output: bool = Field(default=False, alias="json")
+    """Print JSON instead of a table (for scripts)."""
+
+    def cli_cmd(self) -> None:
+        kinds: list[registry.Kind] = ["environments", "harnesses", "runtimes"]
+        found = {kind: registry.describe(kind) for kind in kinds}
+        if self.json_output:
+            out = {
+                k: [{"id": n, "description": d, "package": p} for n, d, p in v]
+                for k, v in found.items()
+            }
+            print(json.dumps(out, indent=2))
+            return
+        for kind, rows in found.items():
+            print(f"{kind}:")
+            if not rows:
+                print("  (none)")
+            width = max((len(n) for n, _, _ in rows), default=0)
+            for name, doc, dist in rows:
+                origin = "" if dist == "leanrl" else f"  [{dist}]"
+                print(f"  {name:<{width}}  {doc}{origin}")
+            print()
+
+
+# -- _COMMANDS: one line per command; "a b" nests b under group a (`leanrl a b`). -----------------
+_COMMANDS: dict[str, str] = {
+    "envs": "leanrl.cli:EnvsCommand",
+}
+# -------------------------------------------------------------------------------------------------
+
+_GROUP_DOCS: dict[str, str] = {
+    "train": "Post-train a model on an environment (GRPO or evolution strategies).",
+}
+
+_ROOT_DOC = """leanrl: evaluate and post-train language models that write Lean 4 proofs.
+
+An environment is a taskset (theorems, reward), a harness (how the model works on a task) and a
+runtime (where Lean runs). `leanrl envs` lists them. Every option can also come from a TOML file
+given with --config; flags override the file. Nested options use dots, e.g.
+--env.taskset.limit 20 --env.runtime.workers 8. Run `leanrl COMMAND --help` for a command's
+options, each with its meaning and default.
+"""
+
+_SETTINGS = SettingsConfigDict(
+    cli_prog_name="leanrl",
+    use_attribute_docstrings=True,
+    cli_implicit_flags=True,
+    cli_avoid_json=True,
+    cli_hide_none_type=True,
+    cli_enforce_required=False,
+    nested_model_default_partial_update=False,
+)
+
+
+def _load(target: str) -> type[BaseModel]:
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    assert isinstance(cls, type) and issubclass(cls, BaseModel)
+    return cls
+
+
+def _group(name: str, children: dict[str, type[BaseModel]], doc: str) -> type[BaseModel]:
+    fields: dict[str, Any] = {
+        k: (CliSubCommand[v], Field(description=_summary(v))) for k, v in children.items()
+    }
+
+    def cli_cmd(self: BaseModel) -> None:
+        CliApp.run_subcommand(self)
+
+    model = create_model(  # type: ignore[call-overload]
+        f"{name.title()}Group", __doc__=doc, __base__=BaseModel, **fields
+    )
+    model.cli_cmd = cli_cmd
+    return model  # type: ignore[no-any-return]
+
+
+def _summary(cls: type) -> str:
+    return (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+
+
+def build_app() -> type[BaseSettings]:
+    """The root command model, assembled from ``_COMMANDS``."""
+    top: dict[str, type[BaseModel]] = {}
+    groups: dict[str, dict[str, type[BaseModel]]] = {}
+    for path, target in _COMMANDS.items():
+        parts = path.split()
+        if len(parts) == 1:
+            top[parts[0]] = _load(target)
+        else:
+            groups.setdefault(parts[0], {})[parts[1]] = _load(target)
+    for gname, children in groups.items():
+        top[gname] = _group(gname, children, _GROUP_DOCS.get(gname, gname))
+    fields: dict[str, Any] = {
+        k: (CliSubCommand[v], Field(description=_summary(v))) for k, v in top.items()
+    }
+
+    def cli_cmd(self: BaseSettings) -> None:
+        CliApp.run_subcommand(self)
+
+    app = create_model(  # type: ignore[call-overload]
+        "Leanrl", __doc__=_ROOT_DOC, __base__=BaseSettings, __config__=None, **fields
+    )
+    app.model_config.update(_SETTINGS)
+    app.cli_cmd = cli_cmd
+    return app  # type: ignore[no-any-return]
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Accept the short form ``--env NAME`` for ``--env.id NAME`` (and ``--env=NAME``)."""
+    out: list[str] = []
+    it = iter(range(len(argv)))
+    for i in it:
+        a = argv[i]
+        if a == "--env" and i + 1 < len(argv) and not argv[i + 1].lstrip().startswith("{"):
+            out += ["--env.id", argv[i + 1]]
+            next(it, None)
+        elif a.startswith("--env=") and not a[6:].lstrip().startswith("{"):
+            out += ["--env.id", a[6:]]
+        else:
+            out.append(a)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``leanrl`` console script."""
+    args = normalize_argv(sys.argv[1:] if argv is None else argv)
+    if not args:
+        args = ["--help"]
+    app = build_app()
+    try:
+        CliApp.run(app, cli_args=args)
+    except LeanrlError as e:
+        print(f"leanrl: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("leanrl: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

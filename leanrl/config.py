@@ -1,0 +1,93 @@
+"""Configuration: one pydantic model per concept, read from TOML and overridden on the command line.
+
+The command line is parsed by pydantic-settings (dotted flags such as ``--env.taskset.limit 20``
+come from the models themselves); TOML is read by the standard library. The precedence is
+*defaults < TOML file < command-line flags*: :func:`merge` lays the flags the user actually typed
+over the file.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from leanrl.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["ConfigCommand", "explicit_values", "load_toml", "merge", "validate"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file into a dict, with an error that names the file and line."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+
+
+def explicit_values(model: BaseModel) -> dict[str, Any]:
+    """The fields that were set explicitly (by the user), recursively, as plain data."""
+    return model.model_dump(exclude_unset=True, mode="python")
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def validate(cls: type[M], data: dict[str, Any], origin: str = "config") -> M:
+    """Validate ``data`` as ``cls``; errors name each bad field by its dotted path."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError(f"invalid {origin}:\n" + "\n".join(lines)) from None
+
+
+def merge(cls: type[M], toml_path: str | Path | None, overrides: dict[str, Any]) -> M:
+    """Defaults < the TOML file < ``overrides`` (the command-line flags), validated as ``cls``."""
+    data: dict[str, Any] = load_toml(toml_path) if toml_path else {}
+    origin = f"config {toml_path}" if toml_path else "command line"
+    return validate(cls, _deep_merge(data, overrides), origin)
+
+
+class ConfigCommand(BaseModel):
+    """Base of CLI commands whose options can also come from a TOML file (``--config``)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    config: Path | None = None
+    """A TOML file with the same options (nested tables, e.g. ``[env.taskset]``); flags given
+    on the command line override it."""
+
+    def resolved(self: M) -> M:
+        """This command with its TOML file applied under the flags typed on the command line."""
+        path = getattr(self, "config", None)
+        if path is None:
+            return self
+        over = explicit_values(self)
+        over.pop("config", None)
+        merged = merge(type(self), path, over)
+        object.__setattr__(merged, "config", path)
+        return merged

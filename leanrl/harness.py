@@ -1,0 +1,75 @@
+"""Harness: how the model works on a task. Prompts, turns, and pulling the proof out of text.
+
+Built-ins: ``whole-proof`` (one turn) and ``tactic-loop`` (many turns, REPL tactic mode).
+Subclass :class:`Harness` and implement :meth:`Harness.run`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from leanrl.policy import Policy, SamplingConfig
+    from leanrl.rollout import Rollout
+    from leanrl.runtime import Runtime
+    from leanrl.task import Task
+    from leanrl.taskset import Taskset
+
+__all__ = ["Harness", "HarnessConfig"]
+
+
+class HarnessConfig(BaseModel):
+    """How the model is prompted and how its output becomes a proof."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = "whole-proof"
+    """Harness id: ``whole-proof`` (one turn, the whole proof) or ``tactic-loop`` (tactics one
+    turn at a time against the REPL), or a third-party harness (``leanrl.harnesses`` entry
+    points)."""
+    prompt_format: str = "deepseek"
+    """Prompt style. ``deepseek``: DeepSeek-Prover completion style ("Complete the following Lean
+    4 code"). ``chat``: a chat prompt asking for reasoning and a final Lean code block
+    (Kimina/Goedel style). ``custom``: use ``template``."""
+    template: str | None = None
+    """Your own prompt template (``str.format`` fields: ``{header}``, ``{formal_statement}``,
+    ``{informal_statement}``, ``{name}``). Used when ``prompt_format = "custom"``."""
+    system_prompt: str | None = None
+    """System message for chat prompts (None: the format's default)."""
+    max_turns: int = Field(default=8, ge=1)
+    """``tactic-loop``: most model turns per attempt."""
+    max_total_tokens: int = Field(default=8192, ge=1)
+    """``tactic-loop``: most tokens (model + environment) per attempt."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Free-form settings for third-party harnesses."""
+
+
+class Harness(abc.ABC):
+    """Base class of every harness. ``__init__`` stores the config and does nothing else."""
+
+    name: ClassVar[str] = ""
+    """Registry id of the harness."""
+    description: ClassVar[str] = ""
+    """One line for ``leanrl envs``."""
+
+    def __init__(self, config: HarnessConfig | None = None) -> None:
+        self.config = config or HarnessConfig(name=self.name or "whole-proof")
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        tasks: Sequence[Task],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        taskset: Taskset,
+    ) -> list[list[Rollout]]:
+        """``sampling.n`` verified, rewarded Rollouts for each task, in task order.
+
+        Rewards come from ``taskset.group_rewards``. A bad or missing proof is a Rollout with a
+        rejecting Verdict, never an exception.
+        """

@@ -1,0 +1,95 @@
+"""Rollout: one attempt at a task, everything a trainer or a report needs."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from leanrl.verdict import Verdict
+
+__all__ = ["ChatMessage", "Rollout", "Turn"]
+
+
+class ChatMessage(BaseModel):
+    """One chat message (OpenAI format)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    """Who speaks."""
+    content: str
+    """What is said."""
+
+
+class Turn(BaseModel):
+    """One exchange: the model's output and, in multi-turn harnesses, what the environment said."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    completion: str
+    """What the model wrote this turn."""
+    completion_ids: list[int] = Field(default_factory=list)
+    """Token ids of the completion (model tokens: they carry loss)."""
+    logprobs: list[float] | None = None
+    """Sampling log-probabilities of ``completion_ids`` (same length), when the policy gives them."""
+    feedback: str = ""
+    """The environment's answer after this turn (goals or error), shown to the model next turn."""
+    feedback_ids: list[int] = Field(default_factory=list)
+    """Token ids of ``feedback`` as inserted into the context (environment tokens: masked)."""
+    finish_reason: str | None = None
+    """``stop`` or ``length`` (truncated)."""
+
+
+class Rollout(BaseModel):
+    """One attempt at one task: prompt, turns, token ids, the final proof, the Verdict, reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    """The task's id."""
+    sample: int = 0
+    """Sample index within the task (0 .. n-1)."""
+    prompt: str | list[ChatMessage]
+    """The first prompt (text for completion models, messages for chat models)."""
+    prompt_ids: list[int] = Field(default_factory=list)
+    """Token ids of the prompt as the policy tokenized it (chat template applied)."""
+    turns: list[Turn] = Field(default_factory=list)
+    """Every turn, in order."""
+    proof: str | None = None
+    """The proof that was checked (tactic block under the reference statement); None if none
+    could be extracted."""
+    preamble: str = ""
+    """Helper lemmas the model put before the theorem, checked together with the proof."""
+    verdict: Verdict | None = None
+    """What Lean said about ``proof``."""
+    reward: float = 0.0
+    """The taskset's reward for this attempt (after any group shaping)."""
+    timings: dict[str, float] = Field(default_factory=dict)
+    """Seconds spent per phase (``generate``, ``verify``, ...)."""
+    meta: dict[str, Any] = Field(default_factory=dict)
+    """Anything else a harness wants to keep (policy version, turn budget used, ...)."""
+
+    @property
+    def completion(self) -> str:
+        """The model's text over all turns."""
+        return "".join(t.completion for t in self.turns)
+
+    @property
+    def truncated(self) -> bool:
+        """True when any turn hit the token limit."""
+        return any(t.finish_reason == "length" for t in self.turns)
+
+    def token_ids_and_mask(self) -> tuple[list[int], list[int], list[float | None]]:
+        """The flat sequence after the prompt: ids, loss mask (1 = model token), logprobs."""
+        ids: list[int] = []
+        mask: list[int] = []
+        lps: list[float | None] = []
+        for t in self.turns:
+            ids += t.completion_ids
+            mask += [1] * len(t.completion_ids)
+            lps += list(t.logprobs) if t.logprobs is not None else [None] * len(t.completion_ids)
+            ids += t.feedback_ids
+            mask += [0] * len(t.feedback_ids)
+            lps += [None] * len(t.feedback_ids)
+        return ids, mask, lps

@@ -1,0 +1,161 @@
+"""Runtime: where Lean runs. One method matters: ``await runtime.check(attempts)``.
+
+A runtime owns Lean processes (local pool, Docker containers, Modal Sandboxes) and keeps bad proofs
+from hurting anything else. Every submitted attempt gets exactly one :class:`~leanrl.Verdict`, in
+order; a hang, crash or memory blow-up is a Verdict, never an exception.
+
+Subclass :class:`Runtime` and implement :meth:`Runtime.check`; add :meth:`Runtime.tactic_session`
+if the runtime supports REPL tactic mode (the ``tactic-loop`` harness needs it).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from leanrl._sandbox_config import DockerConfig, ModalConfig
+from leanrl.errors import ConfigError
+from leanrl.verdict import Attempt, Message, Verdict
+
+__all__ = ["Runtime", "RuntimeConfig", "TacticSession", "TacticState"]
+
+
+class RuntimeConfig(BaseModel):
+    """Where and how Lean runs. Fields apply to every runtime unless they say otherwise."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = "local"
+    """Runtime id: ``local`` (a pool of Lean processes here), ``docker`` or ``modal``, or a
+    third-party runtime registered under the ``leanrl.runtimes`` entry-point group."""
+    lean_project: Path | None = None
+    """A Lean project (with Mathlib built, if the taskset needs it) to run Lean in. Default: the
+    ``LEANRL_LEAN_PROJECT`` environment variable, then the project ``leanrl setup`` made."""
+    mode: Literal["repl", "oneshot"] = "repl"
+    """``repl``: warm Lean REPL processes, header loaded once per process (fast).
+    ``oneshot``: one ``lake env lean`` process per attempt (slow; needs no REPL build)."""
+    workers: int = Field(default=0, ge=0)
+    """Attempts in flight at once (Lean processes in the pool). 0 means one per CPU core."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Per-attempt wall-clock limit; past it the process is killed and replaced."""
+    memory_mb: int = Field(default=8192, ge=64)
+    """Per-process memory cap (address space / RSS limit), in MiB."""
+    recycle_after: int = Field(default=200, ge=1)
+    """Replace a REPL process after this many attempts (bounds memory growth)."""
+    recycle_memory_mb: int = Field(default=6144, ge=64)
+    """Replace a REPL process once its resident memory passes this many MiB."""
+    isolate: bool = False
+    """Run each Lean process under bubblewrap (no network, read-only file system). Linux only."""
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    """How long a fresh process may take to load its header (``import Mathlib`` is slow)."""
+    docker: DockerConfig = Field(default_factory=DockerConfig)
+    """Settings used only by the ``docker`` runtime."""
+    modal: ModalConfig = Field(default_factory=ModalConfig)
+    """Settings used only by the ``modal`` runtime."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Free-form settings for third-party runtimes."""
+
+
+class TacticState(BaseModel):
+    """The result of starting a proof or applying a tactic in REPL tactic mode."""
+
+    model_config = ConfigDict(frozen=True)
+
+    proof_state: int | None
+    """The REPL's ``proofState`` id to continue from (None after an error)."""
+    goals: tuple[str, ...] = ()
+    """Remaining goals, pretty-printed by Lean. Empty means the proof is complete."""
+    messages: tuple[Message, ...] = ()
+    """Messages Lean emitted for this step."""
+    error: str | None = None
+    """Why the step failed (a Lean error, a timeout, a crash); None when it succeeded."""
+
+    @property
+    def solved(self) -> bool:
+        """True when the step succeeded and no goals remain."""
+        return self.error is None and not self.goals
+
+
+class TacticSession(abc.ABC):
+    """A proof in progress, pinned to one Lean process (REPL tactic mode)."""
+
+    @abc.abstractmethod
+    async def start(self, formal_statement: str, preamble: str = "") -> TacticState:
+        """Elaborate ``formal_statement`` (ending in ``:= by``) with a hole and return its goal."""
+
+    @abc.abstractmethod
+    async def apply(self, proof_state: int, tactic: str) -> TacticState:
+        """Run ``tactic`` on ``proof_state``; return the new state or the error."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the process. Default: nothing to do."""
+
+
+class Runtime(abc.ABC):
+    """Base class of every runtime. ``__init__`` does no work; call :meth:`start` (or use
+    ``async with``) before :meth:`check`."""
+
+    name: ClassVar[str] = ""
+    """Registry id of the runtime (``local``, ``docker``, ...)."""
+    description: ClassVar[str] = ""
+    """One line for ``leanrl envs``."""
+
+    def __init__(self, config: RuntimeConfig | None = None) -> None:
+        self.config = config or RuntimeConfig(name=self.name or "local")
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Start processes, containers or sandboxes. Idempotent."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop everything :meth:`start` started. Idempotent; safe after a crash."""
+
+    @abc.abstractmethod
+    async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
+        """Check every attempt; return one Verdict per attempt, in the same order."""
+
+    def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
+        """A REPL tactic-mode session under ``header``. Runtimes without tactic mode raise."""
+        raise ConfigError(
+            f"runtime {self.name!r} does not support tactic mode; use the `whole-proof` harness "
+            "or a runtime with a REPL (`local` in `repl` mode, `docker`, `modal`)"
+        )
+
+    def check_sync(self, attempts: Sequence[Attempt]) -> list[Verdict]:
+        """Blocking :meth:`check` for scripts and notebooks (starts and closes the runtime).
+
+        Inside a running event loop (Jupyter), it runs on a private loop in a worker thread.
+        """
+
+        async def go() -> list[Verdict]:
+            async with self:
+                return await self.check(attempts)
+
+        return run_sync(go())
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine to completion from sync code, also inside Jupyter's running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

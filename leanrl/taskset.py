@@ -1,0 +1,381 @@
+"""Taskset: the theorems, the Lean project they need, and the reward.
+
+A taskset reads rows from a local JSONL file (or a folder of them) or a Hugging Face dataset,
+turns each row into a :class:`~leanrl.Task`, validates it, and filters the result (split, names,
+pattern, shuffle, limit). Subclasses override one hook, :meth:`Taskset.load_rows`, to read a new
+source, and optionally :meth:`Taskset.reward` / :meth:`Taskset.group_rewards` to shape rewards.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import random
+import re
+import socket
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from leanrl.errors import ConfigError, DatasetError
+from leanrl.task import Task
+from leanrl.verdict import Verdict, VerificationPolicy
+
+if TYPE_CHECKING:
+    from leanrl.rollout import Rollout
+
+__all__ = ["ColumnMap", "RawRow", "Taskset", "TasksetConfig"]
+
+
+class ColumnMap(BaseModel):
+    """Which dataset column holds each Task field. ``None`` means: try the usual spellings."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str | None = None
+    """Column with the declaration name (default: ``name``)."""
+    id: str | None = None
+    """Column with a unique id, when names repeat (default: ``id`` if present, else the name)."""
+    header: str | None = None
+    """Column with the header (imports, options, ``open``). When the dataset has none, the
+    header is split off the top of the formal statement (everything before the first
+    declaration)."""
+    formal_statement: str | None = None
+    """Column with the statement ending in ``:= by`` (default: ``formal_statement``)."""
+    informal_statement: str | None = None
+    """Column with the natural-language statement (default: ``informal_statement``,
+    ``informal_stmt``, ``informal_prefix``, ``nl_statement``)."""
+    split: str | None = None
+    """Column with the split name, for files that hold several splits (default: ``split``)."""
+
+
+# The spellings public datasets use for each field, tried in order when no column is named.
+_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "name": ("name", "problem_name", "full_name"),
+    "id": ("id",),
+    "header": ("header", "src_header", "lean4_src_header"),
+    "formal_statement": ("formal_statement", "lean4_formalization", "lean4_statement"),
+    "informal_statement": (
+        "informal_statement",
+        "informal_stmt",
+        "informal_prefix",
+        "nl_statement",
+    ),
+    "split": ("split",),
+}
+
+
+class TasksetConfig(BaseModel):
+    """Which theorems to load, from where, and how they are judged."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    path: Path | None = None
+    """A local JSONL file, or a folder holding the taskset's file (e.g. ``shared/data``). When
+    unset, the taskset loads from the Hugging Face hub (``hub_id``)."""
+    hub_id: str | None = None
+    """Hugging Face dataset id to load instead of the taskset's default."""
+    split: str | None = "test"
+    """Split to keep (``test``, ``valid``, ...). ``None`` keeps every split."""
+    limit: int | None = Field(default=None, ge=1)
+    """Keep at most this many tasks (after filtering and shuffling)."""
+    names: list[str] | None = None
+    """Keep only tasks with these ids (in the dataset's order)."""
+    pattern: str | None = None
+    """Keep only tasks whose id matches this shell-style glob (``mathd_algebra_*``)."""
+    shuffle: bool = False
+    """Shuffle the tasks deterministically with ``seed`` before applying ``limit``."""
+    seed: int = 0
+    """Seed of the shuffle."""
+    columns: ColumnMap = Field(default_factory=ColumnMap)
+    """Column names, for datasets that spell fields differently."""
+    policy: VerificationPolicy = Field(default_factory=VerificationPolicy)
+    """The soundness rules attempts on this taskset are judged by (strict by default)."""
+    shortest_proof_bonus: float = Field(default=0.0, ge=0.0)
+    """Reward shaping: extra reward for the shortest accepted proof in a group of samples of the
+    same task. 0 (the default) keeps the reward binary."""
+
+    @field_validator("split")
+    @classmethod
+    def _split_alias(cls, v: str | None) -> str | None:
+        # Hub datasets say "validation", the local files say "valid": accept both.
+        return "valid" if v == "validation" else v
+
+
+class RawRow(BaseModel):
+    """One row as read from its source, with where it came from (for error messages)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    origin: str
+    """File path or hub id the row came from."""
+    index: int
+    """1-based row number in that source."""
+    data: dict[str, Any]
+    """The row's fields."""
+
+
+class Taskset:
+    """Base class of every taskset. ``__init__`` only stores the config; :meth:`tasks` loads.
+
+    Class attributes describe the benchmark; subclasses set them and usually nothing else.
+    """
+
+    name: ClassVar[str] = "jsonl"
+    """Registry id of the taskset."""
+    description: ClassVar[str] = ""
+    """One line for ``leanrl envs``."""
+    hub_id: ClassVar[str | None] = None
+    """Default Hugging Face dataset id."""
+    filename: ClassVar[str | None] = None
+    """The file to look for when ``config.path`` is a folder."""
+    lean_toolchain: ClassVar[str | None] = None
+    """The Lean toolchain the statements were written for (``leanprover/lean4:v4.24.0``)."""
+    mathlib_rev: ClassVar[str | None] = None
+    """The Mathlib git revision the statements were written for (None: needs no Mathlib)."""
+    mathlib_repo: ClassVar[str] = "https://github.com/leanprover-community/mathlib4"
+    """Where that Mathlib revision lives."""
+
+    def __init__(self, config: TasksetConfig | None = None) -> None:
+        self.config = config or TasksetConfig()
+        self._tasks: list[Task] | None = None
+
+    # -- the hook -------------------------------------------------------------------------------
+
+    def load_rows(self) -> Iterable[RawRow]:
+        """Read the raw rows. Override this to load from a new kind of source."""
+        if self.config.path is not None:
+            return self._rows_from_path(Path(self.config.path).expanduser())
+        return self._rows_from_hub(self.config.hub_id or self.hub_id)
+
+    # -- optional hooks -------------------------------------------------------------------------
+
+    def row_to_task(self, row: RawRow) -> Task:
+        """Turn one raw row into a Task (validated). Override to add fields or categories."""
+        cols = self.config.columns
+        data = row.data
+        name = self._field(row, "name", cols.name, required=True)
+        statement = self._field(row, "formal_statement", cols.formal_statement, required=True)
+        header = self._field(row, "header", cols.header, required=False)
+        if header is None:
+            header, statement = split_header(statement)
+        informal = self._field(row, "informal_statement", cols.informal_statement, required=False)
+        task_id = self._field(row, "id", cols.id, required=False) or name
+        split = self._field(row, "split", cols.split, required=False)
+        if not statement.rstrip().endswith(":= by"):
+            raise DatasetError(
+                f"{row.origin}, row {row.index}, field 'formal_statement': the statement of "
+                f"{name!r} must end in ':= by' (the proof goes after it), but it ends in "
+                f"{statement.rstrip()[-30:]!r}. Strip any proof or trailing 'sorry'."
+            )
+        if not re.search(rf"(?<![\w.']){re.escape(name)}(?![\w'])", statement):
+            raise DatasetError(
+                f"{row.origin}, row {row.index}, field 'name': {name!r} is not declared in the "
+                "formal statement; the checker looks for a theorem with exactly this name."
+            )
+        known = {"name", "id", "header", "formal_statement", "informal_statement", "split"}
+        return Task(
+            name=name,
+            id=str(task_id),
+            header=header,
+            formal_statement=statement.rstrip(),
+            informal_statement=informal,
+            split=split,
+            source=data.get("source") or row.origin,
+            category=self.category(name, data),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    def category(self, name: str, data: dict[str, Any]) -> str | None:
+        """The group a task is reported under for per-category pass@k (default: none)."""
+        return None
+
+    def reward(self, task: Task, verdict: Verdict) -> float:
+        """Reward of one attempt. Default: 1.0 if Lean accepted it, else 0.0."""
+        return 1.0 if verdict.accepted else 0.0
+
+    def group_rewards(self, task: Task, rollouts: Sequence[Rollout]) -> list[float]:
+        """Rewards for a group of attempts at the same task (shaping hook).
+
+        Default: the binary reward, plus ``shortest_proof_bonus`` for the shortest accepted proof.
+        """
+        rewards = [self.reward(task, r.verdict) if r.verdict else 0.0 for r in rollouts]
+        bonus = self.config.shortest_proof_bonus
+        accepted = [i for i, r in enumerate(rollouts) if r.verdict and r.verdict.accepted]
+        if bonus and accepted:
+            best = min(accepted, key=lambda i: len((rollouts[i].proof or "").strip()))
+            rewards[best] += bonus
+        return rewards
+
+    # -- loading and filtering ------------------------------------------------------------------
+
+    def tasks(self) -> list[Task]:
+        """Load, validate and filter the tasks (cached after the first call)."""
+        if self._tasks is None:
+            self._tasks = self._filter(self._load_all())
+        return list(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks())
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks())
+
+    def _load_all(self) -> list[Task]:
+        tasks: list[Task] = []
+        seen: dict[str, str] = {}
+        want_split = self.config.split
+        for row in self.load_rows():
+            task = self.row_to_task(row)
+            if want_split is not None and task.split is not None and task.split != want_split:
+                continue
+            where = f"{row.origin}, row {row.index}"
+            if task.id in seen:
+                raise DatasetError(
+                    f"{where}, field 'name': duplicate task id {task.id!r} (first seen at "
+                    f"{seen[task.id]}). Give each row a unique name, or map a unique column "
+                    "with `columns.id`."
+                )
+            seen[task.id] = where
+            tasks.append(task)
+        return tasks
+
+    def _filter(self, tasks: list[Task]) -> list[Task]:
+        cfg = self.config
+        if cfg.names is not None:
+            by_id = {t.id: t for t in tasks}
+            missing = [n for n in cfg.names if n not in by_id]
+            if missing:
+                raise ConfigError(
+                    f"taskset {self.name!r}: no task named {missing[:5]} in split "
+                    f"{cfg.split!r}. Check the spelling, or set `split` to the right split."
+                )
+            wanted = set(cfg.names)
+            tasks = [t for t in tasks if t.id in wanted]
+        if cfg.pattern is not None:
+            tasks = [t for t in tasks if fnmatch.fnmatchcase(t.id, cfg.pattern)]
+        if cfg.shuffle:
+            tasks = list(tasks)
+            random.Random(cfg.seed).shuffle(tasks)
+        if cfg.limit is not None:
+            tasks = tasks[: cfg.limit]
+        return tasks
+
+    def _field(self, row: RawRow, field: str, column: str | None, *, required: bool) -> Any:
+        names = (column,) if column else _CANDIDATES[field]
+        for col in names:
+            value = row.data.get(col)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise DatasetError(
+                        f"{row.origin}, row {row.index}, field {col!r}: expected text, got "
+                        f"{type(value).__name__}."
+                    )
+                return value
+        if required:
+            raise DatasetError(
+                f"{row.origin}, row {row.index}, field {field!r}: missing (looked for column "
+                f"{' or '.join(repr(n) for n in names)}; present: {sorted(row.data)}). Map the "
+                f"right column with `columns.{field}`."
+            )
+        return None
+
+    def _rows_from_path(self, path: Path) -> Iterator[RawRow]:
+        if path.is_dir():
+            if self.filename and (path / self.filename).is_file():
+                path = path / self.filename
+            else:
+                files = sorted(path.glob("*.jsonl"))
+                if len(files) != 1:
+                    want = self.filename or "one .jsonl file"
+                    raise DatasetError(
+                        f"taskset {self.name!r}: folder {path} does not hold {want}; found "
+                        f"{[f.name for f in files][:10]}. Point `path` at the file itself."
+                    )
+                path = files[0]
+        if not path.is_file():
+            raise DatasetError(
+                f"taskset {self.name!r}: {path} does not exist. Give the path of a local JSONL "
+                "copy of the dataset (`--env.taskset.path FILE`)."
+            )
+        with path.open(encoding="utf-8") as f:
+            for i, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"{path}, row {i}: not valid JSON ({e.msg}).") from None
+                if not isinstance(data, dict):
+                    raise DatasetError(f"{path}, row {i}: expected a JSON object per line.")
+                yield RawRow(origin=str(path), index=i, data=data)
+
+    def _rows_from_hub(self, hub_id: str | None) -> Iterator[RawRow]:
+        if not hub_id:
+            raise DatasetError(
+                f"taskset {self.name!r} has no Hugging Face dataset; give a local file with "
+                "`--env.taskset.path FILE` (or `path=` in Python)."
+            )
+        fix = (
+            f"Either go online (the hub dataset is {hub_id!r}), or give a local copy with "
+            f"`--env.taskset.path FILE_OR_FOLDER` (Python: `load_environment({self.name!r}, "
+            "path=...)`)."
+        )
+        offline = _hub_offline()
+        if not offline and not _hub_reachable():
+            raise DatasetError(f"taskset {self.name!r}: the Hugging Face hub is unreachable. {fix}")
+        import datasets
+
+        split = self._hub_split(hub_id)
+        try:
+            ds = datasets.load_dataset(hub_id, split=split)
+        except Exception as e:
+            why = "offline mode is on and it is not cached" if offline else str(e)[:200]
+            raise DatasetError(
+                f"taskset {self.name!r}: cannot load {hub_id!r} ({why}). {fix}"
+            ) from e
+        for i, data in enumerate(ds, start=1):
+            row = dict(data)
+            if split is not None and "split" not in row and self.config.split is not None:
+                row["split"] = self.config.split
+            yield RawRow(origin=f"hf://{hub_id}", index=i, data=row)
+
+    def _hub_split(self, hub_id: str) -> str | None:
+        """The hub split to request (hub datasets name the validation split ``validation``)."""
+        s = self.config.split
+        return {"valid": "validation"}.get(s, s) if s else None
+
+
+def split_header(text: str) -> tuple[str, str]:
+    """Split a statement that starts with its own imports/opens into (header, statement)."""
+    lines = text.splitlines(keepends=True)
+    decl = re.compile(
+        r"^(@\[.*\]\s*)?(private\s+|protected\s+|noncomputable\s+)*"
+        r"(theorem|lemma|example|def|abbrev|instance|structure|/--)\b"
+    )
+    for i, line in enumerate(lines):
+        if decl.match(line):
+            return "".join(lines[:i]), "".join(lines[i:])
+    return "", text
+
+
+def _hub_offline() -> bool:
+    return any(
+        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP probe, so that no network fails in seconds instead of the hub's ~20 s retries."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = re.sub(r"^\w+://", "", endpoint).split("/")[0]
+    host, _, port = host.partition(":")
+    try:
+        with socket.create_connection((host, int(port or 443)), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,147 @@
+"""What Lean said about one attempt: :class:`Attempt` in, :class:`Verdict` out.
+
+These models mirror what the verification layer needs on the wire (they are also the JSON the
+verification service speaks), so they are frozen pydantic models. A bad proof is never an
+exception: it is a :class:`Verdict` with ``accepted=False`` and a :class:`Reason`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "STANDARD_AXIOMS",
+    "Attempt",
+    "Message",
+    "Position",
+    "Reason",
+    "Verdict",
+    "VerificationPolicy",
+]
+
+#: The axioms every classical Mathlib proof may use. Anything else (``sorryAx``,
+#: ``Lean.ofReduceBool`` from ``native_decide``, a user ``axiom``) is rejected by default.
+STANDARD_AXIOMS: tuple[str, ...] = ("propext", "Classical.choice", "Quot.sound")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Position(_Frozen):
+    """A position in Lean source, as the REPL reports it (``{"line": 3, "column": 2}``)."""
+
+    line: int
+    """1-based line number."""
+    column: int
+    """0-based column (in codepoints), as Lean reports it."""
+
+
+class Message(_Frozen):
+    """One message Lean emitted (an error, a warning or info output)."""
+
+    severity: str
+    """``"error"``, ``"warning"`` or ``"info"`` (Lean's own spelling)."""
+    data: str
+    """The message text exactly as Lean printed it."""
+    pos: Position | None = None
+    """Start of the range the message is about, relative to the checked text."""
+    end_pos: Position | None = None
+    """End of that range, when Lean gives one (the REPL's ``endPos``)."""
+
+
+class Reason(str, Enum):
+    """Why an attempt was (not) accepted. One value per soundness rule."""
+
+    OK = "ok"
+    """Accepted: every rule of the :class:`VerificationPolicy` held."""
+    NO_PROOF = "no_proof"
+    """No proof could be extracted from the model's output (empty, or no code at all)."""
+    TRUNCATED = "truncated"
+    """The model's output was cut off by the token limit before the proof ended."""
+    ERROR = "error"
+    """Lean reported at least one error."""
+    SORRY = "sorry"
+    """The proof, or something it depends on, uses ``sorry`` (``sorryAx``)."""
+    AXIOM = "axiom"
+    """The proof depends on an axiom outside the allowed set."""
+    NATIVE = "native"
+    """The proof trusts compiled code (``native_decide``, ``Lean.ofReduceBool``) and the
+    policy does not allow it."""
+    STATEMENT_CHANGED = "statement_changed"
+    """The theorem with the expected name is missing, is not a theorem, or its type differs
+    from the reference statement elaborated in a clean environment."""
+    FORBIDDEN = "forbidden"
+    """The proof text uses something that could switch off or fake the checks
+    (``#exit``, kernel-skipping options, declaration-adding metaprograms, ...)."""
+    TIMEOUT = "timeout"
+    """The attempt ran past its time limit; the Lean process was killed and replaced."""
+    MEMORY = "memory"
+    """The attempt went over its memory limit; the Lean process was killed and replaced."""
+    CRASH = "crash"
+    """The Lean process died or answered garbage; it was replaced."""
+    INFRA = "infra"
+    """Infrastructure failure outside Lean (a sandbox died twice, the service was
+    unreachable). The attempt is not the model's fault but still costs one attempt."""
+
+
+class VerificationPolicy(_Frozen):
+    """The soundness rules for accepting a proof. The defaults are the strict ones."""
+
+    allowed_axioms: tuple[str, ...] = STANDARD_AXIOMS
+    """Axioms a proof may depend on. ``sorryAx`` is never allowed, whatever this says."""
+    allow_native_decide: bool = False
+    """Trust compiled code (``native_decide``, ``Lean.ofReduceBool``,
+    ``Lean.trustCompiler``). Off by default: it trusts the whole compiler."""
+    kernel_replay: bool = False
+    """Stricter opt-in mode: re-check the accepted declarations by replaying them through the
+    kernel in a fresh environment (slower; catches environment tampering)."""
+    forbid_tokens: bool = True
+    """Reject proof texts containing commands that can switch off or fake the checks before
+    running Lean at all (cheap, and gives a clear reason)."""
+
+
+class Attempt(_Frozen):
+    """One proof to check: the model's proof placed under the reference statement."""
+
+    name: str
+    """The theorem name that must exist afterwards (the task's ``name``)."""
+    header: str
+    """Imports, options and ``open`` lines that go before the statement."""
+    formal_statement: str
+    """The reference statement, ending in ``:= by``."""
+    proof: str
+    """The tactic block the model wrote (what goes after ``:= by``)."""
+    preamble: str = ""
+    """Helper lemmas/definitions the model wrote before the theorem (placed between header and
+    statement; they can never change what the statement means, the checker makes sure)."""
+    policy: VerificationPolicy = Field(default_factory=VerificationPolicy)
+    """The rules this attempt is judged by (from the taskset)."""
+    id: str | None = None
+    """Caller's id for the attempt (for example ``"task/sample"``), echoed in the Verdict."""
+
+
+class Verdict(_Frozen):
+    """What Lean said about one attempt."""
+
+    accepted: bool
+    """True only when every rule of the policy held."""
+    reason: Reason
+    """Which rule decided (``ok`` when accepted)."""
+    detail: str = ""
+    """One human-readable line that says what went wrong, for logs and reports."""
+    messages: tuple[Message, ...] = ()
+    """Lean's messages, with positions relative to the checked text."""
+    axioms: tuple[str, ...] = ()
+    """Axioms the theorem depends on, as Lean printed them (when the check got that far)."""
+    time_s: float = 0.0
+    """Wall time spent checking this attempt, in seconds."""
+    id: str | None = None
+    """The attempt's ``id``, echoed back."""
+
+    @classmethod
+    def reject(cls, reason: Reason, detail: str, **kw: object) -> Verdict:
+        """A rejected verdict with the given reason and one-line detail."""
+        return cls(accepted=False, reason=reason, detail=detail, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Built-in runtimes (installed as ``leanrl.runtimes``)."""

@@ -1,0 +1,82 @@
+"""Shared test set-up: offline hub, one thread, the shared data folder, Lean detection, tiny model."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports transformers/datasets/torch: no hub calls (they hang ~20 s offline),
+# and one thread per process (2-core machines thrash otherwise).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("LEANRL_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def lean_available() -> bool:
+    """A real Lean toolchain is reachable (on PATH, or a configured project)."""
+    return shutil.which("lean") is not None or bool(os.environ.get("LEANRL_LEAN_PROJECT"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_lean = pytest.mark.skip(
+        reason="needs a real Lean toolchain: `lean` is not on PATH and LEANRL_LEAN_PROJECT is unset"
+    )
+    gpu = False
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        pass
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
+    skip_modal = pytest.mark.skip(
+        reason="needs Modal credentials and network (set LEANRL_TEST_MODAL=1 to run)"
+    )
+    for item in items:
+        if "lean" in item.keywords and not lean_available():
+            item.add_marker(skip_lean)
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(skip_gpu)
+        if "modal" in item.keywords and not os.environ.get("LEANRL_TEST_MODAL"):
+            item.add_marker(skip_modal)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The read-only benchmark data folder (``../shared/data``)."""
+    if not (SHARED_DATA / "minif2f.jsonl").is_file():
+        pytest.skip(
+            f"shared benchmark data not found at {SHARED_DATA} "
+            "(set LEANRL_SHARED_DATA to its folder)"
+        )
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def minif2f_rows(shared_data: Path) -> list[dict]:
+    """The first 40 miniF2F test rows, as dicts."""
+    rows = [json.loads(line) for line in (shared_data / "minif2f.jsonl").open(encoding="utf-8")]
+    return [r for r in rows if r["split"] == "test"][:40]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """A tiny random Llama model + a BPE tokenizer trained here on miniF2F text (no download)."""
+    from leanrl.testing import make_tiny_model
+
+    texts = []
+    for line in (shared_data / "minif2f.jsonl").open(encoding="utf-8"):
+        row = json.loads(line)
+        texts.append(row["header"] + row["formal_statement"] + "\n  nlinarith [sq_nonneg x]\n")
+    texts += ["```lean4\n", "```", "Complete the following Lean 4 code:", "omega", "simp", "rfl"]
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts)
