@@ -134,7 +134,8 @@ class Environment:
 def _instantiate(cls: Any, base: type, config: Any, what: str) -> Any:
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise ConfigError(f"{what} {cls!r} is not a subclass of leanrl.{base.__name__}")
-    return cls(config)
+    factory: Any = cls
+    return factory(config)
 
 
 def load_environment(

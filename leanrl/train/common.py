@@ -1,0 +1,293 @@
+"""What the two trainers (GRPO and ES) share: the config base, data order, and the run folder.
+
+A run folder looks the same whichever trainer wrote it::
+
+    RUN_DIR/config.json          the resolved config (a resume must match it)
+    RUN_DIR/metrics.jsonl        one JSON line per step
+    RUN_DIR/checkpoint-N/        a Hugging Face model folder (``leanrl eval --model`` loads it)
+                                 plus trainer_state.json (step, RNG state, trainer extras)
+    RUN_DIR/reward_curve.png     written at the end (and whenever ``plot`` is called)
+
+Data order depends only on (seed, step), so a resumed run sees exactly the batches it would have
+seen had it never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from leanrl.environment import EnvironmentConfig
+from leanrl.errors import ConfigError
+from leanrl.policy import PolicyConfig, SamplingConfig
+from leanrl.task import Task
+
+__all__ = ["MetricsLogger", "RunDir", "TrainConfig", "batch_for_step", "check_model_path"]
+
+
+class TrainConfig(BaseModel):
+    """Options every trainer shares. ``GRPOConfig`` and ``ESConfig`` extend it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    env: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    """The environment to train on (taskset, harness, runtime)."""
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """The model to train (``policy.model``: a local folder or hub id) and its backend."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling during training (``n`` is set by the trainer: group size or samples per task)."""
+    out: Path = Path("runs/leanrl")
+    """The run folder. Rerunning with the same folder and config resumes the run."""
+    steps: int = Field(default=100, ge=1)
+    """Optimisation steps (GRPO) or iterations (ES)."""
+    tasks_per_step: int = Field(default=8, ge=1)
+    """Tasks drawn per step (without replacement within an epoch, reshuffled every epoch)."""
+    seed: int = 0
+    """Seed of data order, sampling and noise: the same seed and config repeat a CPU run."""
+    save_every: int = Field(default=10, ge=1)
+    """Write a Hugging Face checkpoint every this many steps (and at the end)."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Keep only the newest this many checkpoints."""
+    log_to: list[Literal["wandb", "tensorboard"]] = Field(default_factory=list)
+    """Also log metrics to W&B and/or TensorBoard (each needs its package installed)."""
+    run_name: str | None = None
+    """Name of the run in W&B/TensorBoard (default: the run folder's name)."""
+
+
+def check_model_path(model: str) -> None:
+    """Fail early, before loading anything, when ``model`` is clearly not a model.
+
+    A value that starts with ``.``, ``/`` or ``~``, or that exists on disk, is a path; anything
+    else is taken as a hub id (and fails later, with its own message, when offline).
+    """
+    if not model:
+        raise ConfigError("no model given: pass --policy.model PATH_OR_HUB_ID")
+    p = Path(model).expanduser()
+    if model.startswith((".", "/", "~")) and not p.exists():
+        raise ConfigError(f"model path {model!r} does not exist")
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ConfigError(
+            f"{model!r} is a folder but not a Hugging Face model (it has no config.json)"
+        )
+
+
+def batch_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -> list[Task]:
+    """The tasks of ``step`` (0-based): epochs of a seeded permutation, cut into batches.
+
+    Depends only on its arguments, so a resumed run gets the same batches.
+    """
+    if not tasks:
+        raise ConfigError("the taskset is empty: check the split, names, pattern and limit")
+    n = len(tasks)
+    out: list[Task] = []
+    start = step * per_step
+    for pos in range(start, start + per_step):
+        epoch, idx = divmod(pos, n)
+        perm = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(perm)
+        out.append(tasks[perm[idx]])
+    return out
+
+
+class RunDir:
+    """The run folder: config, metrics, checkpoints, plot. Writes are atomic."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        self.metrics_path = self.path / "metrics.jsonl"
+
+    # -- config ---------------------------------------------------------------------------------
+
+    def bind_config(self, config: BaseModel, *, ignore: Sequence[str] = ("steps",)) -> bool:
+        """Write ``config.json``, or check that a resumed run uses the same config.
+
+        Returns True when the folder already held a run (resume). ``ignore`` lists fields that may
+        differ on resume (by default ``steps``, so a finished run can be extended).
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        cfg_file = self.path / "config.json"
+        new = json.loads(config.model_dump_json())
+        if cfg_file.is_file():
+            old = json.loads(cfg_file.read_text())
+            diff = sorted(
+                k for k in set(old) | set(new) if k not in ignore and old.get(k) != new.get(k)
+            )
+            if diff:
+                raise ConfigError(
+                    f"{self.path} holds a run with a different config (fields {diff}). Use a new "
+                    "--out folder, or delete the old one to start over."
+                )
+            resumed = True
+        else:
+            resumed = False
+        _atomic_write(cfg_file, json.dumps(new, indent=2, default=str))
+        return resumed
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Append one metrics line (flushed and fsynced: a crash loses at most this line)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()
+        }
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(clean) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every metrics line written so far (a torn last line is ignored)."""
+        if not self.metrics_path.is_file():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return rows
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """Drop lines of steps after ``after_step`` (written after the last checkpoint)."""
+        keep = [r for r in self.metrics() if int(r.get("step", -1)) <= after_step]
+        _atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.path / f"checkpoint-{step}"
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first (a folder without trainer_state.json is partial)."""
+        found = []
+        for p in self.path.glob("checkpoint-*"):
+            suffix = p.name.split("-", 1)[1]
+            if suffix.isdigit() and (p / "trainer_state.json").is_file():
+                found.append((int(suffix), p))
+        return sorted(found)
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        cks = self.checkpoints()
+        return cks[-1] if cks else None
+
+    def save_checkpoint(
+        self, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 3
+    ) -> Path:
+        """Save a HF model folder + ``trainer_state.json`` atomically; prune old checkpoints."""
+        final = self.checkpoint_path(step)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-checkpoint-{step}-", dir=self.path))
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, default=str))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for _, old in self.checkpoints()[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    @staticmethod
+    def load_state(checkpoint: Path) -> dict[str, Any]:
+        return json.loads((checkpoint / "trainer_state.json").read_text())  # type: ignore[no-any-return]
+
+    # -- plot -----------------------------------------------------------------------------------
+
+    def plot(self, key: str = "reward_mean", title: str = "reward") -> Path | None:
+        """Write ``reward_curve.png`` from the metrics (None when there is nothing to plot)."""
+        rows = [r for r in self.metrics() if r.get(key) is not None]
+        if not rows:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [r["step"] for r in rows]
+        vals = [r[key] for r in rows]
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+        ax.plot(steps, vals, marker=".", lw=1, label=key)
+        if len(vals) >= 5:  # a moving average makes noisy RL curves readable
+            w = max(2, len(vals) // 10)
+            avg = [
+                sum(vals[max(0, i - w + 1) : i + 1]) / len(vals[max(0, i - w + 1) : i + 1])
+                for i in range(len(vals))
+            ]
+            ax.plot(steps, avg, lw=2, label=f"{key} (moving avg, {w})")
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        out = self.path / "reward_curve.png"
+        fig.savefig(out)
+        plt.close(fig)
+        return out
+
+
+class MetricsLogger:
+    """Fans metrics out to the run folder and, when asked, W&B and TensorBoard."""
+
+    def __init__(self, run: RunDir, targets: Sequence[str], name: str | None, config: dict) -> None:
+        self.run = run
+        self.targets = list(targets)
+        self.name = name or run.path.name
+        self.config = config
+        self._wandb: Any = None
+        self._tb: Any = None
+
+    def start(self) -> None:
+        """Open the optional loggers (clear error if the package is missing)."""
+        if "wandb" in self.targets:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError(
+                    "log_to includes 'wandb' but wandb is not installed: pip install wandb"
+                ) from None
+            self._wandb = wandb.init(
+                name=self.name, config=self.config, resume="allow", id=self.name
+            )
+        if "tensorboard" in self.targets:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError(
+                    "log_to includes 'tensorboard' but tensorboard is not "
+                    "installed: pip install tensorboard"
+                ) from None
+            self._tb = SummaryWriter(str(self.run.path / "tensorboard"))
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.run.log(row)
+        step = int(row.get("step", 0))
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
