@@ -95,9 +95,7 @@ def _load(target: str) -> type[BaseModel]:
 
 
 def _group(name: str, children: dict[str, type[BaseModel]], doc: str) -> type[BaseModel]:
-    fields: dict[str, Any] = {
-        k: (CliSubCommand[v], Field(description=_summary(v))) for k, v in children.items()
-    }
+    fields = {k: _subcommand(v) for k, v in children.items()}
 
     def cli_cmd(self: BaseModel) -> None:
         CliApp.run_subcommand(self)
@@ -105,8 +103,14 @@ def _group(name: str, children: dict[str, type[BaseModel]], doc: str) -> type[Ba
     model = create_model(  # type: ignore[call-overload]
         f"{name.title()}Group", __doc__=doc, __base__=BaseModel, **fields
     )
-    model.cli_cmd = cli_cmd
+    model.cli_cmd = cli_cmd  # type: ignore[attr-defined]
     return model  # type: ignore[no-any-return]
+
+
+def _subcommand(cls: type[BaseModel]) -> tuple[Any, Any]:
+    """A (type, FieldInfo) pair that makes ``cls`` a subcommand in ``create_model``."""
+    kind: Any = CliSubCommand[cls]  # type: ignore[misc,valid-type]
+    return kind, Field(description=_summary(cls))
 
 
 def _summary(cls: type) -> str:
@@ -125,9 +129,7 @@ def build_app() -> type[BaseSettings]:
             groups.setdefault(parts[0], {})[parts[1]] = _load(target)
     for gname, children in groups.items():
         top[gname] = _group(gname, children, _GROUP_DOCS.get(gname, gname))
-    fields: dict[str, Any] = {
-        k: (CliSubCommand[v], Field(description=_summary(v))) for k, v in top.items()
-    }
+    fields = {k: _subcommand(v) for k, v in top.items()}
 
     def cli_cmd(self: BaseSettings) -> None:
         CliApp.run_subcommand(self)
@@ -136,7 +138,7 @@ def build_app() -> type[BaseSettings]:
         "Leanrl", __doc__=_ROOT_DOC, __base__=BaseSettings, __config__=None, **fields
     )
     app.model_config.update(_SETTINGS)
-    app.cli_cmd = cli_cmd
+    app.cli_cmd = cli_cmd  # type: ignore[attr-defined]
     return app  # type: ignore[no-any-return]
 
 
