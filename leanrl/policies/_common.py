@@ -1,0 +1,130 @@
+"""Helpers shared by the policy backends: finding the model, chat prompts, stop strings."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from leanrl.errors import ConfigError, PolicyError
+from leanrl.policy import Prompt
+
+__all__ = [
+    "cut_at_stop",
+    "hub_offline",
+    "hub_reachable",
+    "resolve_model",
+    "to_messages",
+]
+
+
+def hub_offline() -> bool:
+    """True when the user switched the Hugging Face hub off (``HF_HUB_OFFLINE=1`` and friends)."""
+    return any(
+        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP probe of the hub, so that no network fails in seconds, not after retries."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = re.sub(r"^\w+://", "", endpoint).split("/")[0]
+    host, _, port = host.partition(":")
+    try:
+        with socket.create_connection((host, int(port or 443)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _looks_like_path(model: str) -> bool:
+    # A hub id is exactly "owner/name"; anything else with a path shape is meant as a folder.
+    return (
+        model.startswith(("/", ".", "~"))
+        or model.count("/") >= 2
+        or "\\" in model
+        or model.endswith("/")
+    )
+
+
+def resolve_model(model: str) -> str:
+    """Check that ``model`` can be loaded here; return the local folder or the hub id.
+
+    Raises :class:`ConfigError` for a folder that does not exist and :class:`PolicyError` for a
+    hub id that is neither cached nor downloadable (offline), in seconds, saying how to fix it.
+    """
+    path = Path(model).expanduser()
+    if path.exists() or _looks_like_path(model):
+        if not path.is_dir():
+            raise ConfigError(
+                f"model folder {path} does not exist. Pass --model with a local folder holding "
+                "config.json and the weights, or a Hugging Face id such as "
+                "'AI-MO/Kimina-Prover-Distill-1.7B'."
+            )
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"{path} is not a model folder (no config.json in it). Point --model at the "
+                "folder `save_pretrained` or `huggingface-cli download --local-dir` wrote."
+            )
+        return str(path)
+    if not re.fullmatch(r"[\w.\-]+/[\w.\-]+|[\w.\-]+", model):
+        raise ConfigError(f"--model {model!r} is neither a local folder nor a Hugging Face id")
+    if _cached(model):
+        return model
+    fix = (
+        f"Download it on a machine with internet (`huggingface-cli download {model} --local-dir "
+        f"DIR`), copy DIR here, and pass --model DIR."
+    )
+    if hub_offline():
+        raise PolicyError(
+            f"model {model!r} is not in the local Hugging Face cache and offline mode is on "
+            f"(HF_HUB_OFFLINE). {fix}"
+        )
+    if not hub_reachable():
+        raise PolicyError(
+            f"model {model!r} is not in the local Hugging Face cache and the hub is "
+            f"unreachable (no internet?). {fix}"
+        )
+    return model
+
+
+def _cached(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers always brings huggingface_hub
+        return False
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return isinstance(found, str)
+
+
+def to_messages(prompt: Prompt) -> list[dict[str, str]]:
+    """A chat prompt as plain dicts (what tokenizers' chat templates and HTTP APIs take)."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [{"role": m.role, "content": m.content} for m in prompt]
+
+
+def cut_at_stop(
+    text: str, stop: Sequence[str], token_ids: Sequence[int], decode: Callable[[list[int]], str]
+) -> tuple[str, int] | None:
+    """Where the first stop string appears: (text before it, tokens to keep), or None.
+
+    The kept tokens are the shortest prefix whose decoding contains the stop string, so the
+    token that completed the stop string is kept (it is what the model sampled).
+    """
+    hits = [(text.find(s), s) for s in stop if s and s in text]
+    if not hits:
+        return None
+    at, s = min(hits)
+    lo, hi = 1, len(token_ids)
+    # Binary search: decoding a prefix is monotone in "contains the stop string".
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if s in decode(list(token_ids[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[:at], lo

@@ -1,0 +1,240 @@
+"""``hf`` policy: Hugging Face transformers on CPU or GPU, batched, seeded, with logprobs.
+
+Generation runs in a worker thread (``asyncio.to_thread``) so the event loop keeps verifying
+earlier samples meanwhile; a lock keeps one generation on the model at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from leanrl.errors import PolicyError
+from leanrl.policies._common import cut_at_stop, resolve_model, to_messages
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+
+__all__ = ["HFPolicy"]
+
+
+class HFPolicy(Policy):
+    """A transformers causal LM. Same seed and config give the same samples."""
+
+    name = "hf"
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self._model: Any = None
+        self._tok: Any = None
+        self._device: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def model(self) -> Any:
+        """The loaded transformers model (None before :meth:`start`); trainers update it."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded tokenizer (None before :meth:`start`)."""
+        return self._tok
+
+    async def start(self) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._model is not None:
+            return
+        source = resolve_model(self.config.model)
+        await asyncio.to_thread(self._load, source)
+
+    def _load(self, source: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config
+        device = cfg.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if cfg.dtype == "auto":
+            dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+        else:
+            dtype = getattr(torch, cfg.dtype)
+        try:
+            tok = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **cfg.options)
+        except (OSError, ValueError) as e:
+            raise PolicyError(f"cannot load model {source!r} with transformers: {e}") from e
+        tok.padding_side = "left"
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        self._tok, self._device = tok, torch.device(device)
+        self._model = model.to(self._device).eval()
+
+    async def close(self) -> None:
+        self._model = None
+        self._tok = None
+
+    def tokenize(self, text: str) -> list[int]:
+        if self._tok is None:
+            raise PolicyError("call `await policy.start()` before tokenize()")
+        return list(self._tok(text, add_special_tokens=False).input_ids)
+
+    def render(self, prompt: Prompt) -> tuple[str, bool]:
+        """The prompt as model input text, and whether it already holds its special tokens."""
+        chat = self.config.chat if self.config.chat is not None else not isinstance(prompt, str)
+        if not chat:
+            if not isinstance(prompt, str):
+                raise PolicyError("a chat prompt needs --policy.chat true (or unset)")
+            return prompt, False
+        if getattr(self._tok, "chat_template", None) is None:
+            raise PolicyError(
+                f"model {self.config.model!r} has no chat template, so it cannot take chat "
+                "prompts. Use a completion prompt format (--env.harness.prompt_format deepseek)."
+            )
+        text = self._tok.apply_chat_template(
+            to_messages(prompt), tokenize=False, add_generation_prompt=True
+        )
+        return str(text), True
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        await self.start()
+        assert self._lock is not None
+        async with self._lock:
+            return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
+
+    def _generate_sync(
+        self, prompts: list[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        import torch
+
+        tok = self._tok
+        encoded: list[list[int]] = []
+        for p in prompts:
+            text, has_specials = self.render(p)
+            encoded.append(list(tok(text, add_special_tokens=not has_specials).input_ids))
+        rows = [i for i in range(len(prompts)) for _ in range(sampling.n)]
+        out: list[list[Completion]] = [[] for _ in prompts]
+        if sampling.seed is not None:
+            # One seed per call: the same prompts, config and seed replay the same samples.
+            torch.manual_seed(sampling.seed)
+        bs = self.config.batch_size
+        for start in range(0, len(rows), bs):
+            batch = rows[start : start + bs]
+            for i, c in zip(
+                batch, self._generate_batch([encoded[i] for i in batch], sampling), strict=True
+            ):
+                out[i].append(c)
+        return out
+
+    def _generate_batch(self, batch: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
+        import torch
+        from transformers import LogitsProcessorList
+        from transformers.generation.logits_process import (
+            TemperatureLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        tok, dev = self._tok, self._device
+        width = max(len(ids) for ids in batch)
+        pad = tok.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch], device=dev)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=dev)
+        recorder = _LogprobRecorder()
+        greedy = sampling.temperature == 0
+        procs: list[Any] = []
+        if not greedy:
+            # Our own warpers, placed before the recorder, so the recorded logprobs are those
+            # of the distribution actually sampled from (transformers would add its warpers
+            # after any custom processor).
+            if sampling.temperature != 1.0:
+                procs.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_p < 1.0:
+                procs.append(TopPLogitsWarper(top_p=sampling.top_p))
+        procs.append(recorder)
+        kw: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens,
+            "do_sample": not greedy,
+            "pad_token_id": pad,
+            "logits_processor": LogitsProcessorList(procs),
+            "return_dict_in_generate": True,
+        }
+        if not greedy:
+            kw.update(temperature=1.0, top_p=1.0, top_k=0)
+        if sampling.stop:
+            kw.update(stop_strings=list(sampling.stop), tokenizer=tok)
+        with torch.no_grad():
+            res = self._model.generate(input_ids=input_ids, attention_mask=mask, **kw)
+        gen = res.sequences[:, width:]
+        lps = recorder.finish(gen)
+        eos = _eos_ids(self._model, tok)
+        completions = []
+        for b in range(gen.shape[0]):
+            ids = gen[b].tolist()
+            lp = lps[b].tolist() if lps is not None else []
+            finish = "length"
+            end = len(ids)
+            for t, tid in enumerate(ids):
+                if tid in eos:
+                    end, finish = t + 1, "stop"
+                    break
+            ids, lp = ids[:end], lp[:end]
+            body = ids[:-1] if finish == "stop" else ids
+            text = tok.decode(body, skip_special_tokens=True)
+            if sampling.stop:
+                cut = cut_at_stop(
+                    text, sampling.stop, ids, lambda x: tok.decode(x, skip_special_tokens=True)
+                )
+                if cut is not None:
+                    text, keep = cut
+                    ids, lp, finish = ids[:keep], lp[:keep], "stop"
+            completions.append(
+                Completion(
+                    text=text,
+                    token_ids=tuple(ids),
+                    logprobs=tuple(float(x) for x in lp),
+                    prompt_token_ids=tuple(batch[b]),
+                    finish_reason=finish,  # type: ignore[arg-type]
+                )
+            )
+        return completions
+
+
+class _LogprobRecorder:
+    """A logits processor placed last: keeps the log-softmax of the final scores of each step
+    and, at the next step, picks out the token that was sampled (one step's scores in memory,
+    not the whole generation's)."""
+
+    def __init__(self) -> None:
+        self.prev: Any = None
+        self.steps: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, generated: Any) -> Any:
+        import torch
+
+        if self.prev is None or generated.shape[1] == 0:
+            return None
+        if len(self.steps) < generated.shape[1]:
+            self.steps.append(self.prev.gather(1, generated[:, -1:]).squeeze(1))
+        self.prev = None
+        return torch.stack(self.steps, dim=1).cpu()
+
+
+def _eos_ids(model: Any, tok: Any) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), tok):
+        e = getattr(src, "eos_token_id", None)
+        if isinstance(e, int):
+            ids.add(e)
+        elif isinstance(e, (list, tuple)):
+            ids.update(int(x) for x in e)
+    return ids

@@ -1,0 +1,158 @@
+"""``openai`` policy: any OpenAI-compatible server (vLLM, SGLang, hosted APIs) over httpx.
+
+Text prompts go to ``/completions``, chat prompts to ``/chat/completions``. Requests are async,
+at most ``max_concurrency`` in flight, retried with exponential backoff on 429, 5xx and
+connection errors, and bounded by ``request_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import httpx
+
+from leanrl.errors import PolicyError
+from leanrl.policies._common import to_messages
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+
+__all__ = ["OpenAIPolicy"]
+
+_RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class OpenAIPolicy(Policy):
+    """A model served behind an OpenAI-compatible HTTP API."""
+
+    name = "openai"
+
+    #: First backoff delay in seconds (doubled each retry, with jitter, capped at 30 s).
+    backoff_s: float = 0.5
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self._client: httpx.AsyncClient | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self.retries = 0
+        """Transient failures retried so far (for logs and tests)."""
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        headers = {}
+        key = os.environ.get(self.config.api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.AsyncClient(
+            base_url=self.config.base_url.rstrip("/") + "/",
+            headers=headers,
+            timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=self.config.max_concurrency),
+        )
+        self._sem = asyncio.Semaphore(self.config.max_concurrency)
+        try:
+            # Fail in seconds, not after a whole run's worth of retries, when nobody listens.
+            await self._client.get("models", timeout=10.0)
+        except httpx.TransportError as e:
+            await self.close()
+            raise PolicyError(
+                f"cannot reach the OpenAI-compatible server at {self.config.base_url} "
+                f"({type(e).__name__}). Start one (e.g. `vllm serve MODEL`) or set "
+                "--policy.base_url to where it listens."
+            ) from e
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        await self.start()
+        return list(await asyncio.gather(*(self._one(p, sampling) for p in prompts)))
+
+    async def _one(self, prompt: Prompt, sampling: SamplingConfig) -> list[Completion]:
+        chat = self.config.chat if self.config.chat is not None else not isinstance(prompt, str)
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "n": sampling.n,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        if chat:
+            body["messages"] = to_messages(prompt)
+            body["logprobs"] = True
+            path = "chat/completions"
+        else:
+            if not isinstance(prompt, str):
+                raise PolicyError("a chat prompt needs --policy.chat true (or unset)")
+            body["prompt"] = prompt
+            body["logprobs"] = 0  # the sampled token's logprob only
+            path = "completions"
+        body.update(self.config.options)
+        data = await self._post(path, body)
+        choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) != sampling.n:
+            raise PolicyError(
+                f"{self.config.base_url}/{path} returned {len(choices)} choices for n="
+                f"{sampling.n}; the server may not support `n` (set --sampling.n 1)."
+            )
+        return [_completion(c, chat) for c in choices]
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert self._client is not None and self._sem is not None
+        last = ""
+        for attempt in range(self.config.max_retries + 1):
+            delay = min(30.0, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
+            async with self._sem:
+                try:
+                    r = await self._client.post(path, json=body)
+                except (httpx.TransportError, httpx.TimeoutException) as e:
+                    last = f"{type(e).__name__}: {e}"
+                else:
+                    if r.status_code == 200:
+                        out: dict[str, Any] = r.json()
+                        return out
+                    last = f"HTTP {r.status_code}: {r.text[:300]}"
+                    if r.status_code not in _RETRY_STATUS:
+                        raise PolicyError(
+                            f"{self.config.base_url}/{path} rejected the request ({last})"
+                        )
+                    after = r.headers.get("retry-after")
+                    if after and after.replace(".", "", 1).isdigit():
+                        delay = min(60.0, float(after))
+            if attempt < self.config.max_retries:
+                self.retries += 1
+                await asyncio.sleep(delay)
+        raise PolicyError(
+            f"{self.config.base_url}/{path} failed {self.config.max_retries + 1} times; "
+            f"last: {last}"
+        )
+
+
+def _completion(choice: dict[str, Any], chat: bool) -> Completion:
+    finish: Literal["stop", "length"] = (
+        "length" if choice.get("finish_reason") == "length" else "stop"
+    )
+    lp: tuple[float, ...] | None = None
+    raw = choice.get("logprobs")
+    if chat:
+        text = (choice.get("message") or {}).get("content") or ""
+        if isinstance(raw, dict) and raw.get("content"):
+            lp = tuple(float(t["logprob"]) for t in raw["content"])
+    else:
+        text = choice.get("text") or ""
+        if isinstance(raw, dict) and raw.get("token_logprobs"):
+            lp = tuple(float(x) if x is not None else 0.0 for x in raw["token_logprobs"])
+    # vLLM returns ids when asked (`return_token_ids`); other servers do not.
+    ids = tuple(int(x) for x in choice.get("token_ids") or ())
+    return Completion(text=text, token_ids=ids, logprobs=lp, finish_reason=finish)

@@ -1,0 +1,115 @@
+"""``vllm`` policy: in-process vLLM on a GPU (``pip install 'leanrl[vllm]'``), imported lazily."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from leanrl.errors import PolicyError
+from leanrl.policies._common import resolve_model, to_messages
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+
+__all__ = ["VLLMPolicy", "import_vllm"]
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or a :class:`PolicyError` saying how to install it."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise PolicyError(
+            f"the vllm backend needs the optional vLLM package ({e}). Install it with "
+            "`pip install 'leanrl[vllm]'` on a machine with a CUDA GPU, or use --backend hf "
+            "(transformers) or --backend openai (a running server)."
+        ) from e
+    return vllm
+
+
+class VLLMPolicy(Policy):
+    """A vLLM engine in this process. Generation runs in a worker thread."""
+
+    name = "vllm"
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self._llm: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._llm is not None:
+            return
+        vllm = import_vllm()
+        source = resolve_model(self.config.model)
+        kw: dict[str, Any] = {
+            "model": source,
+            "gpu_memory_utilization": self.config.gpu_memory_utilization,
+            "dtype": self.config.dtype,
+        }
+        kw.update(self.config.options)
+        self._llm = await asyncio.to_thread(vllm.LLM, **kw)
+
+    async def close(self) -> None:
+        self._llm = None
+
+    def tokenize(self, text: str) -> list[int]:
+        if self._llm is None:
+            raise PolicyError("call `await policy.start()` before tokenize()")
+        return list(self._llm.get_tokenizer().encode(text, add_special_tokens=False))
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        await self.start()
+        assert self._lock is not None
+        async with self._lock:
+            return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
+
+    def _generate_sync(
+        self, prompts: list[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        vllm = import_vllm()
+        tok = self._llm.get_tokenizer()
+        texts = []
+        for p in prompts:
+            chat = self.config.chat if self.config.chat is not None else not isinstance(p, str)
+            if chat:
+                texts.append(
+                    tok.apply_chat_template(
+                        to_messages(p), tokenize=False, add_generation_prompt=True
+                    )
+                )
+            else:
+                texts.append(p)
+        params = vllm.SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+            logprobs=0,  # the sampled token's logprob
+        )
+        results = self._llm.generate(texts, params, use_tqdm=False)
+        out: list[list[Completion]] = []
+        for res in results:
+            row = []
+            for o in res.outputs:
+                lps = None
+                if o.logprobs is not None:
+                    lps = tuple(
+                        float(d[t].logprob) for d, t in zip(o.logprobs, o.token_ids, strict=False)
+                    )
+                row.append(
+                    Completion(
+                        text=o.text,
+                        token_ids=tuple(o.token_ids),
+                        logprobs=lps,
+                        prompt_token_ids=tuple(res.prompt_token_ids or ()),
+                        finish_reason="length" if o.finish_reason == "length" else "stop",
+                    )
+                )
+            out.append(row)
+        return out
