@@ -12,15 +12,24 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
-from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    CliApp,
+    CliSettingsSource,
+    CliSubCommand,
+    SettingsConfigDict,
+)
 
 from leanrl import registry
+from leanrl.config import merge, validate
 from leanrl.errors import LeanrlError
 
-__all__ = ["EnvsCommand", "main"]
+__all__ = ["EnvsCommand", "main", "parse_command"]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class EnvsCommand(BaseModel):
@@ -60,6 +69,7 @@ class EnvsCommand(BaseModel):
 # -- _COMMANDS: one line per command; "a b" nests b under group a (`leanrl a b`). -----------------
 _COMMANDS: dict[str, str] = {
     "envs": "leanrl.cli:EnvsCommand",
+    "serve": "leanrl.service.cli:ServeCommand",
 }
 # -------------------------------------------------------------------------------------------------
 
@@ -78,6 +88,7 @@ options, each with its meaning and default.
 
 _SETTINGS = SettingsConfigDict(
     cli_prog_name="leanrl",
+    cli_kebab_case=False,
     use_attribute_docstrings=True,
     cli_implicit_flags=True,
     cli_avoid_json=True,
@@ -117,18 +128,29 @@ def _summary(cls: type) -> str:
     return (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
 
 
-def build_app() -> type[BaseSettings]:
-    """The root command model, assembled from ``_COMMANDS``."""
-    top: dict[str, type[BaseModel]] = {}
-    groups: dict[str, dict[str, type[BaseModel]]] = {}
+_Tree = dict[str, Any]  # command name -> command class, or a nested _Tree for a group
+
+
+def _tree() -> _Tree:
+    tree: _Tree = {}
     for path, target in _COMMANDS.items():
-        parts = path.split()
-        if len(parts) == 1:
-            top[parts[0]] = _load(target)
-        else:
-            groups.setdefault(parts[0], {})[parts[1]] = _load(target)
-    for gname, children in groups.items():
-        top[gname] = _group(gname, children, _GROUP_DOCS.get(gname, gname))
+        *groups, leaf = path.split()
+        node = tree
+        for g in groups:
+            node = node.setdefault(g, {})
+        node[leaf] = _load(target)
+    return tree
+
+
+def build_app(tree: _Tree | None = None) -> type[BaseSettings]:
+    """The root command model, assembled from ``_COMMANDS``."""
+    tree = _tree() if tree is None else tree
+    top = {
+        name: _group(name, {k: v for k, v in node.items()}, _GROUP_DOCS.get(name, name))
+        if isinstance(node, dict)
+        else node
+        for name, node in tree.items()
+    }
     fields = {k: _subcommand(v) for k, v in top.items()}
 
     def cli_cmd(self: BaseSettings) -> None:
@@ -140,6 +162,30 @@ def build_app() -> type[BaseSettings]:
     app.model_config.update(_SETTINGS)
     app.cli_cmd = cli_cmd  # type: ignore[attr-defined]
     return app  # type: ignore[no-any-return]
+
+
+def _cli_source(cls: type[BaseModel]) -> CliSettingsSource[Any]:
+    opts = {k: v for k, v in _SETTINGS.items() if k.startswith("cli_")}
+    return CliSettingsSource(cls, **opts)  # type: ignore[arg-type]
+
+
+def _explicit(cls: type[BaseModel], argv: Sequence[str]) -> dict[str, Any]:
+    """Only the values the user typed (argparse exits on --help and on bad flags)."""
+    return dict(_cli_source(cls)(args=list(argv))())
+
+
+def _with_file(cls: type[M], typed: dict[str, Any]) -> M:
+    """Defaults < the ``--config`` TOML file < the typed flags; validated as ``cls``."""
+    path = typed.get("config")
+    return merge(cls, path, typed) if path else validate(cls, typed, "command line")
+
+
+def parse_command(cls: type[M], argv: Sequence[str]) -> M:
+    """Parse ``argv`` into command model ``cls`` exactly as ``leanrl`` would (without running it).
+
+    For tests and for embedding one command in another program.
+    """
+    return _with_file(cls, _explicit(cls, normalize_argv(argv)))
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
@@ -163,9 +209,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = normalize_argv(sys.argv[1:] if argv is None else argv)
     if not args:
         args = ["--help"]
-    app = build_app()
+    tree = _tree()
     try:
-        CliApp.run(app, cli_args=args)
+        typed = _explicit(build_app(tree), args)
+        # Walk down to the chosen (sub)command: the one key whose value is not None.
+        node: Any = tree
+        while isinstance(node, dict):
+            chosen = [k for k in node if typed.get(k) is not None]
+            if not chosen:  # a group given without a command: show its help
+                _explicit(build_app(tree), [*args, "--help"])
+                return 2
+            typed, node = dict(typed[chosen[0]]), node[chosen[0]]
+        command = _with_file(node, typed)
+        command.cli_cmd()
     except LeanrlError as e:
         print(f"leanrl: error: {e}", file=sys.stderr)
         return 2

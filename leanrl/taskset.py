@@ -353,8 +353,8 @@ def split_header(text: str) -> tuple[str, str]:
     """Split a statement that starts with its own imports/opens into (header, statement)."""
     lines = text.splitlines(keepends=True)
     decl = re.compile(
-        r"^(@\[.*\]\s*)?(private\s+|protected\s+|noncomputable\s+)*"
-        r"(theorem|lemma|example|def|abbrev|instance|structure|/--)\b"
+        r"^(/--|@\[|(private\s+|protected\s+|noncomputable\s+)*"
+        r"(theorem|lemma|example|def|abbrev|instance|structure)\b)"
     )
     for i, line in enumerate(lines):
         if decl.match(line):
