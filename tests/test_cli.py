@@ -1,0 +1,77 @@
+"""The `leanrl` console script: envs, help that teaches, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leanrl.cli import main, normalize_argv
+
+
+def leanrl_cmd(*args: str, cwd: str = "/") -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("leanrl", path=str(Path(sys.executable).parent)) or shutil.which("leanrl")
+    assert exe, "the `leanrl` console script is not installed (pip install -e .)"
+    return subprocess.run(
+        [exe, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "100"},
+        timeout=120,
+    )
+
+
+def test_envs_lists_builtins_with_descriptions() -> None:
+    out = leanrl_cmd("envs")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for section in ("environments:", "harnesses:", "runtimes:"):
+        assert section in text
+    for env in ("minif2f", "minif2f-deepseek", "proofnet", "putnambench", "core", "dataset"):
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(env + " "))
+        assert len(line.split(None, 1)[1]) > 10, f"{env} has no description"
+
+
+def test_envs_json() -> None:
+    out = leanrl_cmd("envs", "--json")
+    data = json.loads(out.stdout)
+    ids = {e["id"] for e in data["environments"]}
+    assert {"minif2f", "proofnet", "putnambench", "core", "dataset"} <= ids
+    assert all(e["description"] for e in data["environments"])
+
+
+def test_root_help_teaches() -> None:
+    out = leanrl_cmd("--help")
+    assert out.returncode == 0
+    assert "envs" in out.stdout and "--config" in out.stdout and "--env.taskset.limit" in out.stdout
+    bare = leanrl_cmd()
+    assert bare.returncode == 0 and "usage: leanrl" in bare.stdout
+
+
+def test_unknown_command_is_an_error() -> None:
+    out = leanrl_cmd("frobnicate")
+    assert out.returncode != 0
+    assert "invalid choice" in out.stderr and "envs" in out.stderr
+
+
+def test_env_shorthand() -> None:
+    assert normalize_argv(["eval", "--env", "minif2f", "--k", "1"]) == [
+        "eval",
+        "--env.id",
+        "minif2f",
+        "--k",
+        "1",
+    ]
+    assert normalize_argv(["--env=core"]) == ["--env.id", "core"]
+    assert normalize_argv(["--env", '{"id": "core"}']) == ["--env", '{"id": "core"}']
+
+
+def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["envs"]) == 0
+    assert "minif2f" in capsys.readouterr().out
