@@ -20,7 +20,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -182,14 +182,26 @@ class RunDir:
         return cks[-1] if cks else None
 
     def save_checkpoint(
-        self, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 3
+        self,
+        step: int,
+        model: Any,
+        tokenizer: Any,
+        state: dict[str, Any],
+        keep: int = 3,
+        extra: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Save a HF model folder + ``trainer_state.json`` atomically; prune old checkpoints."""
+        """Save a HF model folder + ``trainer_state.json`` atomically; prune old checkpoints.
+
+        ``extra(folder)`` may write more files (optimizer state) into the folder before it is
+        made visible, so they appear together with the model or not at all.
+        """
         final = self.checkpoint_path(step)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-checkpoint-{step}-", dir=self.path))
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            extra(tmp)
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, default=str))
         if final.exists():
             shutil.rmtree(final)

@@ -1,0 +1,251 @@
+"""An in-process policy over the very torch model a trainer optimises.
+
+The trainer owns the model; this policy only borrows it to sample. Each completion carries its
+token ids and the log-probability of each sampled token under the distribution it was sampled
+from, ``log softmax(logits / temperature)`` (before top-p truncation, which the trainer's
+recomputation cannot see either; use ``top_p = 1`` for an exact importance ratio). Greedy
+decoding (temperature 0) reports ``log softmax(logits)``.
+
+Decoding is a plain KV-cached loop (no ``generate``): prompts are left-padded, position ids come
+from the attention mask (the trainer uses the same convention), and sampling uses a private
+``torch.Generator`` seeded from ``SamplingConfig.seed`` and a per-seed call counter, so the same
+seed, config and call order give the same samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+
+__all__ = ["TrainPolicy"]
+
+
+class TrainPolicy(Policy):
+    """Samples from ``model`` (a transformers causal LM) with ``tokenizer``. ``start`` is a no-op:
+    the model is already loaded by the trainer, which may swap it (``model`` attribute)."""
+
+    name: ClassVar[str] = "train-hf"
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        model: Any,
+        tokenizer: Any,
+        *,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.autocast_dtype = autocast_dtype
+        self.lock = threading.Lock()  # one decode at a time; the trainer takes it to swap weights
+        self._calls: dict[int, int] = {}
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: chat prompts go through the chat template."""
+        if isinstance(prompt, str) and not self.config.chat:
+            return self.tokenize(prompt)
+        msgs = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else [m.model_dump() for m in prompt]
+        )
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in transformers 5
+            ids = ids["input_ids"]
+        return list(ids)
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        # The decode is blocking torch work: run it in a thread so the event loop keeps
+        # verifying finished attempts meanwhile.
+        return await asyncio.to_thread(self.generate_sync, prompts, sampling)
+
+    def generate_sync(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """Blocking :meth:`generate`."""
+        with self.lock:
+            gen = torch.Generator(device="cpu")
+            if sampling.seed is not None:
+                k = self._calls.get(sampling.seed, 0)
+                self._calls[sampling.seed] = k + 1
+                gen.manual_seed((sampling.seed * 1_000_003 + k) % (2**63))
+            else:
+                gen.seed()
+            encoded = [self.prompt_ids(p) for p in prompts]
+            flat = [(i, ids) for i, ids in enumerate(encoded) for _ in range(sampling.n)]
+            out: list[list[Completion]] = [[] for _ in prompts]
+            bs = self.config.batch_size
+            for lo in range(0, len(flat), bs):
+                chunk = flat[lo : lo + bs]
+                for (i, _ids), c in zip(
+                    chunk, self._decode([ids for _, ids in chunk], sampling, gen), strict=True
+                ):
+                    out[i].append(c)
+            return out
+
+    @torch.no_grad()
+    def _decode(
+        self, prompts: list[list[int]], sampling: SamplingConfig, gen: torch.Generator
+    ) -> list[Completion]:
+        model = self.model
+        device = next(model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.eos_token_id or 0
+        eos = _eos_ids(self.tokenizer, model)
+        n = len(prompts)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for k, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+            ids[k, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[k, width - len(p) :] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, width]
+        temp = sampling.temperature
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        out_lp: list[list[float]] = [[] for _ in range(n)]
+        done = torch.zeros(n, dtype=torch.bool)
+        stopped_by_text = [False] * n
+        was_training = model.training
+        model.eval()
+        cache: Any = None
+        step_ids, step_pos = ids, pos
+        try:
+            for _ in range(sampling.max_tokens):
+                with _autocast(device, self.autocast_dtype):
+                    res = model(
+                        input_ids=step_ids,
+                        attention_mask=attn,
+                        position_ids=step_pos,
+                        use_cache=True,
+                        logits_to_keep=1,
+                        **{_cache_kwarg(model): cache},
+                    )
+                cache = _cache_of(res)
+                logits = res.logits[:, -1, :].float()  # [n, V]
+                logp_all = torch.log_softmax(logits / temp if temp > 0 else logits, dim=-1)
+                if temp > 0:
+                    tok = _sample(logp_all, sampling.top_p, gen)  # [n]
+                else:
+                    tok = logp_all.argmax(-1)
+                lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+                tok_c, lp_c = tok.cpu(), lp.cpu()
+                for k in range(n):
+                    if done[k]:
+                        continue
+                    t = int(tok_c[k])
+                    out_ids[k].append(t)
+                    out_lp[k].append(float(lp_c[k]))
+                    if t in eos:
+                        done[k] = True
+                    elif sampling.stop and _hits_stop(self.tokenizer, out_ids[k], sampling.stop):
+                        done[k] = True
+                        stopped_by_text[k] = True
+                if bool(done.all()):
+                    break
+                tok = torch.where(done.to(device), torch.full_like(tok, pad), tok)
+                step_ids = tok.unsqueeze(-1)
+                attn = torch.cat([attn, (~done).long().unsqueeze(-1).to(device)], dim=-1)
+                step_pos = step_pos[:, -1:] + 1
+        finally:
+            if was_training:
+                model.train()
+        comps = []
+        for k in range(n):
+            toks = out_ids[k]
+            finished = bool(done[k])
+            body = toks[:-1] if finished and not stopped_by_text[k] else toks
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            if stopped_by_text[k]:
+                text = _cut_at_stop(text, sampling.stop)
+            comps.append(
+                Completion(
+                    text=text,
+                    token_ids=tuple(toks),
+                    logprobs=tuple(out_lp[k]),
+                    prompt_token_ids=tuple(prompts[k]),
+                    finish_reason="stop" if finished else "length",
+                )
+            )
+        return comps
+
+
+def _cache_kwarg(model: Any) -> str:
+    """transformers 5.x renamed ``past_key_values`` to ``cache``; accept both."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(res: Any) -> Any:
+    cache = getattr(res, "cache", None)
+    return cache if cache is not None else getattr(res, "past_key_values", None)
+
+
+def _sample(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
+    """Sample one token per row from log-probs [n, V], keeping the top-p nucleus."""
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        cum = sorted_p.cumsum(-1)
+        drop = cum - sorted_p > top_p  # tokens entirely outside the nucleus
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    # Sampling on the CPU generator keeps runs repeatable on any device.
+    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logp.device)
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(e, int):
+            ids.add(e)
+        elif isinstance(e, (list, tuple)):
+            ids.update(int(x) for x in e)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _hits_stop(tokenizer: Any, toks: list[int], stop: list[str]) -> bool:
+    # Decode only the tail: a stop string is short, so the last few tokens hold it.
+    tail = tokenizer.decode(toks[-16:], skip_special_tokens=False)
+    return any(s in tail for s in stop)
+
+
+def _cut_at_stop(text: str, stop: list[str]) -> str:
+    cut = min((i for s in stop if (i := text.find(s)) >= 0), default=len(text))
+    return text[:cut]
+
+
+class _autocast:
+    """bf16 autocast on CUDA when asked; a no-op elsewhere."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype | None) -> None:
+        self.ctx: Any = (
+            torch.autocast(device_type="cuda", dtype=dtype)
+            if dtype is not None and device.type == "cuda"
+            else None
+        )
+
+    def __enter__(self) -> None:
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)

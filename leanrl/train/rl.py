@@ -1,0 +1,119 @@
+"""The GRPO maths as pure tensor functions: advantages, the clipped token loss, KL, aggregation.
+
+Nothing here knows about models, rollouts or configs, so every function is tested against values
+computed by hand (``tests/test_grpo_math.py``). Shapes: ``B`` groups (tasks), ``G`` samples per
+group, ``N`` sequences in a (micro-)batch, ``T`` response positions (right-aligned, padded).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LossAgg",
+    "RewardScale",
+    "aggregate",
+    "clipped_token_loss",
+    "group_advantages",
+    "kl_k3",
+    "token_logprobs",
+]
+
+LossAgg = Literal["grpo", "dr_grpo", "dapo"]
+RewardScale = Literal["group", "batch", "none"]
+
+
+def group_advantages(rewards: Tensor, scale: RewardScale = "group", eps: float = 1e-4) -> Tensor:
+    """Group-relative advantages ``A_i = (r_i - mean(group)) / (std + eps)``.
+
+    ``rewards``: [B, G]. ``scale``: ``group`` divides by each group's std (DeepSeekMath),
+    ``batch`` by the std of all rewards in the batch, ``none`` not at all (Dr. GRPO). The std is
+    the unbiased one (``torch.std``), as in TRL. A group whose rewards are all equal gets
+    advantage 0 whatever the scaling. Returns [B, G].
+    """
+    r = rewards.to(torch.float32)
+    centred = r - r.mean(dim=1, keepdim=True)  # [B, G]
+    if scale == "group":
+        std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
+        return centred / (std + eps)
+    if scale == "batch":
+        std = r.std() if r.numel() > 1 else torch.zeros(())
+        return centred / (std + eps)
+    return centred
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log softmax(logits / temperature)`` at ``targets``. logits [N, T, V], targets [N, T].
+
+    Uses ``logit - logsumexp`` instead of a full log-softmax, so only one [N, T, V] temporary
+    exists at a time (the vocabulary dominates memory for large models).
+    """
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    picked = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N, T]
+    return picked - torch.logsumexp(x, dim=-1)
+
+
+def clipped_token_loss(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """Per-token clipped surrogate ``-min(ρ·A, clip(ρ, 1-eps_low, 1+eps_high)·A)``.
+
+    ``logp``, ``old_logp``: [N, T] (current and behaviour log-probs); ``adv``: [N] (one advantage
+    per sequence, broadcast over its tokens). ``ρ = exp(logp - old_logp)``. Returns the loss [N, T]
+    and a float mask [N, T] of the tokens where the clipped branch was taken (clip fraction).
+    """
+    ratio = torch.exp(logp - old_logp)  # [N, T]
+    a = adv.unsqueeze(-1)  # [N, 1]
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
+    loss = -torch.minimum(unclipped, clipped)
+    was_clipped = (clipped < unclipped).float()  # the min picked the clipped branch
+    return loss, was_clipped
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(π_θ || π_ref): ``exp(ref - logp) - (ref - logp) - 1`` (≥ 0).
+
+    Unbiased for the KL under samples from π_θ and always non-negative (Schulman, "Approximating
+    KL divergence", 2020; the estimator DeepSeekMath uses). Shapes [N, T] -> [N, T].
+    """
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    mode: LossAgg,
+    *,
+    n_seqs: int,
+    n_tokens: int,
+    norm_len: int,
+) -> Tensor:
+    """Reduce a per-token loss [N, T] (masked by ``mask`` [N, T]) to a scalar.
+
+    The denominators are those of the whole optimisation mini-batch, not of this micro-batch, so
+    that summing the micro-batch losses (gradient accumulation) gives exactly the mini-batch loss:
+
+    - ``grpo``: mean over tokens of each sequence, then mean over the ``n_seqs`` sequences
+      (DeepSeekMath, eq. 3): ``1/n_seqs · Σ_i 1/|o_i| Σ_t l_it``.
+    - ``dapo``: one mean over all ``n_tokens`` loss tokens of the mini-batch (DAPO, eq. 8):
+      ``1/n_tokens · Σ_i Σ_t l_it``.
+    - ``dr_grpo``: sum over tokens divided by a constant ``n_seqs · norm_len`` (Dr. GRPO): no
+      length normalisation per sequence, so long wrong answers are not favoured.
+    """
+    m = mask.to(per_token.dtype)
+    masked = per_token * m  # [N, T]
+    if mode == "grpo":
+        lengths = m.sum(dim=-1).clamp(min=1.0)  # [N]
+        return (masked.sum(dim=-1) / lengths).sum() / max(n_seqs, 1)
+    if mode == "dapo":
+        return masked.sum() / max(n_tokens, 1)
+    if mode == "dr_grpo":
+        return masked.sum() / max(n_seqs * norm_len, 1)
+    raise ValueError(f"unknown loss aggregation {mode!r}")
