@@ -1,29 +1,182 @@
-"""Settings of the sandboxed runtimes (``docker`` and ``modal``), nested in ``RuntimeConfig``."""
+"""Settings of the sandboxed runtimes (``docker`` and ``modal``), nested in ``RuntimeConfig``.
+
+Both runtimes run ``leanrl serve`` inside a sandbox and keep a warm pool of sandboxes; the pool and
+client settings are shared (:class:`PoolConfig`, :class:`ClientConfig`), the rest is per runtime.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DockerConfig", "ModalConfig"]
+__all__ = ["ClientConfig", "DockerConfig", "ModalConfig", "PoolConfig", "ServiceLimits"]
 
 
-class DockerConfig(BaseModel):
-    """Settings of the ``docker`` runtime."""
-
+class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class ClientConfig(_Config):
+    """How the runtimes talk to a verification service over HTTP."""
+
+    retries: int = Field(default=3, ge=0)
+    """Extra tries after a transient failure (connection refused/reset, 502, 503, a read that
+    timed out). Each retry reuses the request's idempotency key, so the service never checks the
+    same batch twice."""
+    backoff_s: float = Field(default=0.2, ge=0)
+    """First pause between tries; it doubles after each try."""
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    """How long to wait for a TCP (or unix socket) connection."""
+    request_timeout_s: float = Field(default=900.0, gt=0)
+    """How long one request may take end to end (a whole batch is one request)."""
+
+
+class ServiceLimits(_Config):
+    """Limits the verification service (``leanrl serve``) enforces on every request."""
+
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; bigger ones get 413."""
+    max_batch: int = Field(default=1024, ge=1)
+    """Most attempts in one ``POST /check``; longer batches get 413 (split them)."""
+    request_timeout_s: float = Field(default=900.0, gt=0)
+    """Wall-clock limit of any request; past it the service answers 504 and cancels the work."""
+    max_sessions: int = Field(default=64, ge=1)
+    """Tactic sessions open at once; more get 429 until one is closed."""
+    session_idle_s: float = Field(default=600.0, gt=0)
+    """A tactic session unused this long is closed by the service."""
+    idempotency_ttl_s: float = Field(default=600.0, gt=0)
+    """How long results are kept by idempotency key, so a retried request gets the first
+    answer instead of a second check."""
+    idempotency_max_entries: int = Field(default=4096, ge=1)
+    """Most results kept by idempotency key (the oldest are dropped first)."""
+
+
+class PoolConfig(_Config):
+    """A warm pool of sandboxes (containers or Modal Sandboxes) running the service."""
+
+    target_ready: int = Field(default=1, ge=0)
+    """Sandboxes kept started and idle, ready for the next batch."""
+    max_sandboxes: int = Field(default=4, ge=1)
+    """Most sandboxes alive at once (ready, starting and busy together); batches beyond this
+    wait for a free one."""
+    max_uses: int = Field(default=0, ge=0)
+    """Batches one sandbox serves before it is replaced; 0 means no limit. 1 gives each batch a
+    fresh sandbox (the default on Modal)."""
+    max_age_s: float = Field(default=3600.0, gt=0)
+    """An idle sandbox older than this is replaced (never in the middle of a batch)."""
+    start_timeout_s: float = Field(default=900.0, gt=0)
+    """How long a new sandbox may take to answer ``/health`` (loading Mathlib is slow)."""
+    acquire_timeout_s: float = Field(default=1800.0, gt=0)
+    """How long a batch waits for a ready sandbox before its attempts get ``infra`` Verdicts."""
+    health_interval_s: float = Field(default=10.0, gt=0)
+    """How often idle sandboxes are checked; dead ones are replaced."""
+
+
+class DockerConfig(_Config):
+    """Settings of the ``docker`` runtime."""
 
     image: str = "leanrl-verifier:latest"
     """Image with Lean, Mathlib, the REPL and ``leanrl serve`` (see ``runtimes/docker``)."""
     containers: int = Field(default=1, ge=1)
-    """Warm containers to keep ready."""
+    """Warm containers to keep ready (the pool's ``target_ready``; also raises ``max_sandboxes``
+    to at least this)."""
+    pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=4, max_uses=0))
+    """Warm pool settings (``containers`` overrides ``pool.target_ready``)."""
+    batch_size: int = Field(default=64, ge=1)
+    """Attempts sent to one container at a time."""
+    transport: Literal["unix", "tcp"] = "unix"
+    """``unix``: the container gets ``--network none`` and the service listens on a unix socket
+    in a host folder mounted into the container (no network at all; works with
+    ``dockerd --bridge=none``). ``tcp``: the container joins ``network`` and the service port is
+    published on 127.0.0.1 only (the container can reach the network; use on hosts where bind
+    mounts are not possible)."""
+    network: str = "bridge"
+    """Docker network for ``transport = "tcp"``."""
+    service_port: int = Field(default=8000, ge=1, le=65535)
+    """Port the service listens on inside the container (``tcp`` transport)."""
+    memory_mb: int = Field(default=16384, ge=64)
+    """Memory limit of each container (``--memory``), in MiB; Lean processes inside have their
+    own per-process caps from ``RuntimeConfig.memory_mb``."""
+    cpus: float = Field(default=4.0, gt=0)
+    """CPU limit of each container (``--cpus``)."""
+    pids_limit: int = Field(default=512, ge=16)
+    """Most processes/threads inside a container (``--pids-limit``); stops fork bombs."""
+    read_only: bool = True
+    """Mount the image's file system read-only; ``/tmp`` is a private tmpfs."""
+    tmpfs_mb: int = Field(default=1024, ge=16)
+    """Size of the ``/tmp`` tmpfs, in MiB."""
+    command: list[str] = Field(default_factory=lambda: ["leanrl", "serve"])
+    """Command that starts the service in the container; the runtime appends ``--host``,
+    ``--port``/``--uds`` and the inner runtime settings."""
+    inner_runtime: str = "local"
+    """Runtime the service wraps inside the container (``local`` for the Lean pool)."""
+    inner_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """``--runtime.options`` given to the inner runtime (third-party or test runtimes)."""
+    mounts: list[str] = Field(default_factory=list)
+    """Extra ``--volume`` specs (``/host/path:/container/path:ro``), e.g. a prebuilt Lean
+    project. Mounts are read-only unless the spec says otherwise."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables inside the container."""
+    docker_bin: str = "docker"
+    """The docker client to run (a name on PATH or a path)."""
+    socket_dir: Path | None = None
+    """Host folder for the unix sockets (``unix`` transport). Default: a fresh temporary
+    folder."""
+    label: str = "leanrl.runtime"
+    """Label put on every container this runtime starts; containers with this label whose
+    owning process is gone are removed at start."""
 
 
-class ModalConfig(BaseModel):
+class ModalConfig(_Config):
     """Settings of the ``modal`` runtime."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     batch_size: int = Field(default=64, ge=1)
     """Attempts sent to one Sandbox at a time."""
     warm_sandboxes: int = Field(default=2, ge=0)
-    """Sandboxes kept started and ready."""
+    """Sandboxes kept started and ready (the pool's ``target_ready``)."""
+    pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16, max_uses=1))
+    """Warm pool settings (``warm_sandboxes`` overrides ``pool.target_ready``). ``max_uses=1``
+    gives each batch a fresh Sandbox that is terminated after the batch."""
+    backend: Literal["modal", "local"] = "modal"
+    """``modal``: real Modal Sandboxes. ``local``: ``leanrl serve`` processes on this machine
+    behind the same interface (tests, benchmarks, debugging without a Modal account)."""
+    app_name: str = "leanrl-verifier"
+    """Modal app the Sandboxes belong to (created if missing)."""
+    image_source: Literal["code", "dockerfile", "registry"] = "code"
+    """How the Sandbox image is made: ``code`` builds it with ``modal.Image`` calls (the same
+    install script as the Dockerfile); ``dockerfile`` builds ``runtimes/docker/Dockerfile`` on
+    Modal; ``registry`` uses a pushed image (``image_ref``)."""
+    image_ref: str = ""
+    """Registry tag for ``image_source = "registry"`` (e.g. ``ghcr.io/me/leanrl-verifier:v1``)."""
+    lean_toolchain: str = "leanprover/lean4:v4.15.0"
+    """Lean toolchain installed in the image (match the taskset's ``lean_toolchain``)."""
+    mathlib_rev: str = "v4.15.0"
+    """Mathlib git revision (tag, branch or commit) built in the image (match the taskset)."""
+    repl_rev: str = "v4.15.0"
+    """Revision of github.com/leanprover-community/repl built in the image."""
+    cpu: float = Field(default=4.0, gt=0)
+    """CPU cores reserved per Sandbox (also the rate for CPU-second accounting)."""
+    memory_mb: int = Field(default=16384, ge=128)
+    """Memory reserved per Sandbox, in MiB."""
+    sandbox_timeout_s: int = Field(default=3600, ge=60)
+    """Hard lifetime of a Sandbox; Modal kills it after this many seconds."""
+    service_port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the service inside the Sandbox, exposed through an encrypted tunnel."""
+    block_network: bool = True
+    """Block all outbound network from the Sandbox (``block_network`` on ``Sandbox.create``);
+    the tunnel to the service port still works because it goes through Modal."""
+    region: str | None = None
+    """Modal region to run in (None: Modal picks)."""
+    inner_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """``--runtime.options`` given to the runtime inside each Sandbox."""
+    local_runtime: str = "local"
+    """``backend = "local"`` only: the runtime each local ``leanrl serve`` process wraps (an id
+    or ``module:Class``)."""
+    local_pythonpath: list[Path] = Field(default_factory=list)
+    """``backend = "local"`` only: folders added to ``PYTHONPATH`` of the local service
+    processes (so they can import ``local_runtime``)."""
+    metrics_path: Path | None = None
+    """Append one JSON line per batch (sandbox-seconds, CPU-seconds, attempts) and one per run
+    summary to this file. The same figures are in ``runtime.metrics()``."""

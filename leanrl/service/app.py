@@ -1,0 +1,536 @@
+"""The verification service: a runtime behind HTTP (FastAPI, served by uvicorn).
+
+``leanrl serve`` runs it; the ``docker`` and ``modal`` runtimes run it inside their sandboxes and
+talk to it with :class:`leanrl.service.client.ServiceClient`. The endpoints and their JSON are in
+:mod:`leanrl.service.protocol`.
+
+Guarantees:
+
+* every request is guarded before it reaches a handler: bearer token (unless bound to loopback or
+  a unix socket), a body size limit (413), and a wall-clock timeout (504, the work is cancelled);
+* bad requests get a 4xx whose ``error`` says what was wrong; a bad proof is a Verdict (200);
+* ``POST /check`` answers one Verdict per attempt, in order, and with an ``Idempotency-Key`` a
+  repeated request replays (or waits for) the first answer instead of checking again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections import Counter, OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from leanrl._sandbox_config import ServiceLimits
+from leanrl.errors import ConfigError, LeanrlError
+from leanrl.runtime import Runtime, TacticSession, TacticState
+from leanrl.service.protocol import (
+    IDEMPOTENCY_HEADER,
+    ApplyTactic,
+    CheckRequest,
+    CheckResponse,
+    Health,
+    OpenSession,
+    ServiceMetrics,
+    SessionOpened,
+    StartProof,
+)
+from leanrl.verdict import Attempt, Reason, Verdict
+
+__all__ = ["ServiceConfig", "VerificationService", "create_app", "is_loopback"]
+
+log = logging.getLogger("leanrl.service")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+_RESTART_REASONS = {Reason.TIMEOUT, Reason.MEMORY, Reason.CRASH}
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach."""
+    return host in _LOOPBACK or host.startswith("127.")
+
+
+class ServiceConfig(BaseModel):
+    """Where the service listens and who may call it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    host: str = "127.0.0.1"
+    """Address to bind. Anything other than loopback requires ``token``."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port; 0 picks a free one (see ``port_file``)."""
+    uds: str | None = None
+    """Listen on this unix socket instead of TCP (used by the ``docker`` runtime with
+    ``--network none``)."""
+    token: str | None = None
+    """Bearer token every request (except ``GET /health``) must carry. Default: the
+    ``LEANRL_SERVICE_TOKEN`` environment variable. Required unless bound to loopback or a unix
+    socket."""
+    limits: ServiceLimits = Field(default_factory=ServiceLimits)
+    """Request size, batch length, timeouts, sessions, idempotency cache."""
+
+    def effective_token(self) -> str | None:
+        """The token from the config or the environment (None: no auth)."""
+        return self.token or os.environ.get("LEANRL_SERVICE_TOKEN") or None
+
+    def check_auth(self) -> None:
+        """Refuse to serve a non-loopback address without a token."""
+        if self.uds is None and not is_loopback(self.host) and not self.effective_token():
+            raise ConfigError(
+                f"refusing to serve on {self.host} without a bearer token: pass --token or set "
+                "LEANRL_SERVICE_TOKEN (only loopback and unix sockets may run without one)"
+            )
+
+
+class _RequestFailed(LeanrlError):
+    """The first request with an idempotency key failed; its waiters should retry."""
+
+
+@dataclass
+class _IdemEntry:
+    digest: str
+    future: asyncio.Future[tuple[Verdict, ...]]
+    created: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Session:
+    stack: contextlib.AsyncExitStack
+    session: TacticSession
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class VerificationService:
+    """The state behind the HTTP endpoints: the runtime, sessions, cache and counters."""
+
+    def __init__(self, runtime: Runtime, limits: ServiceLimits | None = None) -> None:
+        self.runtime = runtime
+        self.limits = limits or ServiceLimits()
+        self._started = time.monotonic()
+        self._ready = False
+        self._sessions: dict[str, _Session] = {}
+        self._idem: OrderedDict[str, _IdemEntry] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
+        self._window: deque[tuple[float, int]] = deque()
+        self.queue_depth = 0
+        self.attempts_total = 0
+        self.requests_total = 0
+        self.rejected_requests = 0
+        self.request_timeouts = 0
+        self.cache_hits = 0
+        self.reasons: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        """Start the runtime and the idle-session reaper."""
+        self._started = time.monotonic()
+        await self.runtime.start()
+        self._reaper = asyncio.create_task(self._reap_loop())
+        self._ready = True
+
+    async def close(self) -> None:
+        """Close every session and the runtime."""
+        self._ready = False
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for sid in list(self._sessions):
+            await self.close_session(sid)
+        await self.runtime.close()
+
+    # -- checking ---------------------------------------------------------------------------
+
+    async def check(self, attempts: tuple[Attempt, ...], key: str | None) -> CheckResponse:
+        """Check a batch (deduplicated by ``key``)."""
+        if len(attempts) > self.limits.max_batch:
+            raise _HTTPError(
+                413,
+                f"batch of {len(attempts)} attempts is longer than the limit of "
+                f"{self.limits.max_batch}; split it into batches of at most "
+                f"{self.limits.max_batch}",
+            )
+        if key is None:
+            return CheckResponse(verdicts=await self._run(attempts))
+        self._expire_idem()
+        digest = _digest(attempts)
+        entry = self._idem.get(key)
+        if entry is not None:
+            if entry.digest != digest:
+                raise _HTTPError(
+                    409,
+                    f"idempotency key {key!r} was already used for a different batch; use a "
+                    "fresh key for each new batch",
+                )
+            self.cache_hits += 1
+            try:
+                verdicts = await asyncio.shield(entry.future)
+            except _RequestFailed as e:
+                raise _HTTPError(503, str(e)) from None
+            return CheckResponse(verdicts=verdicts, cached=True)
+        fut: asyncio.Future[tuple[Verdict, ...]] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_consume)
+        self._idem[key] = _IdemEntry(digest, fut)
+        while len(self._idem) > self.limits.idempotency_max_entries:
+            self._idem.popitem(last=False)
+        try:
+            verdicts = await self._run(attempts)
+        except BaseException as e:
+            # Forget the key so a retry checks again, and release anyone waiting on it.
+            self._idem.pop(key, None)
+            fut.set_exception(
+                _RequestFailed(f"the first request with this key failed ({e!r}); retry")
+            )
+            raise
+        fut.set_result(verdicts)
+        return CheckResponse(verdicts=verdicts)
+
+    async def _run(self, attempts: tuple[Attempt, ...]) -> tuple[Verdict, ...]:
+        n = len(attempts)
+        self.queue_depth += n
+        try:
+            try:
+                verdicts = await self.runtime.check(attempts)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.exception("runtime %s failed on a batch of %d", self.runtime.name, n)
+                raise _HTTPError(503, f"runtime failed: {type(e).__name__}: {e}") from e
+        finally:
+            self.queue_depth -= n
+        if len(verdicts) != n:
+            raise _HTTPError(
+                503, f"runtime returned {len(verdicts)} verdicts for {n} attempts (a runtime bug)"
+            )
+        now = time.monotonic()
+        self.attempts_total += n
+        self._window.append((now, n))
+        for v in verdicts:
+            self.reasons[v.reason.value] += 1
+        return tuple(verdicts)
+
+    def _expire_idem(self) -> None:
+        cutoff = time.monotonic() - self.limits.idempotency_ttl_s
+        while self._idem:
+            key, entry = next(iter(self._idem.items()))
+            if entry.created >= cutoff or not entry.future.done():
+                break
+            self._idem.pop(key)
+
+    # -- tactic sessions --------------------------------------------------------------------
+
+    async def open_session(self, header: str) -> str:
+        """Open a tactic session under ``header``; returns its id."""
+        if len(self._sessions) >= self.limits.max_sessions:
+            raise _HTTPError(
+                429,
+                f"{len(self._sessions)} tactic sessions are open (the limit); close one with "
+                "DELETE /sessions/{id} first",
+            )
+        stack = contextlib.AsyncExitStack()
+        try:
+            session = await stack.enter_async_context(self.runtime.tactic_session(header))
+        except ConfigError as e:
+            await stack.aclose()
+            raise _HTTPError(501, str(e)) from None
+        sid = uuid.uuid4().hex
+        self._sessions[sid] = _Session(stack, session)
+        return sid
+
+    def _session(self, sid: str) -> _Session:
+        s = self._sessions.get(sid)
+        if s is None:
+            raise _HTTPError(
+                404, f"no tactic session {sid!r} (closed, expired after idling, or never opened)"
+            )
+        s.last_used = time.monotonic()
+        return s
+
+    async def start_proof(self, sid: str, req: StartProof) -> TacticState:
+        """Start a proof in session ``sid``."""
+        s = self._session(sid)
+        async with s.lock:
+            return await s.session.start(req.formal_statement, req.preamble)
+
+    async def apply(self, sid: str, req: ApplyTactic) -> TacticState:
+        """Apply a tactic in session ``sid``."""
+        s = self._session(sid)
+        async with s.lock:
+            return await s.session.apply(req.proof_state, req.tactic)
+
+    async def close_session(self, sid: str) -> bool:
+        """Close session ``sid``; False when there was none."""
+        s = self._sessions.pop(sid, None)
+        if s is None:
+            return False
+        try:
+            await s.stack.aclose()
+        except Exception:
+            log.exception("closing tactic session %s failed", sid)
+        return True
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(5.0, self.limits.session_idle_s / 2))
+            cutoff = time.monotonic() - self.limits.session_idle_s
+            for sid, s in list(self._sessions.items()):
+                if s.last_used < cutoff and not s.lock.locked():
+                    await self.close_session(sid)
+
+    # -- health and metrics -----------------------------------------------------------------
+
+    def health(self) -> Health:
+        return Health(
+            status="ok" if self._ready else "starting", runtime=self.runtime.name, pid=os.getpid()
+        )
+
+    def metrics(self) -> ServiceMetrics:
+        now = time.monotonic()
+        while self._window and self._window[0][0] < now - 60.0:
+            self._window.popleft()
+        recent = sum(n for _, n in self._window)
+        span = min(60.0, max(now - self._started, 1e-3))
+        rt: dict[str, float] = {}
+        rt_metrics = getattr(self.runtime, "metrics", None)
+        if callable(rt_metrics):
+            with contextlib.suppress(Exception):
+                rt = {
+                    k: float(v)
+                    for k, v in dict(rt_metrics()).items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+        implied = sum(self.reasons[r.value] for r in _RESTART_REASONS)
+        return ServiceMetrics(
+            uptime_s=now - self._started,
+            queue_depth=self.queue_depth,
+            attempts_total=self.attempts_total,
+            attempts_per_s=recent / span,
+            requests_total=self.requests_total,
+            rejected_requests=self.rejected_requests,
+            timeouts=self.reasons[Reason.TIMEOUT.value] + self.request_timeouts,
+            request_timeouts=self.request_timeouts,
+            restarts=int(rt.get("restarts", implied)),
+            cache_hits=self.cache_hits,
+            sessions_open=len(self._sessions),
+            memory_rss_mb=_rss_mb(),
+            reasons=dict(self.reasons),
+            runtime=rt,
+        )
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    # Mark a failed future's exception as seen when nobody was waiting on it.
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _digest(attempts: tuple[Attempt, ...]) -> str:
+    data = json.dumps([a.model_dump(mode="json") for a in attempts], sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def _rss_mb() -> float:
+    try:
+        import psutil
+
+        proc = psutil.Process()
+        total = proc.memory_info().rss
+        for child in proc.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+        return total / 2**20
+    except Exception:  # noqa: BLE001 - metrics must never fail a request
+        return 0.0
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class _Guard:
+    """ASGI middleware: counting, bearer auth, body size limit and the request timeout.
+
+    Pure ASGI (not ``BaseHTTPMiddleware``) so the timeout really cancels the handler and an
+    oversized body is refused while it streams in, before more than the limit is in memory.
+    """
+
+    def __init__(self, app: ASGIApp, service: VerificationService, token: str | None) -> None:
+        self.app = app
+        self.service = service
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        svc = self.service
+        svc.requests_total += 1
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        started = False
+
+        async def send_wrapped(msg: Message) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+                if 400 <= msg["status"] < 500:
+                    svc.rejected_requests += 1
+            await send(msg)
+
+        async def reply(status: int, message: str) -> None:
+            await _error(status, message)(scope, receive, send_wrapped)
+
+        if self.token and scope["path"] != "/health":
+            auth = headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else ""
+            if not secrets.compare_digest(given.encode(), self.token.encode()):
+                what = "wrong bearer token" if given else "missing bearer token"
+                await reply(401, f"{what}: send 'Authorization: Bearer <token>'")
+                return
+        limit = svc.limits.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await reply(413, f"request body of {length} bytes is over the limit of {limit} bytes")
+            return
+        # Read the whole body here (it is bounded by the limit) so an oversized chunked body is
+        # refused with 413 before any handler sees it.
+        chunks: list[bytes] = []
+        seen = 0
+        more = True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            chunk = msg.get("body", b"")
+            seen += len(chunk)
+            if seen > limit:
+                await reply(413, f"request body is over the limit of {limit} bytes")
+                return
+            chunks.append(chunk)
+            more = msg.get("more_body", False)
+        replayed = False
+
+        async def receive_buffered() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        try:
+            await asyncio.wait_for(
+                self.app(scope, receive_buffered, send_wrapped), svc.limits.request_timeout_s
+            )
+        except asyncio.TimeoutError:
+            svc.request_timeouts += 1
+            if not started:
+                await reply(
+                    504,
+                    f"request took longer than the service's limit of "
+                    f"{svc.limits.request_timeout_s:g} s and was cancelled",
+                )
+
+
+def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI:
+    """The FastAPI app serving ``runtime``. The runtime is started and closed with the app."""
+    config = config or ServiceConfig()
+    config.check_auth()
+    service = VerificationService(runtime, config.limits)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(title="leanrl verification service", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(_HTTPError)
+    async def _on_http_error(_: Request, e: _HTTPError) -> JSONResponse:
+        return _error(e.status, e.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_starlette(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        errs = list(e.errors())
+        if any(err.get("type") == "json_invalid" for err in errs):
+            return _error(400, "request body is not valid JSON")
+        ctype = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in ctype:
+            return _error(
+                415, f"send a JSON body with 'Content-Type: application/json' (got {ctype!r})"
+            )
+        lines = []
+        for err in errs[:10]:
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "(body)"
+            lines.append(f"{loc}: {err.get('msg')}")
+        more = f" (and {len(errs) - 10} more)" if len(errs) > 10 else ""
+        return _error(422, "invalid request: " + "; ".join(lines) + more)
+
+    @app.post("/check", response_model=CheckResponse)
+    async def check(req: CheckRequest, request: Request) -> CheckResponse:
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is not None and not (0 < len(key) <= 200):
+            raise _HTTPError(400, f"{IDEMPOTENCY_HEADER} must be 1 to 200 characters")
+        return await service.check(req.attempts, key)
+
+    @app.post("/sessions", response_model=SessionOpened)
+    async def open_session(req: OpenSession) -> SessionOpened:
+        return SessionOpened(session_id=await service.open_session(req.header))
+
+    @app.post("/sessions/{sid}/start", response_model=TacticState)
+    async def start_proof(sid: str, req: StartProof) -> TacticState:
+        return await service.start_proof(sid, req)
+
+    @app.post("/sessions/{sid}/tactic", response_model=TacticState)
+    async def apply(sid: str, req: ApplyTactic) -> TacticState:
+        return await service.apply(sid, req)
+
+    @app.delete("/sessions/{sid}", status_code=204)
+    async def close_session(sid: str) -> Response:
+        if not await service.close_session(sid):
+            raise _HTTPError(404, f"no tactic session {sid!r}")
+        return Response(status_code=204)
+
+    @app.get("/health", response_model=Health)
+    async def health() -> Health:
+        return service.health()
+
+    @app.get("/metrics", response_model=ServiceMetrics)
+    async def metrics() -> ServiceMetrics:
+        return service.metrics()
+
+    app.add_middleware(_Guard, service=service, token=config.effective_token())
+    return app

@@ -1,0 +1,47 @@
+"""``leanrl serve``: run the verification service. Imports stay light until the command runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from leanrl._sandbox_config import ServiceLimits
+from leanrl.config import ConfigCommand
+from leanrl.runtime import RuntimeConfig
+
+__all__ = ["ServeCommand"]
+
+
+class ServeCommand(ConfigCommand):
+    """Run the verification service: a runtime (default `local`) behind HTTP.
+
+    Endpoints: POST /check, POST /sessions (tactic mode), GET /health, GET /metrics. Binding an
+    address other than loopback needs a bearer token (--token or LEANRL_SERVICE_TOKEN). The
+    docker and modal runtimes run this inside their sandboxes; see docs/sandboxes.md.
+    """
+
+    host: str = "127.0.0.1"
+    """Address to bind. Anything other than loopback requires a token."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port; 0 picks a free one (written to --port-file)."""
+    uds: str | None = None
+    """Listen on this unix socket instead of TCP."""
+    token: str | None = None
+    """Bearer token required on every request except GET /health. Default: the
+    LEANRL_SERVICE_TOKEN environment variable."""
+    port_file: Path | None = None
+    """Write the bound port here once the service is listening (useful with --port 0)."""
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
+    """uvicorn's log level."""
+    limits: ServiceLimits = Field(default_factory=ServiceLimits)
+    """Request size, batch length, request timeout, sessions and idempotency cache."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """The runtime the service wraps (default: the local Lean pool)."""
+
+    def cli_cmd(self) -> None:
+        from leanrl.service.server import serve
+
+        cmd = self.resolved()
+        serve(cmd)

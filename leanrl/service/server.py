@@ -1,0 +1,73 @@
+"""Running the service under uvicorn: bind the socket first, then report the port, then serve."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from leanrl import registry
+from leanrl.errors import ConfigError
+from leanrl.runtime import Runtime, RuntimeConfig
+from leanrl.service.app import ServiceConfig, create_app
+
+if TYPE_CHECKING:
+    from leanrl.service.cli import ServeCommand
+
+__all__ = ["build_runtime", "serve"]
+
+
+def build_runtime(config: RuntimeConfig) -> Runtime:
+    """The runtime ``config.name`` names, constructed (not started)."""
+    cls = registry.resolve("runtimes", config.name)
+    if not (isinstance(cls, type) and issubclass(cls, Runtime)):
+        raise ConfigError(f"runtime {config.name!r} resolved to {cls!r}, not a leanrl.Runtime")
+    return cls(config)
+
+
+def _bind(cmd: ServeCommand) -> socket.socket:
+    if cmd.uds:
+        path = Path(cmd.uds)
+        path.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o666)  # the container user and the host user may differ
+        return sock
+    family = socket.AF_INET6 if ":" in cmd.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((cmd.host, cmd.port))
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {cmd.host}:{cmd.port}: {e}") from None
+    return sock
+
+
+def serve(cmd: ServeCommand) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM shut down cleanly, closing the runtime)."""
+    import uvicorn
+
+    config = ServiceConfig(
+        host=cmd.host, port=cmd.port, uds=cmd.uds, token=cmd.token, limits=cmd.limits
+    )
+    config.check_auth()
+    app = create_app(build_runtime(cmd.runtime), config)
+    sock = _bind(cmd)
+    sock.listen(128)
+    if cmd.port_file is not None and not cmd.uds:
+        tmp = cmd.port_file.with_suffix(".tmp")
+        tmp.write_text(str(sock.getsockname()[1]))
+        tmp.replace(cmd.port_file)  # atomic: a reader never sees a half-written port
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level=cmd.log_level,
+            timeout_graceful_shutdown=5,
+            limit_concurrency=1000,
+        )
+    )
+    asyncio.run(server.serve(sockets=[sock]))
+    if not server.started:
+        raise ConfigError("the service failed to start (see the log above)")
