@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for leanrl: a virtual environment in .venv with leanrl and everything it
+# needs. Safe to run again (it reuses .venv and only installs what is missing).
+#
+#   LEANRL_TORCH=cpu  (default on machines without an NVIDIA GPU) installs the CPU build of torch;
+#   LEANRL_TORCH=cuda installs the default (CUDA) build from PyPI;
+#   LEANRL_EXTRAS=dev,vllm picks the extras (default: dev).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+"$PY" -c 'import sys; assert sys.version_info >= (3, 10), "leanrl needs Python 3.10+"'
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel
+
+torch_kind=${LEANRL_TORCH:-$(command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)}
+if ! python -c 'import torch' 2>/dev/null; then
+  if [ "$torch_kind" = cpu ]; then
+    # The CPU build: small, and what tests and CPU examples need. A bare `pip install torch`
+    # would pull a CUDA build of several GB.
+    pip install -q --disable-pip-version-check torch==2.13.0 \
+      || pip install -q --disable-pip-version-check torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  else
+    pip install -q --disable-pip-version-check "torch>=2.4,<2.15"
+  fi
+fi
+pip install -q --disable-pip-version-check -e ".[${LEANRL_EXTRAS:-dev}]"
+echo "leanrl is installed in .venv: $(.venv/bin/leanrl envs --json | python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["environments"]), "environments,", len(d["harnesses"]), "harnesses,", len(d["runtimes"]), "runtimes")')"
