@@ -1,0 +1,292 @@
+"""The ``tactic-loop`` harness: the model sends tactics, Lean answers with goals or an error.
+
+Each attempt is an episode on one REPL tactic session. Every turn, all live episodes of a wave
+generate together (one batched ``generate`` call), then their tactics are applied concurrently.
+An episode ends when no goals remain, after ``max_turns`` turns, or when its tokens (model and
+environment) reach ``max_total_tokens``. A solved episode's tactics are joined into one proof and
+checked again as a whole with ``runtime.check`` under the reference statement and the taskset's
+rules, so the reward never rests on tactic mode alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import textwrap
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from leanrl.harness import Harness
+from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
+from leanrl.rollout import ChatMessage, Rollout, Turn
+from leanrl.runtime import Runtime, TacticSession, TacticState
+from leanrl.task import Task
+from leanrl.taskset import Taskset
+from leanrl.verdict import Reason, Verdict
+
+from ..whole_proof.extract import strip_reasoning
+from ..whole_proof.harness import check_and_reward
+
+__all__ = ["TacticLoopHarness", "extract_tactics", "join_tactics"]
+
+_SYSTEM = (
+    "You are proving a theorem in Lean 4 with Mathlib, interactively. Each turn, reply with the "
+    "next tactic(s) in a ```lean4 block. Lean answers with the remaining goals or an error."
+)
+
+
+def extract_tactics(text: str, chat: bool) -> str:
+    """The tactics in one turn's output ('' when there are none)."""
+    body, problem = strip_reasoning(text)
+    if problem is not None:
+        return ""
+    if not chat:
+        return textwrap.dedent(body.split("```", 1)[0]).strip("\n").rstrip()
+    blocks = re.findall(r"```[ \t]*(?:lean4|lean)?[^\n]*\n(.*?)```", body, flags=re.S)
+    code = blocks[-1] if blocks else body
+    return textwrap.dedent(code).strip("\n").rstrip()
+
+
+def join_tactics(steps: Sequence[str]) -> str:
+    """Accepted steps as one tactic block for ``:= by`` (leading newline, indented by 2)."""
+    lines = [ln for s in steps for ln in textwrap.dedent(s).strip("\n").split("\n")]
+    return "\n" + "\n".join(("  " + ln) if ln.strip() else "" for ln in lines)
+
+
+def _goals_text(goals: Sequence[str]) -> str:
+    return "\n\n".join(goals) if goals else "(no goals)"
+
+
+@dataclass
+class _Episode:
+    task: Task
+    sample: int
+    prompt: Prompt
+    context: Prompt
+    turns: list[Turn] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    state: int | None = None
+    goals: tuple[str, ...] = ()
+    tokens: int = 0
+    done: bool = False
+    verdict: Verdict | None = None
+    session: TacticSession | None = None
+    gen_s: float = 0.0
+    apply_s: float = 0.0
+
+
+class TacticLoopHarness(Harness):
+    """Many turns against REPL tactic mode; the finished proof is re-checked as a whole."""
+
+    name = "tactic-loop"
+    description = "many turns: send tactics, see goals and errors, continue (REPL tactic mode)"
+
+    @property
+    def chat(self) -> bool:
+        """Chat prompts (messages) unless the prompt format is a completion format."""
+        return self.config.prompt_format not in ("deepseek", "custom")
+
+    @property
+    def wave_size(self) -> int:
+        """Episodes (tactic sessions) open at once: ``options["max_sessions"]`` (default 16)."""
+        return int(self.config.options.get("max_sessions", 16))
+
+    def first_prompt(self, task: Task, goals: Sequence[str]) -> Prompt:
+        """The opening prompt: the theorem and its goals."""
+        code = f"```lean4\n{task.header}{task.formal_statement}\n```"
+        informal = (
+            f"Problem: {task.informal_statement.strip()}\n\n" if task.informal_statement else ""
+        )
+        if self.config.prompt_format == "custom" and self.config.template:
+            return self.config.template.format(
+                header=task.header,
+                formal_statement=task.formal_statement,
+                informal_statement=task.informal_statement or "",
+                name=task.name,
+                goals=_goals_text(goals),
+            )
+        if not self.chat:
+            return (
+                "Prove the theorem below in Lean 4, a few tactics at a time. After each step Lean "
+                f"shows the remaining goals or an error.\n\n{informal}{code}\n"
+                f"Goals:\n{_goals_text(goals)}\n\nNext tactics:\n```lean4\n"
+            )
+        return [
+            ChatMessage(role="system", content=self.config.system_prompt or _SYSTEM),
+            ChatMessage(
+                role="user",
+                content=f"{informal}Prove this theorem:\n\n{code}\n\nGoals:\n{_goals_text(goals)}",
+            ),
+        ]
+
+    def feedback(self, state: TacticState | None, goals: Sequence[str], note: str = "") -> str:
+        """What the environment says after a turn (goals, or the error and unchanged goals)."""
+        if state is None:
+            msg = f"{note}\nGoals:\n{_goals_text(goals)}"
+        elif state.error is not None:
+            msg = (
+                f"Error: {state.error}\nThe proof state is unchanged. Goals:\n{_goals_text(goals)}"
+            )
+        elif not state.goals:
+            msg = "No goals remain. The proof is complete."
+        else:
+            msg = f"Goals:\n{_goals_text(state.goals)}"
+        if self.chat:
+            return msg
+        return f"```\n{msg}\n\nNext tactics:\n```lean4\n"
+
+    async def run(
+        self,
+        tasks: Sequence[Task],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        taskset: Taskset,
+    ) -> list[list[Rollout]]:
+        episodes = [_Episode(t, i, "", "") for t in tasks for i in range(sampling.n)]
+        for start in range(0, len(episodes), self.wave_size):
+            await self._wave(episodes[start : start + self.wave_size], policy, runtime, sampling)
+        groups: list[list[Rollout]] = []
+        for k, _task in enumerate(tasks):
+            group = []
+            for ep in episodes[k * sampling.n : (k + 1) * sampling.n]:
+                solved = ep.verdict is None
+                group.append(
+                    Rollout(
+                        task_id=ep.task.id,
+                        sample=ep.sample,
+                        prompt=ep.prompt,
+                        turns=ep.turns,
+                        proof=join_tactics(ep.steps) if solved else None,
+                        verdict=ep.verdict,
+                        timings={"generate": ep.gen_s, "tactics": ep.apply_s},
+                        meta={"turns": len(ep.turns), "tokens": ep.tokens},
+                    )
+                )
+            groups.append(group)
+        await check_and_reward(tasks, groups, runtime, taskset)
+        return groups
+
+    async def _wave(
+        self, eps: list[_Episode], policy: Policy, runtime: Runtime, sampling: SamplingConfig
+    ) -> None:
+        cfg = self.config
+        turn_sampling = sampling.model_copy(update={"n": 1})
+        if not sampling.stop and not self.chat:
+            turn_sampling.stop = ["```"]
+        async with AsyncExitStack() as stack:
+            for ep in eps:
+                try:
+                    ep.session = await stack.enter_async_context(
+                        runtime.tactic_session(ep.task.header)
+                    )
+                except Exception as e:  # noqa: BLE001 - one lost session costs one attempt
+                    self._end(ep, Reason.INFRA, f"could not open a tactic session: {e}")
+            starts = await asyncio.gather(*(self._start(ep) for ep in eps if not ep.done))
+            del starts
+            for turn in range(cfg.max_turns):
+                live = [ep for ep in eps if not ep.done]
+                if not live:
+                    break
+                if sampling.seed is not None:
+                    turn_sampling.seed = sampling.seed + turn
+                t0 = time.perf_counter()
+                outs = await policy.generate([ep.context for ep in live], turn_sampling)
+                gen_s = (time.perf_counter() - t0) / len(live)
+                await asyncio.gather(
+                    *(
+                        self._step(ep, out[0], policy, gen_s)
+                        for ep, out in zip(live, outs, strict=True)
+                    )
+                )
+            for ep in eps:
+                if not ep.done:
+                    self._end(
+                        ep,
+                        Reason.ERROR,
+                        f"{len(ep.goals)} goal(s) left after {cfg.max_turns} turns",
+                    )
+
+    async def _start(self, ep: _Episode) -> None:
+        assert ep.session is not None
+        try:
+            st = await ep.session.start(ep.task.formal_statement)
+        except Exception as e:  # noqa: BLE001 - a crashed session costs this attempt only
+            self._end(ep, Reason.INFRA, f"tactic session failed to start: {e}")
+            return
+        if st.error is not None or st.proof_state is None:
+            self._end(ep, Reason.ERROR, f"the statement did not elaborate: {st.error}")
+            return
+        ep.state, ep.goals = st.proof_state, st.goals
+        ep.prompt = ep.context = self.first_prompt(ep.task, st.goals)
+
+    async def _step(self, ep: _Episode, c: Completion, policy: Policy, gen_s: float) -> None:
+        assert ep.session is not None and ep.state is not None
+        ep.gen_s += gen_s
+        tactics = extract_tactics(c.text, self.chat)
+        state: TacticState | None = None
+        note = ""
+        if not tactics:
+            note = (
+                "Your output was cut off before the tactics ended."
+                if c.finish_reason == "length"
+                else "No tactics found. Reply with Lean tactics in a ```lean4 block."
+            )
+        else:
+            t0 = time.perf_counter()
+            try:
+                state = await ep.session.apply(ep.state, tactics)
+            except Exception as e:  # noqa: BLE001 - a crashed session costs this attempt only
+                ep.apply_s += time.perf_counter() - t0
+                self._record(ep, c, "", policy)
+                self._end(ep, Reason.INFRA, f"tactic session failed: {e}")
+                return
+            ep.apply_s += time.perf_counter() - t0
+            if state.error is None and state.proof_state is not None:
+                ep.steps.append(tactics)
+                ep.state, ep.goals = state.proof_state, state.goals
+        text = self.feedback(state, ep.goals, note)
+        self._record(ep, c, text, policy)
+        if state is not None and state.solved:
+            ep.done = True  # verified as a whole afterwards
+        elif ep.tokens >= self.config.max_total_tokens:
+            self._end(
+                ep,
+                Reason.TRUNCATED,
+                f"token budget ({self.config.max_total_tokens}) ran out with "
+                f"{len(ep.goals)} goal(s) left",
+            )
+
+    def _record(self, ep: _Episode, c: Completion, feedback: str, policy: Policy) -> None:
+        try:
+            fb_ids = policy.tokenize(feedback) if feedback else []
+        except NotImplementedError:
+            fb_ids = []  # a backend that cannot tokenize: the mask still holds for model tokens
+        ep.turns.append(
+            Turn(
+                completion=c.text,
+                completion_ids=list(c.token_ids),
+                logprobs=list(c.logprobs) if c.logprobs is not None else None,
+                feedback=feedback,
+                feedback_ids=fb_ids,
+                finish_reason=c.finish_reason,
+            )
+        )
+        ep.tokens += len(c.token_ids) + len(fb_ids)
+        ep.context = _extend(ep.context, c.text, feedback)
+
+    def _end(self, ep: _Episode, reason: Reason, detail: str) -> None:
+        ep.done = True
+        ep.verdict = Verdict.reject(reason, detail)
+
+
+def _extend(context: Prompt, completion: str, feedback: str) -> Any:
+    if isinstance(context, str):
+        return context + completion + feedback
+    msgs = [*context, ChatMessage(role="assistant", content=completion)]
+    if feedback:
+        msgs.append(ChatMessage(role="user", content=feedback))
+    return msgs

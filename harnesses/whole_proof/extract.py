@@ -1,0 +1,219 @@
+"""Pulling a proof out of a model's text.
+
+The result is always the *proof body* (what goes after the reference statement's ``:= by``)
+plus optional helper lemmas (the preamble), or a reason why there is none. The model's own copy
+of the statement is never used: when it restates the theorem, the restatement is compared with
+the reference and a different one is rejected (``statement_changed``).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+from pydantic import BaseModel, ConfigDict
+
+from leanrl.task import Task
+from leanrl.verdict import Reason
+
+__all__ = ["Extracted", "extract_proof", "normalize_statement", "strip_reasoning"]
+
+
+class Extracted(BaseModel):
+    """A proof pulled out of a completion, or why none could be."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    proof: str | None = None
+    """The tactic block to put under the reference statement (None when rejected)."""
+    preamble: str = ""
+    """Helper lemmas/definitions the model wrote before the theorem."""
+    reason: Reason | None = None
+    """Why nothing can be checked (``no_proof``, ``truncated``, ``statement_changed``)."""
+    detail: str = ""
+    """One line saying what went wrong."""
+
+
+_FENCE_OPEN = re.compile(r"```[ \t]*([\w+\-]*)[^\n]*\n")
+_DECL_LINE = re.compile(
+    r"^(?:@\[|theorem\b|lemma\b|def\b|example\b|abbrev\b|instance\b|structure\b|inductive\b|"
+    r"noncomputable\b|private\b|protected\b|namespace\b|section\b|end\b|open\b|#)"
+)
+_ANY_THEOREM = re.compile(
+    r"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(theorem|lemma|example)\b"
+    r"[ \t]*([^\s(:{\[]*)"
+)
+
+
+def strip_reasoning(text: str) -> tuple[str, str | None]:
+    """Text after the model's ``<think>`` reasoning; second item says if reasoning never ended."""
+    if "</think>" in text:
+        return text.rsplit("</think>", 1)[1], None
+    if "<think>" in text:
+        return "", "the <think> reasoning never closed"
+    return text, None
+
+
+def _fenced(text: str) -> tuple[str | None, bool]:
+    """(the last Lean code block, whether the last block opened is unclosed)."""
+    blocks: list[tuple[str, str]] = []
+    pos = 0
+    unclosed_from: int | None = None
+    while True:
+        m = _FENCE_OPEN.search(text, pos)
+        if m is None:
+            break
+        end = text.find("```", m.end())
+        if end < 0:
+            unclosed_from = m.end()
+            break
+        blocks.append((m.group(1).lower(), text[m.end() : end]))
+        pos = end + 3
+    if unclosed_from is not None:
+        return text[unclosed_from:], True
+    lean = [code for lang, code in blocks if lang in ("lean4", "lean")]
+    bare = [code for lang, code in blocks if lang == ""]
+    if lean:
+        return lean[-1], False
+    if bare:
+        return bare[-1], False
+    return None, False
+
+
+def _strip_comments(s: str) -> str:
+    s = re.sub(r"/-.*?-/", " ", s, flags=re.S)
+    return re.sub(r"--[^\n]*", " ", s)
+
+
+def normalize_statement(s: str) -> str:
+    """A statement with comments, whitespace, the proof opener and lemma/theorem removed, for
+    comparing a restated statement with the reference."""
+    s = _strip_comments(s).strip()
+    s = re.sub(r":=\s*(by)?\s*$", "", s)
+    s = re.sub(r"^(@\[[^\]]*\]\s*)?(private\s+|protected\s+)?(theorem|lemma)\b", "theorem", s)
+    return re.sub(r"\s+", "", s)
+
+
+def _cut_after_proof(proof: str) -> str:
+    """Drop whatever follows the proof at column 0 (a new declaration, ``end``, ``#eval``)."""
+    lines = proof.split("\n")
+    for i, line in enumerate(lines):
+        if i > 0 and _DECL_LINE.match(line):
+            return "\n".join(lines[:i])
+    return proof
+
+
+def _body(rest: str) -> str:
+    """The proof after ``:=``: a ``by`` block's tactics, or a term wrapped in ``exact``."""
+    rest = _cut_after_proof(rest)
+    stripped = rest.lstrip()
+    if re.match(r"by(?![\w'.])", stripped):
+        after = stripped[2:]
+        return after.lstrip(" \t") if after.lstrip(" \t").startswith("\n") else after.strip()
+    term = textwrap.dedent(rest.strip("\n")).strip()
+    # Continuation lines deeper than the tactic column, so the term stays one tactic.
+    return "exact (" + term.replace("\n", "\n    ") + ")" if term else ""
+
+
+def _as_block(proof: str) -> str:
+    """Tactic lines as a block under ``:= by``: a leading newline, every line indented by 2."""
+    lines = textwrap.dedent(proof.strip("\n")).rstrip().split("\n")
+    return "\n" + "\n".join(("  " + ln) if ln.strip() else "" for ln in lines)
+
+
+def _clean_preamble(before: str, header: str) -> str:
+    head = {ln.strip() for ln in header.splitlines() if ln.strip()}
+    keep = [
+        ln
+        for ln in before.split("\n")
+        if not ln.lstrip().startswith("import ") and ln.strip() not in head
+    ]
+    text = "\n".join(keep).strip()
+    # A doc comment or `set_option ... in` written for the theorem would dangle without it.
+    while True:
+        new = re.sub(r"(/--.*?-/|set_option\s+\S+\s+\S+\s+in)\s*$", "", text, flags=re.S).strip()
+        if new == text:
+            return text
+        text = new
+
+
+def extract_proof(
+    text: str,
+    task: Task,
+    *,
+    finish_reason: str | None = "stop",
+    completion_style: bool = False,
+) -> Extracted:
+    """The proof in ``text`` (a model's output for ``task``), or the reason there is none.
+
+    ``completion_style``: the prompt ended inside an open code block right after the
+    statement, so the output *is* the proof until the closing fence.
+    """
+    truncated = finish_reason == "length"
+    body, think_problem = strip_reasoning(text)
+    if think_problem is not None:
+        if truncated:
+            return Extracted(reason=Reason.TRUNCATED, detail=f"cut off: {think_problem}")
+        return Extracted(reason=Reason.NO_PROOF, detail=f"no code: {think_problem}")
+
+    if completion_style:
+        idx = body.find("```")
+        if idx < 0 and truncated:
+            return Extracted(reason=Reason.TRUNCATED, detail="cut off before the code block closed")
+        code = body if idx < 0 else body[:idx]
+        if not re.search(rf"(theorem|lemma)\s+{re.escape(task.name)}(?![\w'.])", code):
+            proof = _cut_after_proof(code).rstrip()
+            if not proof.strip():
+                return Extracted(reason=Reason.NO_PROOF, detail="the completion is empty")
+            return Extracted(proof=proof if proof.startswith("\n") else proof.strip())
+    else:
+        found, unclosed = _fenced(body)
+        if unclosed and truncated:
+            return Extracted(reason=Reason.TRUNCATED, detail="cut off inside the last code block")
+        if found is None:
+            if truncated:
+                return Extracted(reason=Reason.TRUNCATED, detail="cut off before any code block")
+            if not re.search(rf"(theorem|lemma)\s+{re.escape(task.name)}(?![\w'.])", body):
+                return Extracted(reason=Reason.NO_PROOF, detail="no Lean code block in the output")
+            found = body
+        code = found
+
+    return _from_code(code, task)
+
+
+def _from_code(code: str, task: Task) -> Extracted:
+    name = re.escape(task.name)
+    decl = re.compile(
+        rf"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(?:theorem|lemma)\s+"
+        rf"{name}(?![\w'.])"
+    )
+    matches = list(decl.finditer(code))
+    if not matches:
+        others = [m.group(2) or m.group(1) for m in _ANY_THEOREM.finditer(code)]
+        if others:
+            return Extracted(
+                reason=Reason.STATEMENT_CHANGED,
+                detail=f"the code states {others[-1]!r}, not the theorem {task.name!r}",
+            )
+        proof = re.sub(r"^\s*(:=\s*)?by\b", "", code.strip("\n"))
+        lines = [
+            ln for ln in proof.split("\n") if not re.match(r"\s*(import|open|set_option)\s", ln)
+        ]
+        proof = "\n".join(lines).rstrip()
+        if not proof.strip():
+            return Extracted(reason=Reason.NO_PROOF, detail="the code block is empty")
+        return Extracted(proof=_as_block(proof))
+    m = matches[-1]
+    before, after = code[: m.start()], code[m.start() :]
+    ref = normalize_statement(task.formal_statement)
+    for assign in re.finditer(r":=", after):
+        if normalize_statement(after[: assign.start()]) == ref:
+            proof = _body(after[assign.end() :]).rstrip()
+            if not proof.strip():
+                return Extracted(reason=Reason.NO_PROOF, detail="the theorem has an empty proof")
+            return Extracted(proof=proof, preamble=_clean_preamble(before, task.header))
+    first = after.split(":=", 1)[0].strip().replace("\n", " ")
+    return Extracted(
+        reason=Reason.STATEMENT_CHANGED,
+        detail=f"the restated theorem differs from the reference: {first[:200]!r}",
+    )

@@ -1,0 +1,131 @@
+"""The ``whole-proof`` harness: one turn, the model writes the whole proof."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from leanrl.errors import RuntimeUnavailable
+from leanrl.harness import Harness
+from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
+from leanrl.rollout import Rollout, Turn
+from leanrl.runtime import Runtime
+from leanrl.task import Task
+from leanrl.taskset import Taskset
+from leanrl.verdict import Attempt, Verdict
+
+from .extract import Extracted, extract_proof
+from .prompts import build_prompt, default_stop, is_completion_style
+
+__all__ = ["WholeProofHarness", "check_and_reward"]
+
+
+class WholeProofHarness(Harness):
+    """One turn: prompt, sample, extract the proof, check it under the reference statement."""
+
+    name = "whole-proof"
+    description = "one turn: the model writes the whole proof (completion or chat prompts)"
+
+    def prompt(self, task: Task) -> Prompt:
+        """The prompt for ``task`` in the configured format."""
+        return build_prompt(task, self.config)
+
+    def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        """``sampling`` plus the stop strings the prompt format implies (when none are set)."""
+        if sampling.stop:
+            return sampling
+        return sampling.model_copy(update={"stop": default_stop(self.config)})
+
+    def extract(self, task: Task, completion: Completion) -> Extracted:
+        """The proof in one completion, or why there is none."""
+        return extract_proof(
+            completion.text,
+            task,
+            finish_reason=completion.finish_reason,
+            completion_style=is_completion_style(self.config),
+        )
+
+    async def run(
+        self,
+        tasks: Sequence[Task],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        taskset: Taskset,
+    ) -> list[list[Rollout]]:
+        prompts = [self.prompt(t) for t in tasks]
+        t0 = time.perf_counter()
+        completions = await policy.generate(prompts, self.sampling(sampling))
+        gen_s = time.perf_counter() - t0
+        per_sample = gen_s / max(1, sum(len(c) for c in completions))
+        groups: list[list[Rollout]] = []
+        for task, prompt, comps in zip(tasks, prompts, completions, strict=True):
+            group = []
+            for i, c in enumerate(comps):
+                ex = self.extract(task, c)
+                r = Rollout(
+                    task_id=task.id,
+                    sample=i,
+                    prompt=prompt,
+                    prompt_ids=list(c.prompt_token_ids),
+                    turns=[
+                        Turn(
+                            completion=c.text,
+                            completion_ids=list(c.token_ids),
+                            logprobs=list(c.logprobs) if c.logprobs is not None else None,
+                            finish_reason=c.finish_reason,
+                        )
+                    ],
+                    proof=ex.proof,
+                    preamble=ex.preamble,
+                    timings={"generate": per_sample, "generate_batch": gen_s},
+                )
+                if ex.reason is not None:
+                    r.verdict = Verdict.reject(ex.reason, ex.detail)
+                group.append(r)
+            groups.append(group)
+        await check_and_reward(tasks, groups, runtime, taskset)
+        return groups
+
+
+async def check_and_reward(
+    tasks: Sequence[Task], groups: list[list[Rollout]], runtime: Runtime, taskset: Taskset
+) -> None:
+    """Check every rollout that has a proof and no verdict yet (one batch), then reward.
+
+    The proof always goes under the task's reference statement, judged by the taskset's
+    verification policy.
+    """
+    pending: list[Rollout] = []
+    attempts: list[Attempt] = []
+    for task, group in zip(tasks, groups, strict=True):
+        for r in group:
+            if r.verdict is None and r.proof is not None:
+                pending.append(r)
+                attempts.append(
+                    Attempt(
+                        name=task.name,
+                        header=task.header,
+                        formal_statement=task.formal_statement,
+                        proof=r.proof,
+                        preamble=r.preamble,
+                        policy=taskset.config.policy,
+                        id=f"{task.id}/{r.sample}",
+                    )
+                )
+    if attempts:
+        t0 = time.perf_counter()
+        verdicts = await runtime.check(attempts)
+        batch_s = time.perf_counter() - t0
+        if len(verdicts) != len(attempts):
+            raise RuntimeUnavailable(
+                f"runtime {runtime.name!r} returned {len(verdicts)} verdicts for "
+                f"{len(attempts)} attempts"
+            )
+        for r, v in zip(pending, verdicts, strict=True):
+            r.verdict = v
+            r.timings["verify"] = v.time_s
+            r.timings["verify_batch"] = batch_s
+    for task, group in zip(tasks, groups, strict=True):
+        for r, reward in zip(group, taskset.group_rewards(task, group), strict=True):
+            r.reward = reward

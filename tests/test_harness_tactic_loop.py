@@ -1,0 +1,126 @@
+"""The tactic-loop harness against a scripted (test) runtime: turns, budgets, masks, re-check."""
+
+from __future__ import annotations
+
+import pytest
+
+from leanrl import HarnessConfig, Reason, SamplingConfig, Task, Taskset, TasksetConfig
+from leanrl.harnesses.tactic_loop import TacticLoopHarness, extract_tactics, join_tactics
+from tests._scripted_runtime import ScriptedPolicy, ScriptedRuntime
+
+TASK = Task(
+    name="t1",
+    header="import Mathlib\n\n",
+    formal_statement="theorem t1 (x : ℕ) (h : x + 1 = 2) : x = 1 := by",
+)
+
+
+def test_extract_and_join_tactics() -> None:
+    assert extract_tactics("<think>hmm</think>```lean4\n  intro h\n  simp\n```", chat=True) == (
+        "intro h\nsimp"
+    )
+    assert extract_tactics("omega", chat=True) == "omega"
+    assert extract_tactics("  intro h\n```", chat=False) == "intro h"
+    assert extract_tactics("<think>never done", chat=True) == ""
+    assert join_tactics(["intro h", "constructor\n· simp\n· omega"]) == (
+        "\n  intro h\n  constructor\n  · simp\n  · omega"
+    )
+
+
+async def test_solved_episode_is_rechecked_as_a_whole() -> None:
+    # turn 1: a goal-adding tactic; turn 2: a bad tactic (error, state unchanged); turn 3: solve
+    policy = ScriptedPolicy([], per_turn=["```lean4\nintro y\n```", "```lean4\nfoo\n```", "omega"])
+    rt = ScriptedRuntime()
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=5))
+    groups = await h.run([TASK], policy, rt, SamplingConfig(n=2, seed=3), Taskset(TasksetConfig()))
+    assert rt.sessions == 2
+    for r in groups[0]:
+        assert len(r.turns) == 3
+        assert "after intro y" in r.turns[0].feedback
+        assert r.turns[1].feedback.startswith("Error: unknown tactic 'foo'")
+        assert r.turns[2].feedback.startswith("No goals remain")
+        assert r.proof == "\n  intro y\n  omega"  # the failed step is not part of the proof
+        assert r.verdict is not None and r.verdict.accepted and r.reward == 1.0
+        ids, mask, lps = r.token_ids_and_mask()
+        t = r.turns
+        assert ids == [
+            *t[0].completion_ids,
+            *t[0].feedback_ids,
+            *t[1].completion_ids,
+            *t[1].feedback_ids,
+            *t[2].completion_ids,
+            *t[2].feedback_ids,
+        ]
+        assert mask == [1] * len(t[0].completion_ids) + [0] * len(t[0].feedback_ids) + [1] * len(
+            t[1].completion_ids
+        ) + [0] * len(t[1].feedback_ids) + [1] * len(t[2].completion_ids) + [0] * len(
+            t[2].feedback_ids
+        )
+        assert all(lp is None for lp, m in zip(lps, mask, strict=True) if m == 0)
+        assert t[0].feedback_ids == [ord(ch) for ch in t[0].feedback]
+    # the whole proof went to runtime.check under the reference statement
+    assert [a.proof for a in rt.attempts] == ["\n  intro y\n  omega"] * 2
+    assert all(a.formal_statement == TASK.formal_statement for a in rt.attempts)
+    # chat context grows by assistant + user messages per turn; turns use distinct seeds
+    assert [len(c[0]) for c in policy.calls] == [2, 4, 6]
+    assert policy.seeds == [3, 4, 5]
+
+
+async def test_turn_and_token_budgets() -> None:
+    policy = ScriptedPolicy(["```lean4\nintro z\n```"])
+    rt = ScriptedRuntime()
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=3))
+    g = (await h.run([TASK], policy, rt, SamplingConfig(n=1), Taskset()))[0][0]
+    assert len(g.turns) == 3 and g.verdict is not None
+    assert g.verdict.reason == Reason.ERROR and "after 3 turns" in g.verdict.detail
+    assert g.reward == 0.0 and rt.attempts == []  # nothing to re-check
+    h2 = TacticLoopHarness(
+        HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=8, max_total_tokens=60)
+    )
+    g2 = (await h2.run([TASK], policy, rt, SamplingConfig(n=1), Taskset()))[0][0]
+    assert g2.verdict is not None and g2.verdict.reason == Reason.TRUNCATED
+    assert g2.meta["tokens"] >= 60 and len(g2.turns) < 8
+
+
+async def test_text_mode_context_is_a_growing_string() -> None:
+    policy = ScriptedPolicy([], per_turn=["intro a\n", "omega\n"])
+    rt = ScriptedRuntime()
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="deepseek"))
+    r = (await h.run([TASK], policy, rt, SamplingConfig(n=1), Taskset()))[0][0]
+    first, second = policy.calls[0][0], policy.calls[1][0]
+    assert isinstance(first, str) and first.endswith("Next tactics:\n```lean4\n")
+    assert second == first + "intro a\n" + r.turns[0].feedback
+    assert r.turns[0].feedback.startswith("```\nGoals:")
+    assert r.verdict is not None and r.verdict.accepted
+
+
+async def test_runtime_without_tactic_mode_costs_attempts_not_the_run() -> None:
+    from leanrl.runtime import Runtime
+
+    class NoTactics(Runtime):
+        name = "none"
+
+        async def check(self, attempts):  # pragma: no cover - never reached
+            raise AssertionError
+
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop"))
+    groups = await h.run(
+        [TASK], ScriptedPolicy(["omega"]), NoTactics(), SamplingConfig(n=2), Taskset()
+    )
+    assert [r.verdict.reason for r in groups[0]] == [Reason.INFRA, Reason.INFRA]
+    assert "tactic mode" in groups[0][0].verdict.detail
+
+
+@pytest.mark.lean
+async def test_tactic_loop_with_real_lean() -> None:
+    from leanrl.environment import load_environment
+
+    env = load_environment("core", harness="tactic-loop", runtime="local", limit=1)
+    async with env:
+        task = env.tasks()[0]
+        policy = ScriptedPolicy(["```lean4\nomega\n```"])
+        groups = await env.harness.run(
+            [task], policy, env.runtime, SamplingConfig(n=1), env.taskset
+        )
+        v = groups[0][0].verdict
+        assert v is not None and v.reason != Reason.INFRA  # Lean really ran the session

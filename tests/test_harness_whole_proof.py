@@ -1,0 +1,202 @@
+"""The whole-proof harness: prompt formats, proof extraction, and a run against a test runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leanrl import ConfigError, HarnessConfig, Reason, SamplingConfig, Task, TasksetConfig
+from leanrl.environments.minif2f import MiniF2FTaskset
+from leanrl.harnesses.whole_proof import WholeProofHarness, build_prompt, extract_proof
+from leanrl.verdict import VerificationPolicy
+from tests._scripted_runtime import ScriptedPolicy, ScriptedRuntime
+
+HEADER = "import Mathlib\n\nopen Real Nat\n\n"
+STMT = "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by"
+TASK = Task(name="t1", header=HEADER, formal_statement=STMT, informal_statement="Show x = 1.")
+
+
+def ex(text: str, finish: str = "stop", completion: bool = False):
+    return extract_proof(text, TASK, finish_reason=finish, completion_style=completion)
+
+
+# -- prompts -------------------------------------------------------------------------------------
+
+
+def test_deepseek_prompt_opens_a_block_with_header_comment_and_statement() -> None:
+    p = build_prompt(TASK, HarnessConfig(prompt_format="deepseek"))
+    assert p == (
+        "Complete the following Lean 4 code:\n\n```lean4\nimport Mathlib\n\nopen Real Nat\n\n"
+        "/-- Show x = 1. -/\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by"
+    )
+
+
+def test_chat_prompts_have_system_and_user_with_the_statement() -> None:
+    for fmt in ("chat", "kimina", "goedel"):
+        msgs = build_prompt(TASK, HarnessConfig(prompt_format=fmt))
+        assert isinstance(msgs, list) and [m.role for m in msgs] == ["system", "user"]
+        assert f"```lean4\n{HEADER}{STMT}\n```" in msgs[1].content
+    chat = build_prompt(TASK, HarnessConfig(prompt_format="chat", system_prompt="SYS"))
+    assert chat[0].content == "SYS" and "step by step" in chat[1].content
+    assert "Show x = 1." in chat[1].content
+
+
+def test_custom_template_and_bad_formats() -> None:
+    cfg = HarnessConfig(
+        prompt_format="custom", template="{name}|{informal_comment}{formal_statement}"
+    )
+    assert build_prompt(TASK, cfg) == f"t1|/-- Show x = 1. -/\n{STMT}"
+    chat = build_prompt(TASK, cfg.model_copy(update={"system_prompt": "S"}))
+    assert chat[0].content == "S" and chat[1].content.startswith("t1|")
+    with pytest.raises(ConfigError, match="unknown prompt_format"):
+        build_prompt(TASK, HarnessConfig(prompt_format="nope"))
+    with pytest.raises(ConfigError, match="needs a template"):
+        build_prompt(TASK, HarnessConfig(prompt_format="custom"))
+    with pytest.raises(ConfigError, match="unknown field"):
+        build_prompt(TASK, HarnessConfig(prompt_format="custom", template="{proof}"))
+
+
+# -- extraction ----------------------------------------------------------------------------------
+
+
+def test_completion_style_takes_the_continuation_until_the_fence() -> None:
+    e = ex("\n  nlinarith [sq_nonneg x]\n  omega\n```\nSome talk", completion=True)
+    assert e.reason is None and e.proof == "\n  nlinarith [sq_nonneg x]\n  omega"
+    # the stop string removed the fence: the whole text is the proof
+    assert ex("\n  omega\n", completion=True).proof == "\n  omega"
+    # cut by the token limit before the block closed
+    assert ex("\n  nlinarith [sq_nonn", "length", completion=True).reason == Reason.TRUNCATED
+    assert ex("   \n", completion=True).reason == Reason.NO_PROOF
+    # a declaration after the proof is not part of it
+    assert ex("\n  omega\n\ntheorem other : True := trivial", completion=True).proof == "\n  omega"
+
+
+def test_chat_takes_the_last_block_ignores_reasoning_and_strips_the_header() -> None:
+    text = (
+        "<think>try ```lean4\ntheorem t1 : False := by sorry\n``` no</think>\n"
+        "Here is a draft:\n```lean\nomega\n```\nFinal:\n```lean4\nimport Mathlib\nopen Real Nat\n\n"
+        "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n    x = 1 := by\n  have h := h₀\n  omega\n```\nDone."
+    )
+    e = ex(text)
+    assert e.reason is None
+    assert e.proof == "\n  have h := h₀\n  omega"
+    assert e.preamble == ""
+
+
+def test_helper_lemmas_become_the_preamble() -> None:
+    text = (
+        "```lean4\nimport Mathlib\n\nlemma helper (y : ℕ) : y + 0 = y := by simp\n\n"
+        "/-- the main theorem -/\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n"
+        "  omega\n```"
+    )
+    e = ex(text)
+    assert e.preamble == "lemma helper (y : ℕ) : y + 0 = y := by simp"
+    assert e.proof == "\n  omega"
+
+
+def test_changed_or_renamed_statement_is_rejected() -> None:
+    changed = "```lean4\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 ∨ True := by\n  simp\n```"
+    e = ex(changed)
+    assert e.reason == Reason.STATEMENT_CHANGED and "differs" in e.detail
+    renamed = "```lean4\ntheorem easier : True := by\n  trivial\n```"
+    assert ex(renamed).reason == Reason.STATEMENT_CHANGED
+    assert ex("```lean4\nexample : True := trivial\n```").reason == Reason.STATEMENT_CHANGED
+    # comments, spacing and `lemma` do not count as a change
+    same = "```lean4\nlemma t1 (x : ℕ) -- x\n (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
+    assert ex(same).proof == "omega"
+
+
+def test_truncation_and_missing_code() -> None:
+    assert ex("Let me think ```lean4\ntheorem t1", "length").reason == Reason.TRUNCATED
+    assert ex("<think>long reasoning", "length").reason == Reason.TRUNCATED
+    assert ex("<think>never closed").reason == Reason.NO_PROOF
+    assert ex("I cannot prove this.").reason == Reason.NO_PROOF
+    assert ex("words words", "length").reason == Reason.TRUNCATED
+    assert ex("```lean4\n\n```").reason == Reason.NO_PROOF
+
+
+def test_bare_tactics_and_term_proofs() -> None:
+    assert ex("```lean4\nintro h\n  simp at h\nomega\n```").proof == (
+        "\n  intro h\n    simp at h\n  omega"
+    )
+    assert ex("```lean4\nby\n  omega\n```").proof == "\n  omega"
+    term = "```lean4\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 :=\n  by_contra fun h =>\n    h rfl\n```"
+    assert ex(term).proof == "exact (by_contra fun h =>\n      h rfl)"
+
+
+# -- the harness ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tasks(shared_data: Path) -> tuple[MiniF2FTaskset, list[Task]]:
+    ts = MiniF2FTaskset(
+        TasksetConfig(
+            path=shared_data, limit=3, policy=VerificationPolicy(allow_native_decide=True)
+        )
+    )
+    return ts, ts.tasks()
+
+
+async def test_run_checks_under_the_reference_statement(tasks) -> None:
+    taskset, ts = tasks
+    texts = [
+        "\n  omega\n",  # accepted by the test runtime
+        "\n  simp\n",  # rejected by it (error)
+        "\n  nlinarith [sq_nonneg",  # truncated by "length"? no: finish is stop -> checked
+    ]
+    policy = ScriptedPolicy(texts)
+    rt = ScriptedRuntime()
+    h = WholeProofHarness(HarnessConfig(prompt_format="deepseek"))
+    groups = await h.run(ts, policy, rt, SamplingConfig(n=3), taskset)
+    assert [len(g) for g in groups] == [3, 3, 3]
+    assert [[r.reward for r in g] for g in groups] == [[1.0, 0.0, 0.0]] * 3
+    assert len(rt.attempts) == 9
+    for a, (task, i) in zip(rt.attempts, [(t, i) for t in ts for i in range(3)], strict=True):
+        assert a.formal_statement == task.formal_statement and a.header == task.header
+        assert a.name == task.name and a.id == f"{task.id}/{i}"
+        assert a.policy.allow_native_decide is True  # the taskset's rules travel with it
+    # the prompt format's stop string was passed on
+    assert policy.calls and isinstance(policy.calls[0][0], str)
+    r = groups[0][0]
+    assert r.verdict and r.verdict.accepted and r.proof == "\n  omega"
+    ids, mask, lps = r.token_ids_and_mask()
+    assert ids == [ord(c) for c in texts[0]] and mask == [1] * len(ids) and lps[0] == -0.5
+
+
+async def test_rejected_extractions_never_reach_lean_and_shaping_applies(tasks) -> None:
+    taskset, ts = tasks
+    taskset.config.shortest_proof_bonus = 0.5
+    policy = ScriptedPolicy(["```lean4\nomega\n```", "```lean4\nsimp\nomega\n```", "no code"])
+    rt = ScriptedRuntime()
+    h = WholeProofHarness(HarnessConfig(prompt_format="chat"))
+    groups = await h.run(ts[:1], policy, rt, SamplingConfig(n=3), taskset)
+    g = groups[0]
+    assert [r.verdict.reason for r in g] == [Reason.OK, Reason.OK, Reason.NO_PROOF]
+    assert [r.reward for r in g] == [1.5, 1.0, 0.0]  # bonus for the shortest accepted proof
+    assert len(rt.attempts) == 2
+    policy_t = ScriptedPolicy(["<think>still thinking"], finish="length")
+    groups = await h.run(ts[:1], policy_t, rt, SamplingConfig(n=2), taskset)
+    assert {r.verdict.reason for r in groups[0]} == {Reason.TRUNCATED}
+    assert len(rt.attempts) == 2  # nothing new was sent to the runtime
+
+
+async def test_tiny_model_end_to_end(tasks, tiny_model_dir: Path) -> None:
+    from leanrl import PolicyConfig
+    from leanrl.policies import make_policy
+
+    taskset, ts = tasks
+    policy = make_policy(PolicyConfig(model=str(tiny_model_dir), batch_size=4))
+    await policy.start()
+    rt = ScriptedRuntime()
+    h = WholeProofHarness(HarnessConfig(prompt_format="deepseek"))
+    groups = await h.run(ts[:2], policy, rt, SamplingConfig(n=2, max_tokens=16), taskset)
+    for g in groups:
+        for r in g:
+            assert r.verdict is not None  # every attempt gets exactly one verdict
+            t = r.turns[0]
+            assert len(t.completion_ids) == len(t.logprobs or []) > 0
+            assert r.prompt_ids and all(lp <= 0 for lp in t.logprobs or [])
+    # every attempt that had a proof went to the runtime under the reference statement
+    checked = {a.id for a in rt.attempts}
+    assert checked == {f"{g[0].task_id}/{r.sample}" for g in groups for r in g if r.proof}
