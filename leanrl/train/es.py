@@ -1,0 +1,434 @@
+"""Evolution strategies (ES) post-training on any leanrl Environment.
+
+Following Qiu et al. 2025, "Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement
+Learning" (Algorithm 1). Per iteration t, with θ the fp32 master weights:
+
+    seeds s_1..s_K drawn from (run seed, t)                 K = N, or N/2 with mirrored pairs
+    members n = 1..N:  (s_n, +1)            (plain)      or (s_k, +1), (s_k, -1)  (mirrored)
+    R_n  = mean reward of  cast(θ + sign_n·σ·ε(s_n))  on the batch, greedy decoding
+    z_n  = (R_n - mean(R)) / std(R)                        (shaping = "zscore", population std)
+         = zscore(centered_rank(R_n))                      (shaping = "rank")
+    c_k  = f32( α/N · Σ_{n: s_n = s_k} sign_n·z_n )        one coefficient per seed
+    θ   += Σ_k c_k · ε(s_k)                                 accumulated and applied in fp32
+
+with ε(s) drawn tensor by tensor from a generator seeded by hash(s, tensor name). Note that, as in
+the paper, σ is folded into α (the update is α·mean(z·ε), not α/σ·mean(z·ε)), so α = σ/2 is a
+step of ~α/√N per coordinate.
+
+Where this departs from the paper's reference code, and why:
+
+- per-tensor noise streams keyed by the tensor *name* (not one stream walked layer by layer), so
+  any tensor's noise can be drawn alone, in any order, on any worker;
+- exact restore: the perturbed model is written from an untouched fp32 master and restored by
+  re-casting it, instead of subtracting σε again (not exact in floating point);
+- the update is accumulated in fp32 and applied to fp32 master weights (in bf16 a ~1e-5 step
+  rounds to zero for most weights);
+- when every member scores the same (common with binary Lean rewards), z is undefined: the
+  update is skipped and the iteration logged with ``skipped = true``;
+- options the paper does not use: mirrored (antithetic) pairs, rank shaping, several samples per
+  task averaged into a member's reward;
+- the coefficients are rounded to float32 *before* being applied, so the history (which stores
+  float32) replays the live run bit for bit.
+
+The run state is the base model + the history (``es_history.py``); full checkpoints every
+``save_every`` iterations bound replay time. Members are scored through a
+:class:`~leanrl.train.es_workers.MemberScorer` (in-process, local processes, or vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from leanrl.environment import Environment, load_environment
+from leanrl.errors import ConfigError
+from leanrl.policy import SamplingConfig
+from leanrl.runtime import run_sync
+from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, batch_for_step, check_model_path
+from leanrl.train.es_history import (
+    HISTORY_FILE,
+    ESHistory,
+    HistoryRecord,
+    WeightsSource,
+    checkpoint_usable,
+    draw_seeds,
+    f32,
+    load_weights,
+)
+from leanrl.train.es_workers import (
+    InProcessScorer,
+    IterationState,
+    Member,
+    MemberScore,
+    MemberScorer,
+    ProcessPoolScorer,
+    VLLMScorer,
+)
+
+__all__ = ["ESConfig", "ESScorerConfig", "ESTrainer", "es_coefficients", "shape_rewards"]
+
+
+class ESScorerConfig(BaseModel):
+    """Where population members are scored."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: Literal["inprocess", "processes", "vllm"] = "inprocess"
+    """``inprocess``: one after another on the trainer's model (no copies). ``processes``: local
+    worker processes, each rebuilding the weights from base model + history (CPU, or one GPU
+    each). ``vllm``: perturb inside a vLLM engine on a GPU (``pip install 'leanrl[vllm]'``)."""
+    workers: int = Field(default=2, ge=1)
+    """``processes``: number of worker processes (each holds one copy of the model)."""
+    threads_per_worker: int = Field(default=1, ge=1)
+    """``processes``: torch CPU threads per worker process."""
+
+
+class ESConfig(TrainConfig):
+    """Evolution strategies. Defaults from Qiu et al. 2025, "Evolution Strategies at Scale: LLM
+    Fine-Tuning Beyond Reinforcement Learning": N = 30, σ = 1e-3, α = σ/2, greedy decoding.
+
+    ``steps`` counts ES iterations; ``save_every`` (M) is the full-checkpoint period (between
+    checkpoints the run is still fully recoverable from the history, written every iteration).
+    """
+
+    population: int = Field(default=30, ge=2)
+    """Population size N: perturbed copies scored per iteration (Qiu et al. 2025 use 30)."""
+    sigma: float = Field(default=1e-3, gt=0)
+    """Noise scale σ: each member is θ + σ·ε with ε ~ N(0, I) (Qiu et al. 2025: 0.001)."""
+    alpha: float | None = Field(default=None, gt=0)
+    """Learning rate α of θ += α·(1/N)·Σ zₙ·εₙ. ``None`` means σ/2 (Qiu et al. 2025: 5e-4 with
+    σ = 1e-3)."""
+    mirrored: bool = False
+    """Antithetic pairs: N/2 seeds, each scored as +σε and -σε (lower-variance estimate; not in
+    Qiu et al. 2025, from Salimans et al. 2017). Needs an even population."""
+    shaping: Literal["zscore", "rank"] = "zscore"
+    """Reward normalisation across the population. ``zscore`` (Qiu et al. 2025): (R - mean)/std.
+    ``rank``: centered ranks (ties averaged), then z-scored, so α keeps its meaning; robust to
+    outlier rewards (Salimans et al. 2017)."""
+    samples_per_task: int = Field(default=1, ge=1)
+    """Rollouts per task for each member, averaged into its reward (useful with sampling; with
+    greedy decoding the samples are identical)."""
+    greedy: bool = True
+    """Greedy decoding for every member (temperature 0), as in Qiu et al. 2025. False: use
+    ``sampling`` as given, with the same sampling seed for every member of an iteration."""
+    scorer: ESScorerConfig = Field(default_factory=ESScorerConfig)
+    """How members are scored (in-process, local processes, vLLM)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ESConfig:
+        if self.mirrored and self.population % 2:
+            raise ValueError(
+                f"mirrored pairs need an even population, got {self.population}: use "
+                f"{self.population + 1} or mirrored = false"
+            )
+        return self
+
+    @property
+    def lr(self) -> float:
+        """α, with its default σ/2 filled in."""
+        return self.alpha if self.alpha is not None else self.sigma / 2
+
+
+# -- the math --------------------------------------------------------------------------------------
+
+
+def _centered_ranks(x: Sequence[float]) -> list[float]:
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    ranks = [0.0] * len(x)
+    i = 0
+    while i < len(order):  # ties share the mean of their ranks
+        j = i
+        while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    n = len(x)
+    return [r / (n - 1) - 0.5 for r in ranks]
+
+
+def shape_rewards(rewards: Sequence[float], shaping: str = "zscore") -> list[float] | None:
+    """Normalised rewards z (population std), or None when all rewards are equal (no signal)."""
+    r = [float(v) for v in rewards]
+    if max(r) - min(r) <= 1e-12 * max(1.0, max(abs(v) for v in r)):
+        return None
+    if shaping == "rank":
+        r = _centered_ranks(r)
+    elif shaping != "zscore":
+        raise ConfigError(f"unknown shaping {shaping!r}: use 'zscore' or 'rank'")
+    mean = sum(r) / len(r)
+    std = (sum((v - mean) ** 2 for v in r) / len(r)) ** 0.5
+    return [(v - mean) / std for v in r]
+
+
+def es_coefficients(
+    members: Sequence[Member], z: Sequence[float], alpha: float
+) -> list[tuple[int, float]]:
+    """c_k = f32(α/N · Σ_{n: seed_n = k} sign_n·z_n), one per distinct seed, in first-seen order."""
+    n = len(members)
+    acc: dict[int, float] = {}
+    for m, zn in zip(members, z, strict=True):
+        acc[m.seed] = acc.get(m.seed, 0.0) + m.sign * zn
+    return [(s, f32(alpha / n * v)) for s, v in acc.items()]
+
+
+def population(config: ESConfig, iteration: int) -> list[Member]:
+    """The members of ``iteration``: a pure function of (seed, iteration), so resumes repeat it."""
+    if config.mirrored:
+        seeds = draw_seeds(config.seed, iteration, config.population // 2)
+        return [Member(s, sign) for s in seeds for sign in (1, -1)]
+    return [Member(s, 1) for s in draw_seeds(config.seed, iteration, config.population)]
+
+
+# -- the trainer -----------------------------------------------------------------------------------
+
+
+class ESTrainer:
+    """Runs ES on an environment. ``await start()``, ``await train()``, ``await close()``
+    (or :meth:`train_sync`). Rerunning on the same ``out`` folder resumes the run."""
+
+    #: Fields that may change between a run and its resume (they do not change the weights).
+    RESUMABLE = ("steps", "scorer", "log_to", "run_name", "keep_checkpoints", "save_every")
+
+    def __init__(
+        self,
+        config: ESConfig,
+        env: Environment | None = None,
+        scorer: MemberScorer | None = None,
+    ) -> None:
+        self.config = config
+        self._env = env
+        self._scorer = scorer
+        self.run = RunDir(config.out)
+        self.history = ESHistory(self.run.path / HISTORY_FILE)
+        self.iteration = 0
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.weights: Any = None
+        self._logger: MetricsLogger | None = None
+        self._started = False
+
+    @property
+    def env(self) -> Environment:
+        if self._env is None:
+            self._env = load_environment(self.config.env)
+        return self._env
+
+    @property
+    def scorer(self) -> MemberScorer:
+        if self._scorer is None:
+            raise RuntimeError("call start() first")
+        return self._scorer
+
+    async def start(self) -> None:
+        """Check the config, bind the run folder, rebuild the weights (resume), start scoring."""
+        if self._started:
+            return
+        cfg = self.config
+        check_model_path(cfg.policy.model)  # before anything heavy
+        self.run.bind_config(cfg, ignore=self.RESUMABLE)
+        records = self.history.open()
+        self.iteration = len(records)
+        self.tasks = self.env.tasks()
+        batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
+        source = self._source()
+        if cfg.scorer.backend != "vllm":
+            self.model, self.tokenizer, self.weights = load_weights(source, records)
+        self.run.truncate_metrics(self.iteration)
+        if self._scorer is None:
+            self._scorer = self._make_scorer(source, records)
+        await self.env.start()
+        await self._scorer.start()
+        self._logger = MetricsLogger(
+            self.run, cfg.log_to, cfg.run_name, json.loads(cfg.model_dump_json())
+        )
+        self._logger.start()
+        self._started = True
+
+    def _source(self) -> WeightsSource:
+        """Base model, or the newest complete checkpoint the history reaches."""
+        from leanrl.train.es_policy import resolve_device_dtype
+
+        device, dtype = resolve_device_dtype(self.config.policy)
+        base = WeightsSource(self.config.policy.model, dtype, device)
+        for step, path in reversed(self.run.checkpoints()):
+            if step > self.iteration:
+                raise ConfigError(
+                    f"{path} is at iteration {step} but the history "
+                    f"({self.history.path}) has only {self.iteration}: the history was truncated "
+                    "or replaced. Restore it, or start a new run folder."
+                )
+            if checkpoint_usable(path):
+                return WeightsSource(base.model, dtype, device, str(path), step)
+        return base
+
+    def _make_scorer(self, source: WeightsSource, records: list[HistoryRecord]) -> MemberScorer:
+        from leanrl.train.es_policy import TorchPolicy
+
+        sc = self.config.scorer
+        if sc.backend == "inprocess":
+            policy = TorchPolicy(self.model, self.tokenizer, self.config.policy)
+            return InProcessScorer(self.env, policy, self.weights)
+        if sc.backend == "processes":
+            return ProcessPoolScorer(
+                source,
+                self.env.config,
+                self.config.policy,
+                workers=sc.workers,
+                threads_per_worker=sc.threads_per_worker,
+                records=records,
+            )
+        master = None
+        if source.checkpoint and (Path(source.checkpoint) / _MASTER).is_file():
+            master = str(Path(source.checkpoint) / _MASTER)
+        return VLLMScorer(self.env, source, self.config.policy, master)
+
+    def sampling_for(self, iteration: int) -> SamplingConfig:
+        """Decoding for every member of ``iteration`` (same seed for all: common random numbers)."""
+        cfg = self.config
+        upd: dict[str, Any] = {"n": cfg.samples_per_task}
+        if cfg.greedy:
+            upd["temperature"] = 0.0
+        upd["seed"] = random.Random(f"leanrl-es-sampling:{cfg.seed}:{iteration}").getrandbits(31)
+        return cfg.sampling.model_copy(update=upd)
+
+    async def step(self) -> dict[str, Any]:
+        """Run one iteration: score the population, update θ, append history, log, checkpoint."""
+        cfg = self.config
+        it = self.iteration + 1
+        t_start = time.perf_counter()
+        tasks = batch_for_step(self.tasks, it - 1, cfg.tasks_per_step, cfg.seed)
+        members = population(cfg, it)
+        state = IterationState(
+            it, tuple(tasks), self.sampling_for(it), cfg.sigma, tuple(self.history.records)
+        )
+        scores: list[MemberScore] = await self.scorer.score(state, members)
+        t_scored = time.perf_counter()
+        rewards = [s.reward for s in scores]
+        z = shape_rewards(rewards, cfg.shaping)
+        coeffs = [] if z is None else es_coefficients(members, z, cfg.lr)
+        norm = 0.0
+        if self.weights is not None:
+            norm = self.weights.apply_update(coeffs) if coeffs else 0.0
+        self.history.append(HistoryRecord(it, tuple(coeffs), skipped=z is None))
+        self.iteration = it
+        t_updated = time.perf_counter()
+        n = len(rewards)
+        mean = sum(rewards) / n
+        perturb_s = sum(s.perturb_s for s in scores)
+        score_s = sum(s.score_s for s in scores)
+        tokens = sum(s.tokens for s in scores)
+        row: dict[str, Any] = {
+            "step": it,
+            "reward_mean": mean,
+            "reward_std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
+            "reward_max": max(rewards),
+            "reward_min": min(rewards),
+            "pass_rate": sum(s.pass_rate for s in scores) / n,
+            "skipped": z is None,
+            "update_norm": norm,
+            "time_perturb_s": perturb_s,
+            "time_score_s": score_s,
+            "time_update_s": t_updated - t_scored,
+            "step_time_s": t_updated - t_start,
+            "tokens_per_s": tokens / max(t_scored - t_start, 1e-9),
+            "population": n,
+        }
+        if self._logger is not None:
+            self._logger.log(row)
+        if it % cfg.save_every == 0 or it == cfg.steps:
+            self.save_checkpoint()
+        return row
+
+    def save_checkpoint(self) -> Path:
+        """A Hugging Face model folder at the current iteration (+ exact fp32 master if needed)."""
+        from leanrl.train.es_weights import MASTER_FILE
+
+        it = self.iteration
+        state = {"trainer": "es", "iteration": it, "history_records": len(self.history)}
+        if self.weights is None:  # vllm: the master lives in the engine
+            return self._save_checkpoint_from_engine(it, state)
+        need_master = any(p.dtype != _fp32() for p in self.weights.params.values())
+        state["es_master"] = need_master
+        path = self.run.save_checkpoint(
+            it, self.model, self.tokenizer, state, keep=self.config.keep_checkpoints
+        )
+        if need_master:
+            _write_master_atomic(self.weights, path / MASTER_FILE)
+        return path
+
+    def _save_checkpoint_from_engine(self, it: int, state: dict[str, Any]) -> Path:
+        import tempfile
+
+        from leanrl.train.es_policy import load_model
+        from leanrl.train.es_weights import MASTER_FILE, ESWeights, load_master_file
+
+        assert isinstance(self._scorer, VLLMScorer)
+        with tempfile.TemporaryDirectory(dir=self.run.path) as tmp:
+            master = Path(tmp) / MASTER_FILE
+            self._scorer.save_master(str(master))
+            src = self._scorer.source
+            model, tok = load_model(src.checkpoint or src.model, src.dtype, "cpu")
+            w = ESWeights.from_model(model)
+            w.load_master(load_master_file(master))
+            state["es_master"] = True
+            path = self.run.save_checkpoint(
+                it, model, tok, state, keep=self.config.keep_checkpoints
+            )
+            _write_master_atomic(w, path / MASTER_FILE)
+        return path
+
+    async def train(self) -> list[dict[str, Any]]:
+        """Run iterations until ``steps``; returns this call's metrics rows."""
+        await self.start()
+        rows = []
+        while self.iteration < self.config.steps:
+            rows.append(await self.step())
+        latest = self.run.latest_checkpoint()
+        if self.iteration and (latest is None or latest[0] != self.iteration):
+            self.save_checkpoint()
+        self.run.plot(title=f"ES reward ({self.run.path.name})")
+        return rows
+
+    async def close(self) -> None:
+        """Stop the scorer, the environment and the loggers. Safe to call twice."""
+        if self._scorer is not None:
+            await self._scorer.close()
+        if self._env is not None:
+            await self._env.close()
+        if self._logger is not None:
+            self._logger.close()
+            self._logger = None
+        self._started = False
+
+    def train_sync(self) -> list[dict[str, Any]]:
+        """Blocking :meth:`train` (with :meth:`close`), for scripts and notebooks."""
+
+        async def go() -> list[dict[str, Any]]:
+            try:
+                return await self.train()
+            finally:
+                await self.close()
+
+        return run_sync(go())  # type: ignore[no-any-return]
+
+
+_MASTER = "es_master.safetensors"
+
+
+def _fp32() -> Any:
+    import torch
+
+    return torch.float32
+
+
+def _write_master_atomic(weights: Any, final: Path) -> None:
+    tmp = final.with_name(f".{final.name}.tmp")
+    weights.save_master(tmp)
+    tmp.replace(final)

@@ -1,0 +1,178 @@
+"""An in-process Policy around a torch model that ES perturbs in place.
+
+ES scores each population member by writing perturbed weights into one live model and running the
+environment's harness with a Policy over that model. :class:`TorchPolicy` is that Policy: it holds
+a reference to the model (never a copy), so whatever weights are in the model when
+:meth:`TorchPolicy.generate` runs are the weights that generate. Greedy decoding (temperature 0)
+is deterministic, which is what ES wants by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from leanrl.errors import PolicyError
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+
+__all__ = ["TorchPolicy", "load_model", "resolve_device_dtype"]
+
+
+def resolve_device_dtype(config: PolicyConfig) -> tuple[str, str]:
+    """(device, dtype name) for ``config``: ``auto`` is a GPU in bf16 if present, else CPU fp32."""
+    import torch
+
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = config.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return device, dtype
+
+
+def load_model(path: str, dtype: str, device: str) -> tuple[Any, Any]:
+    """A causal LM and its tokenizer, in eval mode on ``device`` (raises PolicyError)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise PolicyError(f"cannot load model {path!r}: {e}") from e
+    model.to(device)  # type: ignore[arg-type]
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+class TorchPolicy(Policy):
+    """Generation with a live torch model (whatever weights it holds right now)."""
+
+    name: ClassVar[str] = "torch"
+
+    def __init__(self, model: Any, tokenizer: Any, config: PolicyConfig | None = None) -> None:
+        super().__init__(config or PolicyConfig(model="<in-process>"))
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    def render(self, prompt: Prompt) -> str:
+        """The prompt as text (chat messages through the tokenizer's chat template)."""
+        if isinstance(prompt, str):
+            return prompt
+        messages = [m.model_dump() for m in prompt]
+        out = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return str(out)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        # A worker thread keeps the event loop free (e.g. for Lean checks of the previous member).
+        return await asyncio.to_thread(self.generate_sync, prompts, sampling)
+
+    def generate_sync(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """Blocking :meth:`generate`: ``sampling.n`` completions per prompt, batched."""
+        import torch
+
+        texts = [self.render(p) for p in prompts]
+        flat = [t for t in texts for _ in range(sampling.n)]
+        out: list[Completion] = []
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        bs = self.config.batch_size
+        for i in range(0, len(flat), bs):
+            out += self._generate_batch(flat[i : i + bs], sampling)
+        return [out[i * sampling.n : (i + 1) * sampling.n] for i in range(len(texts))]
+
+    def _generate_batch(self, texts: list[str], sampling: SamplingConfig) -> list[Completion]:
+        import torch
+
+        tok = self.tokenizer
+        tok.padding_side = "left"  # generation continues at the right edge of every row
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ids = enc["input_ids"].to(self.device)  # [B, P]
+        mask = enc["attention_mask"].to(self.device)  # [B, P]
+        greedy = sampling.temperature == 0.0
+        kwargs: dict[str, Any] = {"do_sample": not greedy}
+        if not greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+        with torch.no_grad():
+            try:
+                gen = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=sampling.max_tokens,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                    top_k=None,
+                    **kwargs,
+                )
+            except RuntimeError as e:
+                raise PolicyError(f"generation failed: {e}") from e
+            scores = self.model.compute_transition_scores(
+                gen.sequences, gen.scores, normalize_logits=True
+            )  # [B, T] log-probs of the chosen tokens
+        new = gen.sequences[:, ids.shape[1] :]  # [B, T]
+        out = []
+        for b in range(len(texts)):
+            prompt_ids = tuple(int(t) for t, m in zip(ids[b], mask[b], strict=True) if m)
+            toks: list[int] = []
+            lps: list[float] = []
+            finish = "length"
+            for t, lp in zip(new[b].tolist(), scores[b].tolist(), strict=True):
+                if t == tok.eos_token_id:
+                    finish = "stop"
+                    break
+                if t == tok.pad_token_id:
+                    continue
+                toks.append(int(t))
+                lps.append(float(lp))
+            text = tok.decode(toks, skip_special_tokens=True)
+            for s in sampling.stop:
+                cut = text.find(s)
+                if cut >= 0:
+                    text, finish = text[:cut], "stop"
+            out.append(
+                Completion(
+                    text=text,
+                    token_ids=tuple(toks),
+                    logprobs=tuple(lps),
+                    prompt_token_ids=prompt_ids,
+                    finish_reason=finish,  # type: ignore[arg-type]
+                )
+            )
+        return out
+
+    def continuation_logprob(self, prompt: str, continuation: str) -> float:
+        """Mean per-token log-probability the model gives ``continuation`` after ``prompt``.
+
+        A smooth function of the weights (unlike greedy text), handy for shaped rewards.
+        """
+        import torch
+
+        p = self.tokenize(prompt)
+        c = self.tokenize(continuation)
+        if not c:
+            raise PolicyError("continuation_logprob: the continuation tokenizes to nothing")
+        ids = torch.tensor([p + c], device=self.device)  # [1, P+C]
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits[0, len(p) - 1 : -1].float()  # [C, V]
+        lp = torch.log_softmax(logits, dim=-1)
+        target = torch.tensor(c, device=self.device)  # [C]
+        return float(lp.gather(1, target[:, None]).mean())
