@@ -1,0 +1,211 @@
+/-
+leanrl's trusted checker (see docs/verification.md).
+
+It is elaborated once per Lean process, in a clean environment (the header's imports, before any
+model text ran). For each attempt it reads the attempt's new constants from a file -- a REPL
+`pickleTo` of the attempt's environment, or the `.olean` that `lean -o` wrote for it -- and
+compares them with the reference statement, which was elaborated (with `sorry`) in this clean
+environment. Nothing the attempt declared (syntax, macros, notation, options, instances) is active
+here: only the attempt's constants are looked at, as data.
+
+It prints one info message `LEANRL-CHECK <json>`; the json echoes a per-check nonce. Python
+(leanrl/lean/judge.py) turns the facts into a verdict. Only APIs that exist from Lean v4.9 on are
+used: `readModuleData`, `ConstantInfo`, `Expr.getUsedConstants`, `addDecl`, `Lean.Json`.
+-/
+namespace LeanrlCheck
+open Lean
+
+/-- The constants of a REPL pickle. The REPL stores the tuple
+`(imports, env.constants.map₂, commandState, commandContext)`; only the first two are read. -/
+unsafe def readReplPickleImpl (path : String) : IO (Array (Name × ConstantInfo)) := do
+  let (data, _) ← readModuleData (System.FilePath.mk path)
+  let p : Array Import × PersistentHashMap Name ConstantInfo × Unit := unsafeCast data
+  return p.2.1.toList.toArray
+
+@[implemented_by readReplPickleImpl]
+opaque readReplPickle (path : String) : IO (Array (Name × ConstantInfo))
+
+/-- The constants of a module compiled with `lean -o`. -/
+def readOlean (path : String) : IO (Array (Name × ConstantInfo)) := do
+  let (m, _) ← readModuleData (System.FilePath.mk path)
+  return m.constNames.zip m.constants
+
+def kindOf : ConstantInfo → String
+  | .axiomInfo _ => "axiom"
+  | .defnInfo _ => "def"
+  | .thmInfo _ => "theorem"
+  | .opaqueInfo _ => "opaque"
+  | .quotInfo _ => "quot"
+  | .inductInfo _ => "inductive"
+  | .ctorInfo _ => "constructor"
+  | .recInfo _ => "recursor"
+
+/-- Two declarations say the same thing (kind, universes, type, and body for definitions). -/
+def sameDecl (a b : ConstantInfo) : Bool :=
+  kindOf a == kindOf b && a.levelParams == b.levelParams && a.type == b.type &&
+    match a, b with
+    | .defnInfo x, .defnInfo y => x.value == y.value
+    | .opaqueInfo x, .opaqueInfo y => x.value == y.value
+    | .inductInfo x, .inductInfo y => x.ctors == y.ctors && x.numParams == y.numParams
+    | _, _ => true
+
+/-- Constants a declaration refers to (type, body, constructors, parent inductive). -/
+def depsOf (ci : ConstantInfo) (withValue : Bool) : Array Name := Id.run do
+  let mut out := ci.type.getUsedConstants
+  if withValue then
+    match ci with
+    | .defnInfo v => out := out ++ v.value.getUsedConstants
+    | .thmInfo v => out := out ++ v.value.getUsedConstants
+    | .opaqueInfo v => out := out ++ v.value.getUsedConstants
+    | _ => pure ()
+  match ci with
+  | .inductInfo v => out := out ++ v.ctors.toArray
+  | .ctorInfo v => out := out.push v.induct
+  | .recInfo v => out := out ++ v.all.toArray
+  | _ => pure ()
+  return out
+
+structure Walk where
+  seen : NameSet := {}
+  axioms : Array Name := #[]
+  missing : Array Name := #[]
+  order : Array Name := #[]
+
+/-- Depth-first walk over everything `n` depends on: collects axioms, missing constants, and a
+dependency order (dependencies first). Bodies of `typeOnly` constants are not entered. -/
+partial def walk (look : Name → Option ConstantInfo) (typeOnly : Name → Bool) (n : Name) :
+    StateM Walk Unit := do
+  if (← get).seen.contains n then return
+  modify fun s => { s with seen := s.seen.insert n }
+  match look n with
+  | none => modify fun s => { s with missing := s.missing.push n }
+  | some ci =>
+    if kindOf ci == "axiom" then
+      modify fun s => { s with axioms := s.axioms.push n }
+    for d in depsOf ci (!typeOnly n) do
+      walk look typeOnly d
+    modify fun s => { s with order := s.order.push n }
+
+def toDecl (ci : ConstantInfo) (name : Name) : Option Declaration :=
+  match ci with
+  | .axiomInfo v => some (.axiomDecl { v with name := name })
+  | .defnInfo v => some (.defnDecl { v with name := name })
+  | .thmInfo v => some (.thmDecl { v with name := name })
+  | .opaqueInfo v => some (.opaqueDecl { v with name := name })
+  | _ => none
+
+/-- Re-add the attempt's own constants through the kernel (dependencies first); the target is
+added under a fresh name because the reference already owns its name here. -/
+def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order : Array Name)
+    (target fresh : Name) : CoreM String := do
+  let mut added : NameSet := {}
+  for n in order do
+    unless isNew n do continue
+    if added.contains n then continue
+    let some ci := look n | return s!"missing {n}"
+    match ci with
+    | .inductInfo v =>
+      let mut types : List InductiveType := []
+      for i in v.all do
+        let some (.inductInfo iv) := look i | return s!"inductive block of {n} incomplete"
+        let mut ctors : List Constructor := []
+        for c in iv.ctors do
+          let some cc := look c | return s!"constructor {c} missing"
+          ctors := ctors ++ [{ name := c, type := cc.type }]
+        types := types ++ [{ name := i, type := iv.type, ctors := ctors }]
+        added := added.insert i
+      try addDecl (.inductDecl v.levelParams v.numParams types v.isUnsafe)
+      catch e => return s!"kernel rejected inductive {n}: {← e.toMessageData.toString}"
+    | .ctorInfo _ => pure ()
+    | .recInfo _ => pure ()
+    | .quotInfo _ => return s!"{n} is a quotient primitive, which no proof may add"
+    | _ =>
+      let some d := toDecl ci (if n == target then fresh else n) | return s!"cannot replay {n}"
+      try addDecl d
+      catch e => return s!"kernel rejected {n}: {← e.toMessageData.toString}"
+      added := added.insert n
+  -- Constructors and recursors are generated by the kernel: they must match the attempt's.
+  let env ← getEnv
+  for n in order do
+    unless isNew n do continue
+    let some ci := look n | continue
+    match ci with
+    | .ctorInfo _ | .recInfo _ =>
+      match env.find? n with
+      | some k => unless k.type == ci.type do return s!"{n} differs from what the kernel generates"
+      | none => return s!"{n} was not generated by the kernel"
+    | _ => pure ()
+  return ""
+
+def strs (xs : Array Name) : Json := Json.arr (xs.map fun n => Json.str n.toString)
+
+/-- The check. `path`: the attempt's constants (REPL pickle, or `.olean` when `olean`);
+`target`: the theorem name; `nonce`: echoed back; `kernelReplay`: also replay through the
+kernel. The reference declaration `target` must already exist in the current environment. -/
+def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit := do
+  let tgt := target.toName
+  let env ← getEnv
+  let consts ← if olean then readOlean path else readReplPickle path
+  let lookNew : Name → Option ConstantInfo := fun n => (consts.find? (·.1 == n)).map (·.2)
+  let look : Name → Option ConstantInfo := fun n =>
+    match lookNew n with
+    | some c => some c
+    | none => env.find? n
+  -- Constants of the attempt that the clean environment also has (the statement's own helper
+  -- definitions, the header's declarations) must be identical; they are then trusted.
+  let mut status := "ok"
+  let mut detail := ""
+  let mut trusted : NameSet := {}
+  for (n, ci) in consts do
+    if n == tgt then continue
+    if let some r := env.find? n then
+      if sameDecl ci r then trusted := trusted.insert n
+      else if status == "ok" then
+        status := "helper_mismatch"
+        detail := s!"{n} is declared differently from the reference statement's {n}"
+  let attempt? := lookNew tgt
+  let mut kind := "missing"
+  let mut refKind := "missing"
+  let mut w : Walk := {}
+  match env.find? tgt with
+  | none =>
+    status := "no_reference"
+    detail := s!"reference {tgt} is not in the clean environment"
+  | some ref =>
+    refKind := kindOf ref
+    match attempt? with
+    | none =>
+      status := "missing"
+      let similar := consts.filter fun (n, _) =>
+        n.toString.endsWith ("." ++ target) || n.toString.endsWith target
+      detail := s!"no declaration named {tgt}; similar: {similar.map (·.1)}"
+    | some ci =>
+      kind := kindOf ci
+      w := (Id.run ((walk look (fun n => trusted.contains n) tgt).run {})).2
+      if status == "ok" then
+        if kind != refKind then
+          status := "wrong_kind"
+          detail := s!"{tgt} is a {kind}, the reference is a {refKind}"
+        else if ci.levelParams != ref.levelParams || !(ci.type == ref.type) then
+          status := "type_mismatch"
+          detail := s!"the type of {tgt} differs from the reference statement's"
+        else if !w.missing.isEmpty then
+          status := "missing_dependency"
+          detail := s!"depends on unknown constants {w.missing}"
+      if status == "ok" && kernelReplay then
+        let fresh := Name.mkStr tgt ("_leanrl_replay_" ++ nonce)
+        let isNew : Name → Bool := fun n => (lookNew n).isSome && !trusted.contains n
+        let msg ← withTheReader Core.Context
+          (fun c => { c with options := (c.options.setBool `debug.skipKernelTC false).setBool
+            `Elab.async false })
+          (replay look isNew w.order tgt fresh)
+        if msg != "" then
+          status := "replay_failed"
+          detail := msg
+  let j := Json.mkObj [
+    ("nonce", Json.str nonce), ("status", Json.str status), ("detail", Json.str detail),
+    ("kind", Json.str kind), ("ref_kind", Json.str refKind), ("axioms", strs w.axioms),
+    ("constants", strs (consts.map (·.1))), ("replayed", Json.bool (kernelReplay && status == "ok"))]
+  logInfo m!"LEANRL-CHECK {j.compress}"
+
+end LeanrlCheck

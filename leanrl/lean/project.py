@@ -1,0 +1,339 @@
+"""Finding, creating and diagnosing the Lean project that proofs are checked in.
+
+Where the project comes from, first match wins:
+
+1. ``RuntimeConfig.lean_project``;
+2. the ``LEANRL_LEAN_PROJECT`` environment variable;
+3. the project ``leanrl setup`` made last (``~/.cache/leanrl/default-project`` names it).
+
+``leanrl setup --env ID`` makes a project under ``~/.cache/leanrl/projects/`` with the taskset's
+toolchain and Mathlib revision, fetches Mathlib's build cache and builds the REPL at the matching
+version, using the standard tools (elan, lake). ``leanrl doctor`` reports what is there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from leanrl.errors import LeanNotFoundError
+
+__all__ = [
+    "REPL_REPO",
+    "Check",
+    "cache_root",
+    "doctor",
+    "find_project",
+    "find_repl",
+    "lean_command",
+    "project_dir",
+    "repl_command",
+    "repl_tag",
+    "setup_project",
+]
+
+REPL_REPO = "https://github.com/leanprover-community/repl"
+ELAN_INSTALL = (
+    "curl https://raw.githubusercontent.com/leanprover/elan/master/elan-init.sh -sSf | sh "
+    "-s -- -y --default-toolchain none"
+)
+
+
+def cache_root() -> Path:
+    """``$LEANRL_CACHE`` or ``~/.cache/leanrl``."""
+    return Path(os.environ.get("LEANRL_CACHE") or Path.home() / ".cache" / "leanrl")
+
+
+def repl_tag(toolchain: str) -> str:
+    """The REPL tag matching a toolchain: ``leanprover/lean4:v4.24.0`` -> ``v4.24.0``."""
+    tag = toolchain.rsplit(":", 1)[-1].strip()
+    if not re.fullmatch(r"v\d+\.\d+\.\d+(-rc\d+)?", tag):
+        raise LeanNotFoundError(
+            f"cannot tell the Lean version from the toolchain {toolchain!r}; expected something "
+            "like 'leanprover/lean4:v4.24.0'"
+        )
+    return tag
+
+
+def project_dir(toolchain: str, mathlib_rev: str | None) -> Path:
+    """Where ``leanrl setup`` keeps the project for a toolchain and Mathlib revision."""
+    tag = repl_tag(toolchain)
+    rev = (mathlib_rev or "core")[:12]
+    digest = hashlib.sha1(f"{toolchain}|{mathlib_rev}".encode()).hexdigest()[:6]
+    return cache_root() / "projects" / f"lean-{tag}-mathlib-{rev}-{digest}"
+
+
+def find_project(configured: Path | None = None) -> Path | None:
+    """The Lean project to use (see the module docstring for the order), or None."""
+    if configured is not None:
+        p = Path(configured).expanduser()
+        if not p.is_dir():
+            raise LeanNotFoundError(
+                f"the configured Lean project {p} does not exist; fix runtime.lean_project or "
+                "run `leanrl setup --env <id>`"
+            )
+        return p
+    env = os.environ.get("LEANRL_LEAN_PROJECT")
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_dir():
+            raise LeanNotFoundError(
+                f"LEANRL_LEAN_PROJECT={env} is not a folder; point it at a Lean project or unset it"
+            )
+        return p
+    pointer = cache_root() / "default-project"
+    if pointer.is_file():
+        p = Path(pointer.read_text(encoding="utf-8").strip())
+        if p.is_dir():
+            return p
+    return None
+
+
+def find_repl(project: Path | None) -> Path | None:
+    """The REPL executable built in (or for) ``project``, or ``repl`` on PATH."""
+    cands: list[Path] = []
+    if project is not None:
+        for name in ("REPL", "repl", "Repl"):
+            cands.append(project / ".lake" / "packages" / name / ".lake" / "build" / "bin" / "repl")
+        cands.append(project / ".lake" / "build" / "bin" / "repl")
+    for c in cands:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    found = shutil.which("repl")
+    return Path(found) if found else None
+
+
+def _tool_missing(tool: str) -> LeanNotFoundError:
+    return LeanNotFoundError(
+        f"`{tool}` is not on PATH. Install the Lean toolchain manager elan: {ELAN_INSTALL} "
+        "(then open a new shell), or point LEANRL_LEAN_PROJECT at a ready project"
+    )
+
+
+def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
+    """The command line that starts a REPL, and the folder to run it in."""
+    repl = find_repl(project)
+    if repl is None:
+        where = f" in {project}" if project else ""
+        raise LeanNotFoundError(
+            f"no Lean REPL found{where}. Run `leanrl setup --env <id>` to build one, or use "
+            "--env.runtime.mode oneshot (slower, needs only `lean`)"
+        )
+    if project is not None and (project / "lakefile.lean").exists() | (
+        project / "lakefile.toml"
+    ).exists():
+        if shutil.which("lake") is None:
+            raise _tool_missing("lake")
+        return ["lake", "env", str(repl)], project
+    return [str(repl)], project
+
+
+def lean_command(project: Path | None) -> tuple[list[str], Path | None]:
+    """The command line that runs ``lean`` (inside the project's ``lake env`` when there is
+    one), and the folder to run it in."""
+    if project is not None and (
+        (project / "lakefile.lean").exists() or (project / "lakefile.toml").exists()
+    ):
+        if shutil.which("lake") is None:
+            raise _tool_missing("lake")
+        return ["lake", "env", "lean"], project
+    if shutil.which("lean") is None:
+        raise _tool_missing("lean")
+    return ["lean"], project
+
+
+# -- doctor ------------------------------------------------------------------------------------
+
+
+class Check(BaseModel):
+    """One line of ``leanrl doctor``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    """What was looked for."""
+    ok: bool
+    """Whether it was found and works."""
+    found: str = ""
+    """What was found (path, version)."""
+    fix: str = ""
+    """The command that fixes it, when it is missing."""
+
+
+def _version(argv: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(
+            argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+
+
+def doctor(
+    configured: Path | None = None,
+    toolchain: str | None = None,
+    mathlib_rev: str | None = None,
+    env_id: str = "<id>",
+) -> list[Check]:
+    """What is installed and what is missing, each with the command that fixes it."""
+    checks: list[Check] = []
+    setup = f"leanrl setup --env {env_id}"
+    for tool in ("elan", "lake", "lean"):
+        path = shutil.which(tool)
+        ver = _version([tool, "--version"]) if path else None
+        fix = ELAN_INSTALL if tool == "elan" else f"{ELAN_INSTALL}  (elan provides {tool})"
+        checks.append(Check(name=tool, ok=bool(path), found=f"{path} ({ver})" if path else "", fix=fix))
+    try:
+        project = find_project(configured)
+    except LeanNotFoundError as e:
+        checks.append(Check(name="Lean project", ok=False, found=str(e), fix=setup))
+        return checks
+    if project is None:
+        checks.append(
+            Check(
+                name="Lean project",
+                ok=False,
+                fix=f"{setup}   (or export LEANRL_LEAN_PROJECT=/path/to/project)",
+            )
+        )
+        return checks
+    checks.append(Check(name="Lean project", ok=True, found=str(project)))
+    tc_file = project / "lean-toolchain"
+    have_tc = tc_file.read_text(encoding="utf-8").strip() if tc_file.is_file() else ""
+    tc_ok = bool(have_tc) and (toolchain is None or have_tc == toolchain)
+    checks.append(
+        Check(
+            name="toolchain",
+            ok=tc_ok,
+            found=have_tc or "no lean-toolchain file",
+            fix="" if tc_ok else f"{setup}   (the taskset wants {toolchain})",
+        )
+    )
+    mathlib = project / ".lake" / "packages" / "mathlib"
+    manifest = project / "lake-manifest.json"
+    rev = _manifest_rev(manifest, "mathlib")
+    if mathlib_rev is None:
+        checks.append(Check(name="Mathlib", ok=True, found=f"{rev or 'not required'}"))
+    else:
+        built = (mathlib / ".lake" / "build" / "lib").is_dir() or (
+            mathlib / ".lake" / "build" / "lib" / "lean"
+        ).is_dir()
+        ok = rev == mathlib_rev and built
+        checks.append(
+            Check(
+                name="Mathlib",
+                ok=ok,
+                found=f"rev {rev or '?'}" + ("" if built else " (not built)"),
+                fix="" if ok else f"{setup}   (needs rev {mathlib_rev}, then `lake exe cache get`)",
+            )
+        )
+    repl = find_repl(project)
+    checks.append(
+        Check(
+            name="REPL",
+            ok=repl is not None,
+            found=str(repl) if repl else "",
+            fix="" if repl else f"{setup}   (or use --env.runtime.mode oneshot)",
+        )
+    )
+    return checks
+
+
+def _manifest_rev(manifest: Path, name: str) -> str | None:
+    import json
+
+    if not manifest.is_file():
+        return None
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    for pkg in data.get("packages", []):
+        if str(pkg.get("name", "")).lower() == name:
+            return pkg.get("rev")
+    return None
+
+
+# -- setup -------------------------------------------------------------------------------------
+
+
+def online(host: str = "github.com", port: int = 443, timeout: float = 3.0) -> bool:
+    """Whether ``host`` is reachable (a TCP connect; no data is sent)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def lakefile(mathlib_rev: str | None, mathlib_repo: str, toolchain: str) -> str:
+    """The ``lakefile.lean`` of a leanrl project."""
+    lines = ["import Lake", "open Lake DSL", "", "package leanrl_project", ""]
+    if mathlib_rev:
+        lines.append(f'require mathlib from git "{mathlib_repo}" @ "{mathlib_rev}"')
+    lines.append(f'require REPL from git "{REPL_REPO}" @ "{repl_tag(toolchain)}"')
+    return "\n".join(lines) + "\n"
+
+
+def setup_project(
+    toolchain: str,
+    mathlib_rev: str | None,
+    mathlib_repo: str = "https://github.com/leanprover-community/mathlib4",
+    dest: Path | None = None,
+    log: Callable[[str], None] = print,
+    is_online: Callable[[], bool] = online,
+) -> Path:
+    """Create (or reuse) a project with this toolchain and Mathlib, build the REPL, and make it
+    the default. Fails fast, with the fix, when tools or the network are missing."""
+    for tool in ("elan", "lake"):
+        if shutil.which(tool) is None:
+            raise _tool_missing(tool)
+    dest = dest or project_dir(toolchain, mathlib_rev)
+    if find_repl(dest) is not None and (dest / "lean-toolchain").is_file():
+        log(f"reusing {dest}")
+        _make_default(dest)
+        return dest
+    if not is_online():
+        raise LeanNotFoundError(
+            "leanrl setup needs the internet (github.com is unreachable): it downloads the "
+            f"Lean toolchain {toolchain}, Mathlib and the REPL. Run it on a connected machine, "
+            "or point LEANRL_LEAN_PROJECT at an existing project"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "lean-toolchain").write_text(toolchain + "\n", encoding="utf-8")
+    (dest / "lakefile.lean").write_text(
+        lakefile(mathlib_rev, mathlib_repo, toolchain), encoding="utf-8"
+    )
+    steps = [["elan", "toolchain", "install", toolchain], ["lake", "update"]]
+    if mathlib_rev:
+        steps.append(["lake", "exe", "cache", "get"])
+    steps.append(["lake", "build", "repl"])
+    for argv in steps:
+        log("$ " + " ".join(argv))
+        res = subprocess.run(argv, cwd=dest, check=False)
+        if res.returncode != 0:
+            raise LeanNotFoundError(
+                f"`{' '.join(argv)}` failed in {dest} (exit {res.returncode}); see its output "
+                "above. Fix the cause and re-run `leanrl setup` (finished steps are reused)"
+            )
+    if find_repl(dest) is None:
+        raise LeanNotFoundError(f"the REPL was built but its executable is not found under {dest}")
+    _make_default(dest)
+    return dest
+
+
+def _make_default(project: Path) -> None:
+    pointer = cache_root() / "default-project"
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    pointer.write_text(str(project) + "\n", encoding="utf-8")

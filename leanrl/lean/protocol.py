@@ -1,0 +1,194 @@
+"""The Lean REPL wire protocol (leanprover-community/repl), as frozen pydantic models.
+
+Requests are JSON objects separated by a blank line on the REPL's stdin; responses are JSON
+objects separated by a blank line on its stdout. The field names below are the REPL's own
+(``proofState``, ``endPos``, ...); Python attribute names are snake_case with aliases.
+
+Responses come in three shapes, told apart by their keys:
+
+- a command answer (``cmd``, ``pickleTo``, ``unpickleEnvFrom``): ``env`` plus optional
+  ``messages``, ``sorries``, ``tactics``, ``infotree``;
+- a tactic answer (``tactic``): ``proofState``, ``goals``, optional ``messages``, ``sorries``,
+  ``proofStatus``, ``traces``;
+- an error: ``{"message": "..."}`` (unknown env or proof state, a tactic that threw, bad JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "CommandRequest",
+    "CommandResponse",
+    "PickleEnvRequest",
+    "ProtocolError",
+    "ReplError",
+    "ReplMessage",
+    "ReplPos",
+    "Response",
+    "Sorry",
+    "TacticInfo",
+    "TacticRequest",
+    "TacticResponse",
+    "UnpickleEnvRequest",
+    "encode_request",
+    "parse_response",
+    "split_blocks",
+]
+
+
+class ProtocolError(ValueError):
+    """The REPL answered something that is not one of its documented response shapes."""
+
+
+class _Wire(BaseModel):
+    # Unknown keys are ignored (newer REPLs add fields), never fatal: the protocol grows.
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+class ReplPos(_Wire):
+    """A source position: 1-based line, 0-based column (codepoints)."""
+
+    line: int
+    column: int
+
+
+class ReplMessage(_Wire):
+    """One Lean message in a REPL answer."""
+
+    severity: str
+    """``error``, ``warning`` or ``info`` (the REPL's spelling; ``lean --json`` says
+    ``information``)."""
+    data: str
+    pos: ReplPos | None = None
+    end_pos: ReplPos | None = Field(default=None, alias="endPos")
+
+
+class Sorry(_Wire):
+    """A ``sorry`` the REPL found, with the goal it stands for and a proof state to resume."""
+
+    goal: str
+    pos: ReplPos | None = None
+    end_pos: ReplPos | None = Field(default=None, alias="endPos")
+    proof_state: int | None = Field(default=None, alias="proofState")
+
+
+class TacticInfo(_Wire):
+    """One tactic reported with ``allTactics``."""
+
+    tactic: str
+    goals: str
+    pos: ReplPos | None = None
+    end_pos: ReplPos | None = Field(default=None, alias="endPos")
+    proof_state: int | None = Field(default=None, alias="proofState")
+    used_constants: tuple[str, ...] = Field(default=(), alias="usedConstants")
+
+
+class CommandResponse(_Wire):
+    """Answer to ``cmd``, ``pickleTo`` and ``unpickleEnvFrom``."""
+
+    env: int
+    messages: tuple[ReplMessage, ...] = ()
+    sorries: tuple[Sorry, ...] = ()
+    tactics: tuple[TacticInfo, ...] = ()
+    infotree: Any = None
+
+    @property
+    def errors(self) -> tuple[ReplMessage, ...]:
+        """The messages of severity ``error``."""
+        return tuple(m for m in self.messages if m.severity == "error")
+
+
+class TacticResponse(_Wire):
+    """Answer to ``{"tactic": ..., "proofState": n}`` (and to proof-state pickling)."""
+
+    proof_state: int = Field(alias="proofState")
+    goals: tuple[str, ...] = ()
+    messages: tuple[ReplMessage, ...] = ()
+    sorries: tuple[Sorry, ...] = ()
+    proof_status: str | None = Field(default=None, alias="proofStatus")
+    traces: tuple[str, ...] = ()
+
+
+class ReplError(_Wire):
+    """An error answer: ``{"message": "Unknown environment."}`` or ``"Lean error:\\n..."``."""
+
+    message: str
+
+
+Response = CommandResponse | TacticResponse | ReplError
+
+
+def parse_response(obj: Any) -> Response:
+    """Turn one decoded REPL answer into its model; :class:`ProtocolError` if it is none."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"REPL answer is not a JSON object: {obj!r:.200}")
+    try:
+        if "env" in obj and "proofState" not in obj:
+            return CommandResponse.model_validate(obj)
+        if "proofState" in obj:
+            return TacticResponse.model_validate(obj)
+        if set(obj) == {"message"}:
+            return ReplError.model_validate(obj)
+    except ValidationError as e:
+        raise ProtocolError(f"malformed REPL answer {obj!r:.200}: {e}") from e
+    raise ProtocolError(f"unrecognised REPL answer with keys {sorted(obj)}: {obj!r:.200}")
+
+
+def split_blocks(text: str) -> list[str]:
+    """Split a transcript (requests or answers) into its blank-line-separated blocks."""
+    blocks, cur = [], []
+    for line in text.splitlines():
+        if line.strip():
+            cur.append(line)
+        elif cur:
+            blocks.append("\n".join(cur))
+            cur = []
+    if cur:
+        blocks.append("\n".join(cur))
+    return blocks
+
+
+class CommandRequest(_Wire):
+    """``{"cmd": text, "env": n}``: elaborate ``text`` in environment ``n`` (fresh when None)."""
+
+    cmd: str
+    env: int | None = None
+    all_tactics: bool | None = Field(default=None, alias="allTactics")
+    root_goals: bool | None = Field(default=None, alias="rootGoals")
+
+
+class TacticRequest(_Wire):
+    """``{"tactic": t, "proofState": n}``: run one tactic on a proof state."""
+
+    tactic: str
+    proof_state: int = Field(alias="proofState")
+
+
+class PickleEnvRequest(_Wire):
+    """``{"pickleTo": path, "env": n}``: write environment ``n`` to an ``.olean`` file."""
+
+    pickle_to: str = Field(alias="pickleTo")
+    env: int
+
+
+class UnpickleEnvRequest(_Wire):
+    """``{"unpickleEnvFrom": path}``: load a pickled environment (re-imports, replays)."""
+
+    unpickle_env_from: str = Field(alias="unpickleEnvFrom")
+
+
+Request = CommandRequest | TacticRequest | PickleEnvRequest | UnpickleEnvRequest
+
+
+def encode_request(req: Request) -> bytes:
+    """The bytes to write to the REPL's stdin for one request: one JSON line, then a blank line.
+
+    The REPL reads lines until a blank one and joins them with their line ends trimmed, so a
+    request must not contain a raw newline outside strings; ``json.dumps`` escapes them.
+    """
+    body = json.dumps(req.model_dump(by_alias=True, exclude_none=True), ensure_ascii=False)
+    return (body + "\n\n").encode("utf-8")

@@ -1,0 +1,182 @@
+"""The ``local`` runtime: a pool of warm Lean REPL processes on this machine (or one-shot ``lean``).
+
+Configured by :class:`~leanrl.RuntimeConfig` (``mode``, ``workers``, ``timeout_s``, ``memory_mb``,
+``recycle_after``, ``recycle_memory_mb``, ``isolate``, ``lean_project``). Keys understood in
+``RuntimeConfig.options``: ``spares`` (warm spare processes, default 1), ``repl_command`` and
+``lean_command`` (explicit command lines, for custom installs and for tests), ``cwd``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import ClassVar
+
+from leanrl.errors import ConfigError, LeanNotFoundError, RuntimeUnavailable
+from leanrl.lean.checker import split_header
+from leanrl.lean.oneshot import OneShotChecker
+from leanrl.lean.pool import PoolConfig, PoolError, ReplPool
+from leanrl.lean.project import find_project, lean_command, repl_command
+from leanrl.lean.protocol import ProtocolError
+from leanrl.lean.repl import ReplDied, ReplMemory, ReplTimeout
+from leanrl.lean.worker import ReplWorker
+from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
+from leanrl.verdict import Attempt, Verdict
+
+__all__ = ["LocalRuntime", "LocalTacticSession"]
+
+
+class LocalRuntime(Runtime):
+    """Lean on this machine: warm REPL pool (``repl`` mode) or one ``lean`` per attempt."""
+
+    name: ClassVar[str] = "local"
+    description: ClassVar[str] = (
+        "Lean on this machine: a pool of warm REPL processes per header (or one-shot `lean`)"
+    )
+
+    def __init__(self, config: RuntimeConfig | None = None) -> None:
+        super().__init__(config)
+        self.pool: ReplPool | None = None
+        self.oneshot: OneShotChecker | None = None
+
+    def _workers(self) -> int:
+        return self.config.workers or os.cpu_count() or 1
+
+    def _option_command(self, key: str) -> list[str] | None:
+        v = self.config.options.get(key)
+        if v is None:
+            return None
+        if isinstance(v, str):
+            return v.split()
+        if isinstance(v, list) and all(isinstance(x, str) for x in v):
+            return list(v)
+        raise ConfigError(f"runtime.options.{key} must be a command line (a string or a list)")
+
+    def _cwd(self, default: Path | None) -> Path | None:
+        cwd = self.config.options.get("cwd")
+        return Path(cwd) if cwd else default
+
+    async def start(self) -> None:
+        """Find Lean and set up the pool (processes start on first use). Idempotent."""
+        if self.pool is not None or self.oneshot is not None:
+            return
+        cfg = self.config
+        if cfg.mode == "repl":
+            cmd = self._option_command("repl_command")
+            cwd: Path | None = None
+            if cmd is None:
+                cmd, cwd = repl_command(find_project(cfg.lean_project))
+            spares = int(cfg.options.get("spares", 1))
+            self.pool = ReplPool(
+                PoolConfig(
+                    command=cmd,
+                    cwd=self._cwd(cwd),
+                    workers=self._workers(),
+                    spares=spares,
+                    timeout_s=cfg.timeout_s,
+                    memory_mb=cfg.memory_mb,
+                    recycle_after=cfg.recycle_after,
+                    recycle_memory_mb=cfg.recycle_memory_mb,
+                    isolate=cfg.isolate,
+                    startup_timeout_s=cfg.startup_timeout_s,
+                )
+            )
+            await self.pool.start()
+        else:
+            cmd = self._option_command("lean_command")
+            cwd = None
+            if cmd is None:
+                cmd, cwd = lean_command(find_project(cfg.lean_project))
+            self.oneshot = OneShotChecker(
+                cmd,
+                cwd=self._cwd(cwd),
+                workers=self._workers(),
+                timeout_s=cfg.timeout_s,
+                memory_mb=cfg.memory_mb,
+                isolate=cfg.isolate,
+            )
+            try:
+                await self.oneshot.start()
+            except OSError as e:
+                self.oneshot = None
+                raise LeanNotFoundError(f"cannot run {cmd[0]!r}: {e}") from e
+
+    async def close(self) -> None:
+        """Stop every Lean process. Idempotent."""
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+        if self.oneshot is not None:
+            await self.oneshot.close()
+            self.oneshot = None
+
+    async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
+        """One verdict per attempt, in order (starts the runtime if needed)."""
+        await self.start()
+        if self.pool is not None:
+            return await self.pool.check(attempts)
+        assert self.oneshot is not None
+        return await self.oneshot.check(attempts)
+
+    def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
+        """A REPL tactic-mode session under ``header``, pinned to one warm process."""
+        if self.config.mode != "repl":
+            return super().tactic_session(header)
+        return self._session(header)
+
+    @asynccontextmanager
+    async def _session(self, header: str) -> AsyncIterator[TacticSession]:
+        await self.start()
+        pool = self.pool
+        assert pool is not None
+        key = tuple(split_header(header)[0])
+        try:
+            worker = await pool._acquire(key)
+        except PoolError as e:
+            raise RuntimeUnavailable(f"no Lean process for this header: {e}") from e
+        session = LocalTacticSession(worker, header, self.config.timeout_s)
+        try:
+            yield session
+        finally:
+            if session.broken:
+                await pool._discard(key, worker)
+            else:
+                await pool._release(key, worker, healthy=True)
+
+
+class LocalTacticSession(TacticSession):
+    """A proof in progress in one REPL process. A timeout or crash ends the session: later
+    steps answer with an error instead of raising."""
+
+    def __init__(self, worker: ReplWorker, header: str, timeout_s: float) -> None:
+        self.worker = worker
+        self.header = header
+        self.timeout_s = timeout_s
+        self.broken: str | None = None
+
+    async def start(self, formal_statement: str, preamble: str = "") -> TacticState:
+        """Elaborate ``formal_statement`` with a ``sorry`` hole and return its goal."""
+        return await self._guard(
+            self.worker.tactic_start(self.header, formal_statement, preamble, self.timeout_s)
+        )
+
+    async def apply(self, proof_state: int, tactic: str) -> TacticState:
+        """Run ``tactic`` on ``proof_state``."""
+        return await self._guard(self.worker.tactic_apply(proof_state, tactic, self.timeout_s))
+
+    async def _guard(self, coro: object) -> TacticState:
+        if self.broken:
+            coro.close()  # type: ignore[attr-defined]
+            return TacticState(proof_state=None, error=f"session ended: {self.broken}")
+        try:
+            return await coro  # type: ignore[misc,no-any-return]
+        except ReplTimeout as e:
+            self.broken = f"timeout ({e})"
+        except ReplMemory as e:
+            self.broken = f"memory ({e})"
+        except (ReplDied, ProtocolError, OSError) as e:
+            self.broken = f"crash ({e})"
+        await self.worker.proc.kill()
+        return TacticState(proof_state=None, error=self.broken)

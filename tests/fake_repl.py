@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""FAKE Lean REPL for tests and benchmarks. It is NOT Lean and proves nothing.
+
+A stand-in child process that speaks the real REPL wire protocol (blank-line separated JSON on
+stdin/stdout, answers shaped like ``../shared/data/repl-transcripts``), so the pool, the worker
+and the runtime can be tested with real processes that answer, hang, crash or eat memory.
+
+Behaviour is chosen by directive lines inside a command's text::
+
+    -- fake: {"hang": true}              never answer (until killed)
+    -- fake: {"crash": true}             exit(3) without answering
+    -- fake: {"oom": true}               allocate memory without limit
+    -- fake: {"leak_mb": 50}             allocate 50 MiB, keep it, answer normally
+    -- fake: {"delay": 0.2}              sleep, then answer
+    -- fake: {"garbage": true}           answer with a block that is not JSON
+    -- fake: {"noise": true}             print a debug line before the answer
+    -- fake: {"messages": [...]}         answer with these messages
+    -- fake: {"check": {...}}            fields of the trusted check's report for this attempt
+
+Without directives a command succeeds; ``sorry`` in it yields a ``sorries`` entry and the
+"declaration uses `sorry`" warning, like real Lean. ``pickleTo`` writes the environment's text
+(JSON) to the path; ``#eval LeanrlCheck.run "<path>" "<name>" "<nonce>" ...`` reads it back and
+answers with a ``LEANRL-CHECK`` report (``status`` ``missing`` when ``theorem <name>`` is absent,
+``sorryAx`` among the axioms when the text says ``sorry``). Tactics: ``fail`` -> a ``Lean error``
+answer, ``bad`` -> an error message, ``hang``/``crash`` as above, ``done``/``rfl``/``simp`` ->
+``Completed``, anything else -> one more goal.
+
+Options: ``--load-time S`` seconds to sleep on the first (import) command, modelling
+``import Mathlib``; ``--pid-file F`` appends this process's pid to F.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+_DIRECTIVE = re.compile(r"--\s*fake:\s*(\{.*\})")
+_EVAL = re.compile(r'#eval LeanrlCheck\.run "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)" "([0-9a-f]+)"')
+_hoard: list[bytearray] = []
+
+
+def directives(text: str) -> dict:
+    out: dict = {}
+    for m in _DIRECTIVE.finditer(text):
+        out.update(json.loads(m.group(1)))
+    return out
+
+
+def pos_of(text: str, idx: int) -> dict:
+    line = text.count("\n", 0, idx) + 1
+    col = idx - (text.rfind("\n", 0, idx) + 1)
+    return {"line": line, "column": col}
+
+
+def eat_memory() -> None:
+    while True:
+        b = bytearray(32 * 1024 * 1024)
+        for i in range(0, len(b), 4096):
+            b[i] = 1
+        _hoard.append(b)
+
+
+def behave(d: dict) -> dict | None:
+    """Apply process-level directives; return a replacement answer when one is given."""
+    if d.get("crash"):
+        sys.exit(3)
+    if d.get("hang"):
+        while True:
+            time.sleep(3600)
+    if d.get("oom"):
+        eat_memory()
+    if d.get("leak_mb"):
+        b = bytearray(int(d["leak_mb"]) * 1024 * 1024)
+        for i in range(0, len(b), 4096):
+            b[i] = 1
+        _hoard.append(b)
+    if d.get("delay"):
+        time.sleep(float(d["delay"]))
+    if d.get("noise"):
+        sys.stdout.write("Processing incremental state [pos: 0..10]:\nsome text\n")
+    if d.get("garbage"):
+        return {"__garbage__": True}
+    return None
+
+
+class Fake:
+    def __init__(self, load_time: float) -> None:
+        self.load_time = load_time
+        self.envs: list[str] = []
+        self.states = 0
+
+    def new_env(self, text: str) -> int:
+        self.envs.append(text)
+        return len(self.envs) - 1
+
+    def command(self, req: dict) -> dict:
+        text = req["cmd"]
+        env = req.get("env")
+        if env is not None and not (0 <= env < len(self.envs)):
+            return {"message": "Unknown environment."}
+        if env is None:
+            time.sleep(self.load_time)  # the import
+        if text.startswith("#eval LeanrlCheck.run"):
+            return self.check(text)
+        d = directives(text)
+        replaced = behave(d)
+        if replaced is not None:
+            return replaced
+        full = (self.envs[env] + "\n" if env is not None else "") + text
+        out: dict = {}
+        sorries, messages = [], list(d.get("messages", []))
+        for m in re.finditer(r"\bsorry\b", text):
+            p = pos_of(text, m.start())
+            end = {"line": p["line"], "column": p["column"] + 5}
+            sorries.append({"proofState": self.states, "pos": p, "goal": "⊢ P", "endPos": end})
+            self.states += 1
+        if sorries:
+            decl = re.search(r"\b(theorem|lemma|def|example)\s+(\S*)", text)
+            p = pos_of(text, decl.start(2)) if decl else {"line": 1, "column": 0}
+            messages.append(
+                {"severity": "warning", "pos": p, "endPos": p, "data": "declaration uses `sorry`"}
+            )
+        if sorries:
+            out["sorries"] = sorries
+        if messages:
+            out["messages"] = messages
+        out["env"] = self.new_env(full)
+        return out
+
+    def check(self, text: str) -> dict:
+        m = _EVAL.match(text)
+        if not m:
+            return {"messages": [{"severity": "error", "data": "bad check"}], "env": 0}
+        path, name, nonce = m.group(1), m.group(2), m.group(3)
+        with open(path, encoding="utf-8") as f:
+            attempt = json.load(f)["text"]
+        d = directives(attempt)
+        found = re.search(rf"\btheorem\s+{re.escape(name)}\b", attempt)
+        report = {
+            "nonce": nonce,
+            "status": "ok" if found else "missing",
+            "detail": "" if found else f"no declaration named {name}",
+            "kind": "theorem" if found else "missing",
+            "ref_kind": "theorem",
+            "axioms": ["propext"] + (["sorryAx"] if re.search(r"\bsorry\b", attempt) else []),
+            "constants": [name] if found else [],
+            "replayed": " true\n" in text or text.rstrip().endswith("true"),
+        }
+        report.update(d.get("check", {}))
+        data = "LEANRL-CHECK " + json.dumps(report)
+        p = {"line": 1, "column": 0}
+        msg = {"severity": "info", "pos": p, "endPos": {"line": 1, "column": 5}, "data": data}
+        return {"messages": [msg], "env": self.new_env(text)}
+
+    def tactic(self, req: dict) -> dict:
+        t, ps = req["tactic"], req["proofState"]
+        if not (0 <= ps < max(self.states, 1)):
+            return {"message": "Unknown proof state."}
+        if "crash" in t:
+            sys.exit(3)
+        if "hang" in t:
+            while True:
+                time.sleep(3600)
+        if t.strip() == "fail":
+            return {"message": "Lean error:\n<input>:1:1: unknown tactic"}
+        new = self.states
+        self.states += 1
+        if t.strip() == "bad":
+            p = {"line": 0, "column": 0}
+            err = {"severity": "error", "pos": p, "endPos": p, "data": "Unknown identifier `x`"}
+            return {
+                "proofStatus": "Incomplete: contains sorry",
+                "proofState": new,
+                "messages": [err],
+                "goals": [],
+            }
+        if t.strip() in {"done", "rfl", "simp"}:
+            return {"proofStatus": "Completed", "proofState": new, "goals": []}
+        return {"proofStatus": "Incomplete: open goals remain", "proofState": new, "goals": ["⊢ Q"]}
+
+    def pickle(self, req: dict) -> dict:
+        env = req["env"]
+        if not (0 <= env < len(self.envs)):
+            return {"message": "Unknown environment."}
+        with open(req["pickleTo"], "w", encoding="utf-8") as f:
+            json.dump({"text": self.envs[env]}, f)
+        return {"env": env}
+
+    def handle(self, req: dict) -> dict:
+        if "tactic" in req:
+            return self.tactic(req)
+        if "pickleTo" in req:
+            return self.pickle(req)
+        if "unpickleEnvFrom" in req:
+            with open(req["unpickleEnvFrom"], encoding="utf-8") as f:
+                return {"env": self.new_env(json.load(f)["text"])}
+        return self.command(req)
+
+
+def read_query() -> str | None:
+    lines = []
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return "".join(lines) if lines else None
+        if not line.strip():
+            if lines:
+                return "".join(lines)
+            continue
+        lines.append(line.rstrip("\n"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--load-time", type=float, default=0.0)
+    ap.add_argument("--pid-file", default=None)
+    args = ap.parse_args()
+    if args.pid_file:
+        with open(args.pid_file, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
+    fake = Fake(args.load_time)
+    while True:
+        q = read_query()
+        if q is None:
+            return
+        if q.startswith("#") or q.startswith("--"):
+            continue
+        ans = fake.handle(json.loads(q))
+        if ans.get("__garbage__"):
+            sys.stdout.write("{this is not json\n\n")
+        else:
+            sys.stdout.write(json.dumps(ans, indent=1, ensure_ascii=False) + "\n\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
