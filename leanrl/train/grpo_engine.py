@@ -1,0 +1,408 @@
+"""The torch side of GRPO: the model, the optimizer, one optimisation step, checkpoints.
+
+:class:`GRPOEngine` owns everything with weights in it. :mod:`leanrl.train.grpo` drives it:
+``load`` -> ``make_generation_policy`` -> per step ``sync_generation_weights``, ``make_samples``,
+``train_step``, ``save_checkpoint``. The loss itself is the pure functions of
+:mod:`leanrl.train.rl`; see :mod:`leanrl.train.grpo` for the objective.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from leanrl.errors import ConfigError, PolicyError
+from leanrl.policy import Policy
+from leanrl.rollout import Rollout
+from leanrl.train.common import RunDir
+from leanrl.train.hf_policy import TrainPolicy
+from leanrl.train.rl import aggregate, clipped_token_loss, group_advantages, kl_k3, token_logprobs
+
+if TYPE_CHECKING:
+    from leanrl.train.grpo import GRPOConfig, _Batch, _Sample
+
+__all__ = ["GRPOEngine"]
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class GRPOEngine:
+    """Model + optimizer + schedule. ``step`` counts finished trainer steps (= weights version)."""
+
+    def __init__(self, config: GRPOConfig, run: RunDir) -> None:
+        self.config = config
+        self.run = run
+        self.step = 0
+        self.gen_version = 0
+        self.weights_lock = threading.Lock()
+        self.model: Any = None
+        self.ref_model: Any = None
+        self.tokenizer: Any = None
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.device = torch.device("cpu")
+        self.autocast: torch.dtype | None = None
+        self.source = config.policy.model
+        self.gen_policy: Policy | None = None
+        self._gen_copy = False
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def load(self, resumed: bool) -> None:
+        """Load the model (from the newest checkpoint when resuming) and the optimizer state."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        dev = cfg.policy.device
+        if dev == "auto":
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(dev)
+        precision = cfg.precision
+        if precision == "auto":
+            precision = "bf16-mixed" if self.device.type == "cuda" else "fp32"
+        if precision in ("bf16-mixed",) and self.device.type != "cuda":
+            raise ConfigError(
+                "precision 'bf16-mixed' needs a CUDA device; use 'fp32' (or 'bf16') on the CPU"
+            )
+        self.autocast = torch.bfloat16 if precision == "bf16-mixed" else None
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+
+        ckpt = self.run.latest_checkpoint() if resumed else None
+        if resumed and ckpt is None:
+            self.run.truncate_metrics(0)  # killed before the first checkpoint: start over
+        self.source = str(ckpt[1]) if ckpt else cfg.policy.model
+        opts = dict(cfg.policy.options)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.source)
+            self.model = AutoModelForCausalLM.from_pretrained(self.source, dtype=dtype, **opts)
+        except OSError as e:
+            raise PolicyError(f"cannot load model {self.source!r}: {e}") from e
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model.to(self.device)
+        self.model.train()
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        if cfg.beta > 0:  # the reference is always the starting model, also on resume
+            ref: Any = AutoModelForCausalLM.from_pretrained(cfg.policy.model, dtype=dtype, **opts)
+            self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=cfg.adam_betas,
+            weight_decay=cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        if ckpt is not None:
+            _, path = ckpt
+            blob = torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
+            self.optimizer.load_state_dict(blob["optimizer"])
+            self.scheduler.load_state_dict(blob["scheduler"])
+            torch.set_rng_state(blob["torch_rng"])
+            random.setstate(blob["python_rng"])
+            self.step = int(RunDir.load_state(path)["step"])
+            self.run.truncate_metrics(self.step)
+        self.gen_version = self.step
+
+    def _lr_factor(self, step: int) -> float:
+        """LR multiplier at trainer step ``step``: linear warm-up, then the schedule."""
+        cfg = self.config
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        span = max(cfg.steps - cfg.warmup_steps, 1)
+        frac = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+        if cfg.lr_schedule == "linear":
+            return 1.0 - frac
+        return 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    async def make_generation_policy(self) -> Policy:
+        """The policy that samples rollouts, over the weights being trained."""
+        cfg = self.config
+        backend = cfg.policy.backend
+        if backend == "hf":
+            model = self.model
+            if cfg.async_generation:  # generation must not see half-updated weights
+                model = copy.deepcopy(self.model).eval().requires_grad_(False)
+                self._gen_copy = True
+            self.gen_policy = TrainPolicy(
+                cfg.policy, model, self.tokenizer, autocast_dtype=self.autocast
+            )
+        elif backend == "vllm":
+            from leanrl.train.vllm_sync import VLLMTrainPolicy
+
+            pol = VLLMTrainPolicy(cfg.policy.model_copy(update={"model": self.source}))
+            await pol.start()
+            self.gen_policy = pol
+        else:
+            raise ConfigError(
+                f"GRPO cannot train through the {backend!r} backend (it cannot receive new "
+                "weights); use --policy.backend hf or vllm"
+            )
+        return self.gen_policy
+
+    def sync_generation_weights(self) -> None:
+        """Bring the generation weights up to the trained ones (no-op when they are shared)."""
+        if self.gen_version == self.step or self.gen_policy is None:
+            return
+        version = self.step
+        pol = self.gen_policy
+        if isinstance(pol, TrainPolicy):
+            if self._gen_copy:
+                with self.weights_lock, pol.lock, torch.no_grad():
+                    for dst, src in zip(
+                        pol.model.parameters(), self.model.parameters(), strict=True
+                    ):
+                        dst.copy_(src)
+        else:
+            with self.weights_lock, torch.no_grad():
+                pol.push_weights(iter(self.model.named_parameters()))  # type: ignore[attr-defined]
+        self.gen_version = version
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def make_samples(self, groups: Sequence[Sequence[Rollout]]) -> list[_Sample]:
+        """Sequences with advantages for the kept groups (advantage per group, step 3)."""
+        from leanrl.train.grpo import _Sample
+
+        cfg = self.config
+        if not groups:
+            return []
+        rewards = torch.tensor([[r.reward for r in g] for g in groups])  # [B, G]
+        adv = group_advantages(rewards, cfg.scale_rewards)  # [B, G]
+        out: list[_Sample] = []
+        for g, row in zip(groups, adv.tolist(), strict=True):
+            for r, a in zip(g, row, strict=True):
+                ids, mask, lps = r.token_ids_and_mask()
+                if not ids:
+                    continue
+                if sum(mask) and not any(t.completion_ids for t in r.turns):
+                    raise PolicyError("rollouts carry no token ids: GRPO needs them")
+                prompt = list(r.prompt_ids) or self._prompt_ids(r)
+                if cfg.mask_truncated and r.truncated:
+                    mask = [0] * len(mask)
+                old = [lp if lp is not None else math.nan for lp in lps]
+                out.append(_Sample(prompt=prompt, resp=list(ids), mask=mask, old=old, adv=a))
+        return out
+
+    def _prompt_ids(self, r: Rollout) -> list[int]:
+        pol = TrainPolicy(self.config.policy, self.model, self.tokenizer)
+        return pol.prompt_ids(r.prompt)
+
+    # -- one optimisation step ------------------------------------------------------------------
+
+    def train_step(self, batch: _Batch) -> dict[str, Any]:
+        """ppo_epochs × minibatches optimizer steps on one batch; returns the step's metrics."""
+        cfg = self.config
+        samples = [s for s in batch.samples if any(s.mask)]
+        lr = self.optimizer.param_groups[0]["lr"]
+        if not samples:  # every group equal (or masked): nothing to learn, but time moves on
+            self.scheduler.step()
+            self.step += 1
+            return {"loss": None, "kl": None, "entropy": None, "clip_frac": None, "lr": lr,
+                    "grad_norm": None, "skipped": True}  # fmt: skip
+        need_old = cfg.old_logprobs == "recompute" or any(
+            math.isnan(o) for s in samples for o, m in zip(s.old, s.mask, strict=True) if m
+        )
+        if need_old:
+            if cfg.async_generation:
+                raise PolicyError(
+                    "async GRPO needs the sampler's log-probs, but the policy returned none"
+                )
+            self._fill_logprobs(samples, self.model, "old")
+        if self.ref_model is not None:
+            self._fill_logprobs(samples, self.ref_model, "ref")
+
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch.step)
+        norm_len = cfg.norm_len or cfg.sampling.max_tokens * (
+            cfg.env.harness.max_turns if cfg.env.harness.name == "tactic-loop" else 1
+        )
+        acc = {"loss": 0.0, "kl": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0, "tok": 0.0}
+        grad_norms: list[float] = []
+        updates = 0
+        for epoch in range(cfg.ppo_epochs):
+            order = torch.randperm(len(samples), generator=gen).tolist()
+            for mb_idx in _split(order, cfg.minibatches):
+                mb = [samples[i] for i in mb_idx]
+                if not mb:
+                    continue
+                n_tokens = sum(sum(s.mask) for s in mb)
+                n_seqs = len(mb)
+                mb_loss = 0.0
+                for lo in range(0, len(mb), cfg.micro_batch_size):
+                    micro = mb[lo : lo + cfg.micro_batch_size]
+                    mb_loss += self._micro_step(micro, epoch == 0, n_seqs, n_tokens, norm_len, acc)
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                grad_norms.append(float(gn))
+                with self.weights_lock:
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                acc["loss"] += mb_loss
+                updates += 1
+        self.scheduler.step()
+        self.step += 1
+        tok = max(acc["tok"], 1.0)
+        return {
+            "loss": acc["loss"] / max(updates, 1),
+            "kl": acc["kl"] / tok if cfg.beta > 0 else None,
+            "entropy": acc["ent"] / max(acc["ent_n"], 1.0),
+            "clip_frac": acc["clip"] / tok,
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else None,
+            "lr": lr,
+            "optimizer_steps": updates,
+            "skipped": False,
+        }
+
+    def _micro_step(
+        self,
+        micro: list[_Sample],
+        want_entropy: bool,
+        n_seqs: int,
+        n_tokens: int,
+        norm_len: int,
+        acc: dict[str, float],
+    ) -> float:
+        """Forward + backward of one micro-batch; returns its share of the mini-batch loss."""
+        cfg = self.config
+        logits, targets = self._forward(micro, self.model)  # [n, R, V], [n, R]
+        temp = cfg.sampling.temperature or 1.0
+        logp = token_logprobs(logits, targets, temp)  # [n, R]
+        mask = _right_aligned([s.mask for s in micro], logp.shape[1], 0.0, logp.device)
+        old = _right_aligned([s.old for s in micro], logp.shape[1], 0.0, logp.device)
+        old = torch.where(mask > 0, old, logp.detach())  # unmasked slots: ratio 1, no NaN
+        adv = torch.tensor([s.adv for s in micro], device=logp.device)  # [n]
+        per_tok, clipped = clipped_token_loss(logp, old, adv, cfg.eps_low, cfg.eps_high)
+        if self.ref_model is not None:
+            ref = _right_aligned([s.ref or [] for s in micro], logp.shape[1], 0.0, logp.device)
+            kl = kl_k3(logp, torch.where(mask > 0, ref, logp.detach()))
+            per_tok = per_tok + cfg.beta * kl
+            acc["kl"] += float((kl.detach() * mask).sum())
+        loss = aggregate(
+            per_tok, mask, cfg.loss_agg, n_seqs=n_seqs, n_tokens=n_tokens, norm_len=norm_len
+        )
+        loss.backward()
+        acc["clip"] += float((clipped * mask).sum())
+        acc["tok"] += float(mask.sum())
+        if want_entropy:
+            with torch.no_grad():
+                lp_all = torch.log_softmax(logits.detach().float() / temp, dim=-1)
+                ent = -(lp_all.exp() * lp_all).sum(-1)  # [n, R]
+                acc["ent"] += float((ent * mask).sum())
+                acc["ent_n"] += float(mask.sum())
+        return float(loss.detach())
+
+    def _forward(self, micro: list[_Sample], model: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits predicting each response token. Left padding puts every response at the right
+        edge, so only the last R+1 positions need logits (``logits_to_keep``)."""
+        pad = self.tokenizer.pad_token_id or 0
+        seqs = [s.prompt + s.resp for s in micro]
+        width = max(len(x) for x in seqs)  # L
+        r_max = max(len(s.resp) for s in micro)  # R
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for k, x in enumerate(seqs):
+            ids[k, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+            attn[k, width - len(x) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # same convention as generation
+        ctx: Any = (
+            torch.autocast(device_type="cuda", dtype=self.autocast)
+            if self.autocast is not None
+            else _Null()
+        )
+        with ctx:
+            out = model(
+                input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=r_max + 1
+            )
+        logits = out.logits[:, :-1, :]  # [n, R, V]: position j predicts token j+1
+        return logits, ids[:, width - r_max :]
+
+    @torch.no_grad()
+    def _fill_logprobs(self, samples: list[_Sample], model: Any, which: str) -> None:
+        """No-grad log-probs of every response token under ``model`` (old or reference)."""
+        temp = self.config.sampling.temperature or 1.0
+        was = model.training
+        model.eval()
+        try:
+            for lo in range(0, len(samples), self.config.micro_batch_size):
+                micro = samples[lo : lo + self.config.micro_batch_size]
+                logits, targets = self._forward(micro, model)
+                lp = token_logprobs(logits, targets, temp).cpu()  # [n, R]
+                for k, s in enumerate(micro):
+                    vals = lp[k, lp.shape[1] - len(s.resp) :].tolist()
+                    if which == "old":
+                        s.old = vals
+                    else:
+                        s.ref = vals
+        finally:
+            model.train(was)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self, row: dict[str, Any]) -> Path:
+        """HF model folder + trainer_state.json + optimizer.pt (optimizer, schedule, RNG)."""
+
+        def extra(folder: Path) -> None:
+            torch.save(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "python_rng": random.getstate(),
+                },
+                folder / OPTIMIZER_FILE,
+            )
+
+        state = {
+            "trainer": "grpo",
+            "policy_version": self.step,
+            "optimizer_file": OPTIMIZER_FILE,
+            "base_model": self.config.policy.model,
+            "reward_mean": row.get("reward_mean"),
+        }
+        with self.weights_lock:
+            return self.run.save_checkpoint(
+                self.step,
+                self.model,
+                self.tokenizer,
+                state,
+                keep=self.config.keep_checkpoints,
+                extra=extra,
+            )
+
+
+def _split(order: list[int], parts: int) -> list[list[int]]:
+    """``order`` cut into ``parts`` contiguous pieces whose sizes differ by at most one."""
+    n = len(order)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [order[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+def _right_aligned(
+    rows: Sequence[Sequence[float]], width: int, fill: float, device: torch.device
+) -> torch.Tensor:
+    """Rows padded on the left to ``width`` (responses end at the right edge). [n, width]."""
+    out = torch.full((len(rows), width), fill, dtype=torch.float32)
+    for k, row in enumerate(rows):
+        if row:
+            out[k, width - len(row) :] = torch.tensor(row, dtype=torch.float32)
+    return out.to(device)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
