@@ -70,6 +70,7 @@ class EnvsCommand(BaseModel):
 _COMMANDS: dict[str, str] = {
     "envs": "leanrl.cli:EnvsCommand",
     "serve": "leanrl.service.cli:ServeCommand",
+    "eval": "leanrl.eval.cli:EvalCommand",
 }
 # -------------------------------------------------------------------------------------------------
 
@@ -199,6 +200,8 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
             next(it, None)
         elif a.startswith("--env=") and not a[6:].lstrip().startswith("{"):
             out += ["--env.id", a[6:]]
+        elif a == "--k" or a.startswith("--k="):  # one-letter fields are `-k` to argparse
+            out += ["-k", a[4:]] if a.startswith("--k=") else ["-k"]
         else:
             out.append(a)
     return out

@@ -1,0 +1,83 @@
+"""``leanrl eval``: the command-line face of :func:`leanrl.eval.run_eval`.
+
+Imports nothing heavy at module level (the CLI lists every command at start-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from leanrl.config import ConfigCommand, validate
+from leanrl.eval.config import EvalConfig
+
+__all__ = ["EvalCommand"]
+
+
+class EvalCommand(ConfigCommand, EvalConfig):
+    """Evaluate a model on an environment: pass@k, every attempt in results.jsonl, a report.
+
+    Example: leanrl eval --env minif2f --model AI-MO/Kimina-Prover-Distill-1.7B
+    --env.harness.prompt_format kimina --samples 8 --k 1,8 --limit 8. Rerun the same command to
+    resume an interrupted run.
+    """
+
+    model: str | None = None
+    """Shortcut for --policy.model: a local model folder, a Hugging Face id, or (with --backend
+    openai) the served model name."""
+    backend: Literal["hf", "openai", "vllm"] | None = None
+    """Shortcut for --policy.backend (hf: transformers, openai: an OpenAI-compatible server,
+    vllm: in-process vLLM)."""
+    harness: str | None = None
+    """Shortcut for --env.harness.name (whole-proof or tactic-loop)."""
+    runtime: str | None = None
+    """Shortcut for --env.runtime.name (local, docker, modal)."""
+    limit: int | None = Field(default=None, ge=1)
+    """Shortcut for --env.taskset.limit: evaluate only the first N tasks."""
+    print_json: bool = False
+    """Print the summary as JSON on stdout instead of the pass@k table."""
+
+    def to_eval_config(self) -> EvalConfig:
+        """The EvalConfig this command describes (TOML file < flags, shortcuts applied)."""
+        cmd = self.resolved()
+        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
+        for key in ("config", "model", "backend", "harness", "runtime", "limit", "print_json"):
+            data.pop(key, None)
+        shortcuts = {
+            ("policy", "model"): cmd.model,
+            ("policy", "backend"): cmd.backend,
+            ("env", "harness", "name"): cmd.harness,
+            ("env", "runtime", "name"): cmd.runtime,
+            ("env", "taskset", "limit"): cmd.limit,
+        }
+        for path, value in shortcuts.items():
+            if value is None:
+                continue
+            node = data
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+        return validate(EvalConfig, data, "eval config")
+
+    def cli_cmd(self) -> None:
+        from leanrl.eval.runner import run_eval
+
+        config = self.to_eval_config()
+        summary = asyncio.run(run_eval(config))
+        if self.print_json:
+            print(json.dumps(summary, indent=2, default=str))
+            return
+        table = summary["results"]["pass_at_k"]
+        ks = summary["ks"]
+        print(f"results in {summary['out']}")
+        for name in ["all", *sorted(k for k in table if k != "all")]:
+            row = table[name]
+            cells = "  ".join(
+                f"pass@{k}={100 * row[f'pass@{k}']:.1f}%" for k in ks if f"pass@{k}" in row
+            )
+            print(f"  {name:<16} tasks={row['tasks']:<4} {cells}")
+        print(f"report: {Path(summary['out']) / 'report.md'}")

@@ -1,0 +1,114 @@
+"""EvalConfig: everything one evaluation run needs, as one validated config tree."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from leanrl.environment import EnvironmentConfig
+from leanrl.errors import ConfigError
+from leanrl.policy import PolicyConfig, SamplingConfig
+
+__all__ = ["EvalConfig"]
+
+# Settings that change neither which attempts are made nor what they produce: a run may be
+# resumed with different values (a longer `limit` extends a run, other `k`s re-report it).
+_NOT_FINGERPRINTED: tuple[tuple[str, ...], ...] = (
+    ("out",),
+    ("k",),
+    ("progress",),
+    ("pipeline_depth",),
+    ("env", "taskset", "limit"),
+    ("env", "runtime", "workers"),
+    ("env", "runtime", "startup_timeout_s"),
+    ("policy", "max_concurrency"),
+    ("policy", "request_timeout_s"),
+    ("policy", "max_retries"),
+    ("policy", "base_url"),
+    ("policy", "device"),
+)
+
+
+class EvalConfig(BaseModel):
+    """One evaluation: an environment, a model, how many samples per task, and where to write."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    env: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    """The environment (``--env minif2f``) and its taskset, harness and runtime settings."""
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """The model and its backend."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling parameters (``n`` is set from ``samples``)."""
+    samples: int = Field(default=1, ge=1)
+    """Attempts per task (the n of pass@k)."""
+    k: list[int] | None = None
+    """The k values to report (``--k 1,8,32``). Default: 1 and ``samples``. Every k from 1 to
+    ``samples`` is computed for the plot either way."""
+    out: Path | None = None
+    """Output folder (results.jsonl, summary.json, report.md). Default:
+    ``runs/<env>-<model>-<harness>``. Rerunning the same command resumes it."""
+    chunk_tasks: int = Field(default=8, ge=1)
+    """Tasks per chunk: one ``generate`` call and one ``check`` call. Each chunk has its own
+    seed, derived from ``sampling.seed``, so a resumed chunk replays the same samples."""
+    pipeline_depth: int = Field(default=2, ge=1)
+    """Chunks in flight at once. 2 overlaps generation of chunk i+1 with verification of chunk
+    i; 1 runs them one after the other; more helps when verification is the slower part."""
+    progress: bool = True
+    """Show a progress bar (tasks done, attempts/s, pass rate so far) on stderr."""
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _parse_k(cls, v: Any) -> Any:
+        # "1,8,32" from the command line or a TOML string; a list from TOML.
+        if isinstance(v, str):
+            try:
+                return [int(x) for x in re.split(r"[,\s]+", v.strip()) if x]
+            except ValueError:
+                raise ValueError(f"k must be integers like 1,8,32, got {v!r}") from None
+        if isinstance(v, int):
+            return [v]
+        return v
+
+    def check(self) -> None:
+        """Cross-field checks, with messages that say what to change."""
+        ks = self.ks
+        bad = [k for k in ks if k < 1 or k > self.samples]
+        if bad:
+            raise ConfigError(
+                f"k={bad} is larger than samples={self.samples} (or below 1): pass@k needs at "
+                f"least k samples per task. Raise --samples to {max(ks)} or drop those k."
+            )
+
+    @property
+    def ks(self) -> list[int]:
+        """The k values to report, sorted."""
+        return sorted(set(self.k or [1, self.samples]))
+
+    @property
+    def out_dir(self) -> Path:
+        """The output folder (the configured one, or the default under ``runs/``)."""
+        if self.out is not None:
+            return Path(self.out).expanduser()
+        model = re.sub(r"[^\w.\-]+", "_", Path(self.policy.model.rstrip("/")).name or "model")
+        return Path("runs") / f"{self.env.id.split(':')[-1]}-{model}-{self.env.harness.name}"
+
+    def fingerprint_data(self) -> dict[str, Any]:
+        """The settings that decide which attempts are made and what they produce."""
+        data = self.model_dump(mode="json")
+        for path in _NOT_FINGERPRINTED:
+            node = data
+            for key in path[:-1]:
+                node = node.get(key, {})
+            node.pop(path[-1], None)
+        return data
+
+    def fingerprint(self) -> str:
+        """A short hash of :meth:`fingerprint_data` (refuses resuming a different run)."""
+        blob = json.dumps(self.fingerprint_data(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,143 @@
+"""summary.json, report.md and the pass@k plot, computed from results.jsonl."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from leanrl.eval.passk import pass_at_k_table
+
+__all__ = ["package_versions", "summarize", "write_report"]
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of leanrl and the libraries that shape the samples (read, not imported)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in ("leanrl", "torch", "transformers", "vllm", "httpx"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    task_ids: Sequence[str],
+    categories: Mapping[str, str | None],
+    samples: int,
+    ks: Sequence[int],
+) -> dict[str, Any]:
+    """The pass@k tables (reported ks, and every k up to ``samples`` for the curve)."""
+    wanted = set(task_ids)
+    counts: dict[str, list[int]] = {t: [0, 0] for t in task_ids}
+    reasons: Counter[str] = Counter()
+    gen_tokens = 0
+    for r in records:
+        if r["task_id"] not in wanted or r["sample"] >= samples:
+            continue
+        c = counts[r["task_id"]]
+        c[0] += 1
+        c[1] += 1 if r.get("accepted") else 0
+        reasons[str(r.get("verdict", {}).get("reason", "?"))] += 1
+        gen_tokens += int(r.get("completion_tokens", 0))
+    complete = {t: (n, c) for t, (n, c) in counts.items() if n >= samples}
+    return {
+        "tasks": len(task_ids),
+        "tasks_complete": len(complete),
+        "attempts": sum(n for n, _ in counts.values()),
+        "accepted": sum(c for _, c in counts.values()),
+        "solved": sum(1 for _, c in counts.values() if c > 0),
+        "generated_tokens": gen_tokens,
+        "reasons": dict(reasons.most_common()),
+        "pass_at_k": pass_at_k_table(complete, ks, categories),
+        "pass_at_k_curve": pass_at_k_table(complete, range(1, samples + 1), categories),
+        "solved_tasks": sorted(t for t, (_, c) in complete.items() if c > 0),
+    }
+
+
+def write_report(out: Path, summary: Mapping[str, Any], plot: bool = True) -> None:
+    """Write summary.json, report.md and (when matplotlib is there) pass_at_k.png."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    png = out / "pass_at_k.png"
+    has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png)
+    (out / "report.md").write_text(_markdown(summary, png.name if has_plot else None))
+
+
+def _plot(curve: Mapping[str, Mapping[str, float | int]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ranked = sorted(curve.items(), key=lambda kv: (kv[0] != "all", -int(kv[1]["tasks"])))
+    for name, row in ranked[:9]:
+        pts = sorted((int(k[5:]), float(v)) for k, v in row.items() if k.startswith("pass@"))
+        if not pts:
+            continue
+        xs, ys = zip(*pts, strict=True)
+        style = {"linewidth": 2.5, "color": "black"} if name == "all" else {"alpha": 0.8}
+        ax.plot(xs, [100 * y for y in ys], marker="o", markersize=3, label=name, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples)")
+    ax.set_ylabel("pass@k (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _markdown(s: Mapping[str, Any], png: str | None) -> str:
+    cfg, res, ver = s["config"], s["results"], s["versions"]
+    ks = s["ks"]
+    lines = [
+        f"# Evaluation: {cfg['env']['id']} with {cfg['policy']['model']}",
+        "",
+        f"- harness: `{cfg['env']['harness']['name']}` (prompt format "
+        f"`{cfg['env']['harness']['prompt_format']}`), runtime: `{cfg['env']['runtime']['name']}`",
+        f"- backend: `{cfg['policy']['backend']}`, samples per task: {cfg['samples']}, "
+        f"temperature {cfg['sampling']['temperature']}, top_p {cfg['sampling']['top_p']}, "
+        f"max_tokens {cfg['sampling']['max_tokens']}, seed {cfg['sampling']['seed']}",
+        f"- tasks: {res['tasks']} ({res['tasks_complete']} complete), attempts: "
+        f"{res['attempts']}, accepted: {res['accepted']}, solved tasks: {res['solved']}",
+        f"- Lean: {ver.get('lean_toolchain')}, Mathlib: {ver.get('mathlib_rev')}, leanrl "
+        f"{ver.get('leanrl')}, model revision: {ver.get('model_revision')}",
+        "",
+        "## pass@k",
+        "",
+        "| group | tasks | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+        "|---|---:|" + "---:|" * len(ks),
+    ]
+    table = res["pass_at_k"]
+    order = ["all", *sorted(k for k in table if k != "all")]
+    for name in order:
+        row = table[name]
+        cells = [f"{100 * row[f'pass@{k}']:.1f}%" if f"pass@{k}" in row else "-" for k in ks]
+        label = "**all**" if name == "all" else name
+        lines.append(f"| {label} | {row['tasks']} | " + " | ".join(cells) + " |")
+    lines += ["", "pass@k uses the unbiased estimator of Chen et al. (2021).", ""]
+    if png:
+        lines += [f"![pass@k]({png})", ""]
+    lines += ["## Why attempts failed", "", "| verdict | attempts |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in res["reasons"].items()]
+    t = s.get("timing", {})
+    if t:
+        lines += [
+            "",
+            "## Time",
+            "",
+            f"- wall time of the last invocation: {t.get('wall_s', 0):.1f} s, "
+            f"{t.get('attempts_per_s', 0):.2f} attempts/s",
+        ]
+    return "\n".join(lines) + "\n"

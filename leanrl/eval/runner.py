@@ -1,0 +1,264 @@
+"""The eval runner: chunks of tasks through the harness, pipelined, resumable, reported.
+
+Work is cut into chunks of ``chunk_tasks`` tasks (all their samples). Up to ``pipeline_depth``
+chunks are in flight: while Lean checks chunk i, the model generates chunk i+1 (the ``hf`` and
+``vllm`` policies serialize generation themselves, the runtime bounds its own workers). Every
+attempt is written to ``results.jsonl`` as soon as its chunk is verified; a rerun skips what is
+there and redoes the rest with the same per-chunk seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from leanrl.environment import Environment, load_environment
+from leanrl.errors import ConfigError
+from leanrl.eval.config import EvalConfig
+from leanrl.eval.report import package_versions, summarize, write_report
+from leanrl.eval.store import ResultStore
+from leanrl.policy import Policy
+from leanrl.rollout import Rollout
+from leanrl.task import Task
+
+__all__ = ["chunk_seed", "run_eval", "run_eval_sync"]
+
+
+def chunk_seed(seed: int | None, chunk: int) -> int | None:
+    """The sampling seed of chunk ``chunk`` (fixed by the config, so resumes replay it)."""
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + chunk * 7_919) % (2**31 - 1)
+
+
+async def run_eval(
+    config: EvalConfig,
+    *,
+    env: Environment | None = None,
+    policy: Policy | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) an evaluation; return the summary also written to ``summary.json``.
+
+    ``env`` and ``policy`` may be passed in ready-made (notebooks, tests); otherwise they are
+    built from the config. Bad input fails here, before any model or Lean process starts.
+    """
+    config.check()
+    env = env or load_environment(config.env)
+    harness, runtime = env.harness, env.runtime  # unknown ids fail here, listing known ones
+    if policy is None:
+        policy = _make_policy(config)
+    tasks = env.tasks()
+    if not tasks:
+        raise ConfigError(
+            f"no tasks to evaluate in {config.env.id!r} with the taskset filters given "
+            "(split/names/pattern/limit)"
+        )
+    store = ResultStore(config.out_dir)
+    command = shlex.join(sys.argv) if sys.argv and sys.argv[0] else ""
+    store.open(config.fingerprint(), config.fingerprint_data(), command)
+    n = config.samples
+    chunks = [tasks[i : i + config.chunk_tasks] for i in range(0, len(tasks), config.chunk_tasks)]
+    pending = [
+        i
+        for i, ch in enumerate(chunks)
+        if any(not store.has((t.id, s)) for t in ch for s in range(n))
+    ]
+    t_start = time.perf_counter()
+    new = 0
+    versions: dict[str, Any] = {}
+    try:
+        if pending:
+            await runtime.start()  # a missing Lean project fails here, before the model loads
+            await policy.start()
+            progress = _Progress(config, tasks, store)
+            sem = asyncio.Semaphore(config.pipeline_depth)
+
+            async def one(i: int) -> int:
+                async with sem:
+                    sampling = config.sampling.model_copy(
+                        update={"n": n, "seed": chunk_seed(config.sampling.seed, i)}
+                    )
+                    groups = await harness.run(chunks[i], policy, runtime, sampling, env.taskset)
+                written = store.append(
+                    _record(t, r, i) for t, g in zip(chunks[i], groups, strict=True) for r in g
+                )
+                progress.update(chunks[i], written)
+                return written
+
+            jobs = [asyncio.ensure_future(one(i)) for i in pending]
+            try:
+                new = sum(await asyncio.gather(*jobs))
+            finally:
+                for j in jobs:
+                    j.cancel()
+                progress.close()
+        versions = await _versions(config, env, runtime)
+    finally:
+        store.close()
+        if pending:
+            await runtime.close()
+            await policy.close()
+    wall = time.perf_counter() - t_start
+    summary = {
+        "out": str(config.out_dir),
+        "fingerprint": config.fingerprint(),
+        "ks": config.ks,
+        "config": config.model_dump(mode="json"),
+        "versions": versions,
+        "results": summarize(
+            list(store.records.values()),
+            [t.id for t in tasks],
+            {t.id: t.category for t in tasks},
+            n,
+            config.ks,
+        ),
+        "timing": {
+            "wall_s": wall,
+            "attempts_this_run": new,
+            "attempts_per_s": new / wall if wall > 0 else 0.0,
+        },
+    }
+    write_report(config.out_dir, summary)
+    return summary
+
+
+def run_eval_sync(config: EvalConfig, **kw: Any) -> dict[str, Any]:
+    """Blocking :func:`run_eval` (scripts; inside Jupyter it runs on a worker thread)."""
+    from leanrl.runtime import run_sync
+
+    result: dict[str, Any] = run_sync(run_eval(config, **kw))
+    return result
+
+
+def _make_policy(config: EvalConfig) -> Policy:
+    from leanrl.policies import make_policy
+    from leanrl.policies._common import resolve_model
+
+    policy = make_policy(config.policy)
+    if config.policy.backend in ("hf", "vllm"):
+        resolve_model(config.policy.model)  # a missing folder or offline hub id fails now
+    return policy
+
+
+def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
+    v = r.verdict
+    prompt: Any = r.prompt if isinstance(r.prompt, str) else [m.model_dump() for m in r.prompt]
+    rec: dict[str, Any] = {
+        "task_id": task.id,
+        "name": task.name,
+        "category": task.category,
+        "sample": r.sample,
+        "chunk": chunk,
+        "accepted": bool(v is not None and v.accepted),
+        "reward": r.reward,
+        "verdict": v.model_dump(mode="json") if v is not None else None,
+        "proof": r.proof,
+        "preamble": r.preamble,
+        "completion": r.completion,
+        "finish_reason": r.turns[-1].finish_reason if r.turns else None,
+        "prompt": prompt,
+        "prompt_tokens": len(r.prompt_ids),
+        "completion_tokens": sum(len(t.completion_ids) for t in r.turns),
+        "feedback_tokens": sum(len(t.feedback_ids) for t in r.turns),
+        "timings": r.timings,
+        "meta": r.meta,
+    }
+    if len(r.turns) > 1 or any(t.feedback for t in r.turns):
+        rec["turns"] = [
+            {"completion": t.completion, "feedback": t.feedback, "finish_reason": t.finish_reason}
+            for t in r.turns
+        ]
+    return rec
+
+
+async def _versions(config: EvalConfig, env: Environment, runtime: Any) -> dict[str, Any]:
+    out: dict[str, Any] = dict(package_versions())
+    ts = env.taskset
+    out["lean_toolchain"] = type(ts).lean_toolchain
+    out["mathlib_rev"] = type(ts).mathlib_rev
+    out["model"] = config.policy.model
+    out["model_revision"] = _model_revision(config.policy.model)
+    # A runtime may report what it really runs (`async def versions() -> dict`).
+    fn = getattr(runtime, "versions", None)
+    if callable(fn):
+        try:
+            got = fn()
+            if inspect.isawaitable(got):
+                got = await got
+            if isinstance(got, dict):
+                out.update({f"runtime_{k}": v for k, v in got.items()})
+        except Exception as e:  # noqa: BLE001 - versions are informative, never fatal
+            out["runtime_versions_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _model_revision(model: str) -> str | None:
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        digest = hashlib.sha256((path / "config.json").read_bytes())
+        for w in sorted(path.glob("*.safetensors"))[:4]:
+            st = w.stat()
+            digest.update(f"{w.name}:{st.st_size}".encode())
+        return "local:" + digest.hexdigest()[:12]
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "config.json")
+    except Exception:  # noqa: BLE001 - not a hub id, or no hub library
+        return None
+    if isinstance(found, str) and "/snapshots/" in found:
+        return found.split("/snapshots/")[1].split("/")[0]
+    return None
+
+
+class _Progress:
+    """tqdm bar: tasks done, attempts/s, pass rate so far (tasks with an accepted attempt)."""
+
+    def __init__(self, config: EvalConfig, tasks: Sequence[Task], store: ResultStore) -> None:
+        from tqdm import tqdm
+
+        self.n = config.samples
+        self.store = store
+        self.t0 = time.perf_counter()
+        self.new = 0
+        done = [t for t in tasks if self._complete(t)]
+        self.done = len(done)
+        self.solved = sum(1 for t in done if self._solved(t))
+        self.bar = tqdm(
+            total=len(tasks),
+            initial=self.done,
+            unit="task",
+            desc="eval",
+            disable=not config.progress,
+            dynamic_ncols=True,
+        )
+        self._postfix()
+
+    def _complete(self, t: Task) -> bool:
+        return all(self.store.has((t.id, s)) for s in range(self.n))
+
+    def _solved(self, t: Task) -> bool:
+        return any(self.store.records[(t.id, s)].get("accepted") for s in range(self.n))
+
+    def update(self, chunk: Sequence[Task], written: int) -> None:
+        self.new += written
+        finished = [t for t in chunk if self._complete(t)]
+        self.done += len(finished)
+        self.solved += sum(1 for t in finished if self._solved(t))
+        self._postfix()
+        self.bar.update(len(finished))
+
+    def _postfix(self) -> None:
+        rate = self.new / max(1e-9, time.perf_counter() - self.t0)
+        pass_rate = self.solved / self.done if self.done else 0.0
+        self.bar.set_postfix_str(f"{rate:.2f} att/s, pass {100 * pass_rate:.1f}%", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,125 @@
+"""results.jsonl: one line per attempt, written durably, reconciled on restart.
+
+Each line is written with one ``write`` call, flushed and fsynced before the next attempt is
+recorded, so a kill at any point loses at most the line being written. On restart a torn last
+line is cut off, duplicates are dropped, and ``run.json`` (the config fingerprint) makes sure
+the run being resumed is the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from leanrl.errors import ConfigError
+
+__all__ = ["ResultStore"]
+
+Key = tuple[str, int]
+
+
+class ResultStore:
+    """The output folder of one eval run."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.results_path = out / "results.jsonl"
+        self.run_path = out / "run.json"
+        self.records: dict[Key, dict[str, Any]] = {}
+        self._fd: int | None = None
+
+    def open(self, fingerprint: str, config: dict[str, Any], command: str = "") -> None:
+        """Create or resume the folder; load what earlier runs recorded."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.run_path.is_file():
+            old = json.loads(self.run_path.read_text(encoding="utf-8"))
+            if old.get("fingerprint") != fingerprint:
+                diff = _diff(old.get("config", {}), config)
+                raise ConfigError(
+                    f"{self.out} holds a different eval run (config fingerprint "
+                    f"{old.get('fingerprint')}, this one {fingerprint}); differences: "
+                    f"{'; '.join(diff[:8]) or 'unknown'}. Rerun with the same settings to "
+                    "resume it, or choose another folder with --out (or delete this one)."
+                )
+        else:
+            _atomic_write(
+                self.run_path,
+                json.dumps(
+                    {"fingerprint": fingerprint, "config": config, "command": command}, indent=2
+                ),
+            )
+        self.records = self._reconcile()
+        self._fd = os.open(self.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _reconcile(self) -> dict[Key, dict[str, Any]]:
+        if not self.results_path.is_file():
+            return {}
+        raw = self.results_path.read_bytes()
+        good_end = 0
+        records: dict[Key, dict[str, Any]] = {}
+        dupes = 0
+        for line in raw.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break  # torn write from a kill: drop it, the attempt is redone
+            try:
+                rec = json.loads(line)
+                key = (str(rec["task_id"]), int(rec["sample"]))
+            except (ValueError, KeyError, TypeError):
+                break
+            good_end += len(line)
+            if key in records:
+                dupes += 1
+                continue
+            records[key] = rec
+        if good_end != len(raw) or dupes:
+            # Rewrite atomically: the good lines, each attempt once.
+            body = b"".join(
+                (json.dumps(r, ensure_ascii=False) + "\n").encode() for r in records.values()
+            )
+            _atomic_write(self.results_path, body)
+        return records
+
+    def has(self, key: Key) -> bool:
+        return key in self.records
+
+    def append(self, records: Iterable[dict[str, Any]]) -> int:
+        """Record attempts not recorded yet (durably, one line each); return how many."""
+        assert self._fd is not None, "open() first"
+        n = 0
+        for rec in records:
+            key = (str(rec["task_id"]), int(rec["sample"]))
+            if key in self.records:
+                continue
+            line = (json.dumps(rec, ensure_ascii=False) + "\n").encode()
+            os.write(self._fd, line)
+            os.fsync(self._fd)
+            self.records[key] = rec
+            n += 1
+        return n
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    blob = data.encode() if isinstance(data, str) else data
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [f"{prefix.rstrip('.')}: {a!r} -> {b!r}"]
