@@ -71,6 +71,7 @@ _COMMANDS: dict[str, str] = {
     "envs": "leanrl.cli:EnvsCommand",
     "serve": "leanrl.service.cli:ServeCommand",
     "eval": "leanrl.eval.cli:EvalCommand",
+    "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
 }
 # -------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,62 @@
+"""``leanrl train grpo``: the command-line face of :class:`leanrl.train.grpo.GRPOTrainer`.
+
+Imports nothing heavy at module level (the CLI lists every command at start-up); torch and
+transformers load only once the config has been checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from leanrl.config import ConfigCommand, validate
+from leanrl.train.grpo import GRPOConfig
+
+__all__ = ["GRPOCommand"]
+
+
+class GRPOCommand(ConfigCommand, GRPOConfig):
+    """Post-train a model with GRPO (group-relative policy optimisation) on an environment.
+
+    Example: leanrl train grpo --env minif2f --model PATH_OR_ID --config
+    examples/train_grpo_minif2f.toml --out runs/grpo. Rerun the same command to resume from the
+    last checkpoint. The run folder holds metrics.jsonl, checkpoint-N/ (Hugging Face model
+    folders) and reward_curve.png.
+    """
+
+    model: str | None = None
+    """Shortcut for --policy.model: a local model folder or a Hugging Face id."""
+    backend: Literal["hf", "vllm"] | None = None
+    """Shortcut for --policy.backend (hf: transformers on CPU/GPU, vllm: in-process vLLM on a
+    GPU, weights pushed into the engine after each step)."""
+
+    def to_grpo_config(self) -> GRPOConfig:
+        """The GRPOConfig this command describes (TOML file < flags, shortcuts applied)."""
+        cmd = self.resolved()
+        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
+        for key in ("config", "model", "backend"):
+            data.pop(key, None)
+        policy = data.setdefault("policy", {})
+        if cmd.model is not None:
+            policy["model"] = cmd.model
+        if cmd.backend is not None:
+            policy["backend"] = cmd.backend
+        return validate(GRPOConfig, data, "GRPO config")
+
+    def cli_cmd(self) -> None:
+        from leanrl.train.grpo import GRPOTrainer
+
+        config = self.to_grpo_config()
+        trainer = GRPOTrainer(config)
+        trainer.check()  # a bad model path fails here, before anything is loaded
+        out = trainer.train()
+        rows = trainer.run.metrics()
+        last = rows[-1] if rows else {}
+        print(f"run folder: {out}")
+        if last:
+            print(
+                f"step {last.get('step')}: reward_mean={last.get('reward_mean')} "
+                f"pass_rate={last.get('pass_rate')}"
+            )
+        latest = trainer.run.latest_checkpoint()
+        if latest is not None:
+            print(f"latest checkpoint: {latest[1]}  (leanrl eval --model {latest[1]})")
