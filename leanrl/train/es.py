@@ -194,7 +194,7 @@ class ESTrainer:
     (or :meth:`train_sync`). Rerunning on the same ``out`` folder resumes the run."""
 
     #: Fields that may change between a run and its resume (they do not change the weights).
-    RESUMABLE = ("steps", "scorer", "log_to", "run_name", "keep_checkpoints", "save_every")
+    RESUMABLE = ("steps", "out", "scorer", "log_to", "run_name", "keep_checkpoints", "save_every")
 
     def __init__(
         self,

@@ -1,0 +1,231 @@
+"""ES unit tests: noise, exact restore, the fp32 update, shaping, coefficients, history file."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from leanrl.errors import ConfigError
+from leanrl.train.es import ESConfig, es_coefficients, population, shape_rewards
+from leanrl.train.es_history import (
+    MAGIC,
+    ESHistory,
+    HistoryRecord,
+    draw_seeds,
+    f32,
+)
+from leanrl.train.es_weights import ESWeights, noise, noise_seed
+from leanrl.train.es_workers import Member
+
+
+def two_layer(dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Two Linear layers of the same shape (the case a per-shape noise bug would miss)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)).to(dtype)
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+# -- noise -----------------------------------------------------------------------------------------
+
+
+def test_noise_reproducible_per_seed_and_tensor() -> None:
+    a = noise(7, "0.weight", (16, 16), "cpu")
+    b = noise(7, "0.weight", (16, 16), "cpu")
+    assert a.dtype == torch.float32 and a.shape == (16, 16)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, noise(8, "0.weight", (16, 16), "cpu"))
+    # standard normal, roughly
+    big = noise(1, "x", (100_000,), "cpu")
+    assert abs(float(big.mean())) < 0.02 and abs(float(big.std()) - 1) < 0.02
+
+
+def test_noise_independent_across_same_shaped_tensors() -> None:
+    a = noise(7, "0.weight", (16, 16), "cpu").flatten()
+    b = noise(7, "1.weight", (16, 16), "cpu").flatten()
+    assert not torch.equal(a, b)
+    corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    assert abs(corr) < 0.25  # 256 samples: independent streams, not shifted copies
+    assert noise_seed(7, "0.weight") != noise_seed(7, "1.weight")
+    # and the perturbation a model receives differs between its two same-shaped layers
+    m = two_layer()
+    w = ESWeights.from_model(m)
+    base = snapshot(m)
+    w.perturb(123, 1.0)
+    d0 = m[0].weight - base["0.weight"]
+    d1 = m[1].weight - base["1.weight"]
+    assert not torch.allclose(d0, d1)
+
+
+# -- perturb / restore -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_restore_is_bit_exact(dtype: torch.dtype) -> None:
+    m = two_layer(dtype)
+    w = ESWeights.from_model(m)
+    base = snapshot(m)
+    for seed in (1, 2, 3):
+        w.perturb(seed, 1e-3)
+        assert any(not torch.equal(p, base[n]) for n, p in m.named_parameters())
+        w.restore()
+        for n, p in m.named_parameters():
+            assert torch.equal(p, base[n]), n
+
+
+def test_subtracting_noise_is_not_exact() -> None:
+    """Why restore re-casts the master: θ + σε - σε drifts from θ in floating point."""
+    m = two_layer()
+    theta = m[0].weight.detach().clone()
+    eps = noise(5, "0.weight", theta.shape, "cpu")
+    back = (theta + 1e-3 * eps) - 1e-3 * eps
+    assert not torch.equal(back, theta)
+
+
+def test_master_is_a_copy() -> None:
+    m = two_layer()
+    w = ESWeights.from_model(m)
+    for n, p in m.named_parameters():
+        assert w.master[n].data_ptr() != p.data_ptr()
+
+
+# -- update ----------------------------------------------------------------------------------------
+
+
+def test_update_matches_hand_computation() -> None:
+    m = two_layer()
+    base = snapshot(m)
+    w = ESWeights.from_model(m)
+    # population of 4 members, rewards by hand: z-scores of [1, 0, 0, 1] are [1, -1, -1, 1]
+    members = [Member(11), Member(22), Member(33), Member(44)]
+    z = shape_rewards([1.0, 0.0, 0.0, 1.0])
+    assert z == [1.0, -1.0, -1.0, 1.0]
+    alpha = 0.01
+    coeffs = es_coefficients(members, z, alpha)
+    assert coeffs == [(11, f32(0.0025)), (22, f32(-0.0025)), (33, f32(-0.0025)), (44, f32(0.0025))]
+    norm = w.apply_update(coeffs)
+    sq = 0.0
+    for name, p in m.named_parameters():
+        # independent computation in float64 with fresh generators
+        expect = base[name].double()
+        step = torch.zeros_like(expect)
+        for seed, c in [(11, 1), (22, -1), (33, -1), (44, 1)]:
+            g = torch.Generator().manual_seed(noise_seed(seed, name))
+            eps = torch.randn(base[name].shape, generator=g, dtype=torch.float32).double()
+            step += alpha / 4 * c * eps
+        sq += float(step.square().sum())
+        assert torch.allclose(w.master[name].double(), expect + step, atol=1e-7, rtol=0)
+        assert torch.equal(p.detach(), w.master[name])  # fp32 model: params are the master
+    assert norm == pytest.approx(sq**0.5, rel=1e-5)
+
+
+def test_mirrored_coefficients_combine_pairs() -> None:
+    members = [Member(5, 1), Member(5, -1), Member(9, 1), Member(9, -1)]
+    z = shape_rewards([3.0, 1.0, 2.0, 2.0])
+    assert z is not None
+    coeffs = es_coefficients(members, z, alpha=0.4)
+    # c_k = α/N (z+ - z-): seed 5 gets (z0 - z1)·0.1, seed 9 gets 0
+    assert coeffs[0] == (5, f32(0.1 * (z[0] - z[1])))
+    assert coeffs[1] == (9, 0.0)
+
+
+def test_update_survives_in_bf16_model() -> None:
+    """A ~1e-5 step is kept in the fp32 master even where bf16 cannot represent it."""
+    m = two_layer(torch.bfloat16)
+    base = {n: p.detach().float().clone() for n, p in m.named_parameters()}
+    w = ESWeights.from_model(m)
+    coeffs = [(3, f32(1e-5))]
+    w.apply_update(coeffs)
+    moved = w.master["0.weight"] - base["0.weight"]
+    eps = noise(3, "0.weight", moved.shape, "cpu")
+    assert torch.allclose(moved, 1e-5 * eps, atol=2e-7)
+    # the naive bf16 update loses most of the step: the bf16 param barely changes
+    naive = (m[0].weight.detach().clone().float().bfloat16() + (1e-5 * eps).bfloat16()).float()
+    assert float((naive - base["0.weight"]).abs().gt(0).float().mean()) < 0.5
+    assert float(moved.abs().gt(0).float().mean()) > 0.99
+
+
+# -- shaping ---------------------------------------------------------------------------------------
+
+
+def test_equal_scores_give_no_update_signal() -> None:
+    assert shape_rewards([0.0, 0.0, 0.0]) is None
+    assert shape_rewards([1.0] * 30) is None
+    assert shape_rewards([1.0, 1.0], "rank") is None
+
+
+def test_rank_shaping() -> None:
+    z = shape_rewards([10.0, -5.0, 1000.0, 0.0], "rank")
+    assert z is not None
+    # ranks 2, 0, 3, 1 -> equally spaced; the outlier 1000 counts like any best score
+    zz = shape_rewards([2.0, 0.0, 3.0, 1.0])
+    assert z == pytest.approx(zz)
+    ties = shape_rewards([1.0, 1.0, 0.0], "rank")
+    assert ties is not None and ties[0] == ties[1]
+    with pytest.raises(ConfigError):
+        shape_rewards([1.0, 2.0], "bogus")
+
+
+def test_config_defaults_and_validation() -> None:
+    cfg = ESConfig()
+    assert (cfg.population, cfg.sigma, cfg.lr, cfg.greedy) == (30, 1e-3, 5e-4, True)
+    with pytest.raises(ValueError, match="even population"):
+        ESConfig(population=7, mirrored=True)
+    members = population(ESConfig(population=6, mirrored=True), 1)
+    assert [m.sign for m in members] == [1, -1] * 3
+    assert len({m.seed for m in members}) == 3
+    assert population(ESConfig(population=6), 1) == population(ESConfig(population=6), 1)
+    assert population(ESConfig(population=6), 1) != population(ESConfig(population=6), 2)
+
+
+# -- history file ----------------------------------------------------------------------------------
+
+
+def test_history_roundtrip_size_and_torn_tail(tmp_path: Path) -> None:
+    h = ESHistory(tmp_path / "h.bin")
+    assert h.open() == []
+    seeds = draw_seeds(0, 1, 30)
+    recs = [
+        HistoryRecord(1, tuple((s, f32(0.001 * i)) for i, s in enumerate(seeds))),
+        HistoryRecord(2, (), skipped=True),
+        HistoryRecord(3, ((5, f32(-0.25)),)),
+    ]
+    for r in recs:
+        h.append(r)
+    size = (tmp_path / "h.bin").stat().st_size
+    assert size == len(MAGIC) + 256 + 16 + 24  # 256 bytes for an iteration of N = 30
+    assert ESHistory(tmp_path / "h.bin").open() == recs
+    # a crash mid-append leaves a torn record: it is cut off, and appends continue
+    with (tmp_path / "h.bin").open("ab") as f:
+        f.write(recs[0].encode()[:40])
+    h2 = ESHistory(tmp_path / "h.bin")
+    assert h2.open() == recs
+    assert (tmp_path / "h.bin").stat().st_size == size
+    h2.append(HistoryRecord(4, ((1, 1.0),)))
+    assert len(ESHistory(tmp_path / "h.bin").open()) == 4
+    # a flipped bit in the last record fails its CRC: that record is dropped, the rest kept
+    data = bytearray((tmp_path / "h.bin").read_bytes())
+    data[-6] ^= 0x01
+    (tmp_path / "h.bin").write_bytes(bytes(data))
+    assert ESHistory(tmp_path / "h.bin").open() == recs
+    with pytest.raises(ValueError, match="expects iteration"):
+        h2.append(HistoryRecord(9, ()))
+
+
+def test_history_rejects_foreign_file(tmp_path: Path) -> None:
+    (tmp_path / "h.bin").write_bytes(b"not a history file at all")
+    with pytest.raises(ConfigError, match="not an ES history"):
+        ESHistory(tmp_path / "h.bin").open()
+
+
+def test_f32_and_seeds() -> None:
+    assert f32(0.1) == struct.unpack("<f", struct.pack("<f", 0.1))[0]
+    s = draw_seeds(3, 7, 30)
+    assert len(set(s)) == 30 and all(0 <= x < 2**32 for x in s)
+    assert s == draw_seeds(3, 7, 30) and s != draw_seeds(4, 7, 30)

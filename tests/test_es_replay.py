@@ -1,0 +1,155 @@
+"""ES run state: bitwise replay from base + history (+ checkpoints), resume, skipped updates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_es_learning import toy_config
+
+from leanrl.errors import ConfigError
+from leanrl.train.es import ESTrainer
+from leanrl.train.es_history import ESHistory, master_equal, replay
+from leanrl.train.es_weights import MASTER_FILE
+
+
+def run_steps(cfg, n: int) -> ESTrainer:  # type: ignore[no-untyped-def]
+    """Start a trainer and run ``n`` iterations without closing the history (like a kill)."""
+    from leanrl.runtime import run_sync
+
+    tr = ESTrainer(cfg)
+
+    async def go() -> None:
+        await tr.start()
+        for _ in range(n):
+            await tr.step()
+        await tr.close()
+
+    run_sync(go())
+    return tr
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ESTrainer:
+    out = tmp_path_factory.mktemp("es") / "full"
+    tr = ESTrainer(toy_config(tiny_model_dir, out, steps=5, save_every=2))
+    tr.train_sync()
+    return tr
+
+
+def test_replay_is_bitwise_identical(full_run: ESTrainer) -> None:
+    run = full_run.run.path
+    live = full_run.weights.master
+    assert [s for s, _ in full_run.run.checkpoints()] == [2, 4, 5]
+    # from the base model + all 5 records
+    _, _, w = replay(run, use_checkpoints=False)
+    assert master_equal(live, w.master)
+    # from checkpoint-4 + record 5
+    _, _, w = replay(run)
+    assert master_equal(live, w.master)
+    # and an earlier iteration equals the checkpoint written live at that iteration
+    _, _, w3 = replay(run, upto=4, use_checkpoints=False)
+    _, _, c4 = replay(run, upto=4)
+    assert master_equal(w3.master, c4.master)
+    assert not master_equal(w3.master, live)
+    with pytest.raises(ConfigError, match="has 5 iterations"):
+        replay(run, upto=9)
+
+
+def test_history_is_small_and_metrics_complete(full_run: ESTrainer) -> None:
+    run = full_run.run.path
+    recs = ESHistory(run / "es_history.bin").open()
+    assert [r.iteration for r in recs] == [1, 2, 3, 4, 5]
+    assert all(len(r.coeffs) == 6 for r in recs)  # population 6
+    rows = full_run.run.metrics()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    keys = {
+        "reward_mean",
+        "reward_std",
+        "reward_max",
+        "pass_rate",
+        "skipped",
+        "update_norm",
+        "time_perturb_s",
+        "time_score_s",
+        "time_update_s",
+        "tokens_per_s",
+    }
+    assert keys <= set(rows[0])
+    assert all(r["update_norm"] > 0 and r["skipped"] is False for r in rows)
+    state = json.loads((run / "checkpoint-5" / "trainer_state.json").read_text())
+    assert state["step"] == 5 and state["trainer"] == "es"
+
+
+def test_checkpoint_is_a_loadable_hf_model(full_run: ESTrainer) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ck = full_run.run.path / "checkpoint-5"
+    model = AutoModelForCausalLM.from_pretrained(ck)
+    AutoTokenizer.from_pretrained(ck)
+    for name, p in model.named_parameters():
+        assert p.detach().equal(full_run.weights.master[name]), name
+
+
+def test_resume_after_kill_loses_nothing(
+    full_run: ESTrainer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "killed"
+    # "killed" after iteration 3: checkpoint-2 exists, iteration 3 lives only in the history
+    run_steps(toy_config(tiny_model_dir, out, steps=5, save_every=2), 3)
+    assert [s for s, _ in ESTrainer(toy_config(tiny_model_dir, out)).run.checkpoints()] == [2]
+    # a torn half-record at the end (killed mid-write) must not hurt
+    with (out / "es_history.bin").open("ab") as f:
+        f.write(b"ESIT\x04\x00\x00")
+    resumed = ESTrainer(toy_config(tiny_model_dir, out, steps=5, save_every=2))
+    rows = resumed.train_sync()
+    assert [r["step"] for r in rows] == [4, 5]
+    assert master_equal(full_run.weights.master, resumed.weights.master)
+    assert [r["step"] for r in resumed.run.metrics()] == [1, 2, 3, 4, 5]
+    a = [r["reward_mean"] for r in full_run.run.metrics()]
+    b = [r["reward_mean"] for r in resumed.run.metrics()]
+    assert a == b
+
+
+def test_resume_needs_same_config(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    run_steps(toy_config(tiny_model_dir, out, steps=2), 1)
+    with pytest.raises(ConfigError, match="different config"):
+        ESTrainer(toy_config(tiny_model_dir, out, sigma=0.5)).train_sync()
+    # a longer run (steps) or another scorer may resume
+    tr = ESTrainer(toy_config(tiny_model_dir, out, steps=2))
+    assert [r["step"] for r in tr.train_sync()] == [2]
+
+
+def test_checkpoint_without_history_is_refused(full_run: ESTrainer, tmp_path: Path) -> None:
+    out = tmp_path / "copy"
+    shutil.copytree(full_run.run.path, out)
+    (out / "es_history.bin").unlink()
+    cfg = full_run.config.model_copy(update={"out": out})
+    with pytest.raises(ConfigError, match="history"):
+        ESTrainer(cfg).train_sync()
+
+
+def test_equal_scores_skip_the_update(tiny_model_dir: Path, tmp_path: Path) -> None:
+    tr = ESTrainer(toy_config(tiny_model_dir, tmp_path / "c", steps=2, mode="constant"))
+    rows = tr.train_sync()
+    assert [r["skipped"] for r in rows] == [True, True]
+    assert all(r["update_norm"] == 0.0 and r["reward_std"] == 0.0 for r in rows)
+    recs = ESHistory(tmp_path / "c" / "es_history.bin").open()
+    assert [(r.skipped, r.coeffs) for r in recs] == [(True, ()), (True, ())]
+    _, _, base = replay(tmp_path / "c", upto=0)
+    assert master_equal(base.master, tr.weights.master)
+
+
+def test_bf16_checkpoint_keeps_exact_master(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = toy_config(tiny_model_dir, tmp_path / "bf", steps=2, save_every=1)
+    cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"dtype": "bfloat16"})})
+    tr = ESTrainer(cfg)
+    tr.train_sync()
+    assert (tmp_path / "bf" / "checkpoint-2" / MASTER_FILE).is_file()
+    _, _, w = replay(tmp_path / "bf")  # from checkpoint-2's fp32 master
+    assert master_equal(tr.weights.master, w.master)
+    _, _, w0 = replay(tmp_path / "bf", use_checkpoints=False)
+    assert master_equal(tr.weights.master, w0.master)
