@@ -72,6 +72,7 @@ _COMMANDS: dict[str, str] = {
     "serve": "leanrl.service.cli:ServeCommand",
     "eval": "leanrl.eval.cli:EvalCommand",
     "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
+    "train es": "leanrl.train.es_cli:ESCommand",
 }
 # -------------------------------------------------------------------------------------------------
 

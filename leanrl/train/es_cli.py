@@ -1,0 +1,60 @@
+"""``leanrl train es``: the command-line face of :class:`leanrl.train.es.ESTrainer`.
+
+Imports nothing heavy at module level (the CLI lists every command at start-up); torch and
+transformers load only once the config has been checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leanrl.config import ConfigCommand, validate
+from leanrl.train.common import check_model_path
+from leanrl.train.es import ESConfig
+
+__all__ = ["ESCommand"]
+
+
+class ESCommand(ConfigCommand, ESConfig):
+    """Post-train a model with evolution strategies (ES) on an environment.
+
+    Example: leanrl train es --env minif2f --model PATH_OR_ID --config
+    examples/train-es-minif2f.toml --out runs/es. Defaults follow Qiu et al. 2025 (population
+    30, sigma 1e-3, alpha sigma/2, greedy decoding). Rerun the same command to resume: the run
+    continues from its history (written every iteration) and last checkpoint, losing nothing.
+    The run folder holds es_history.bin, metrics.jsonl, checkpoint-N/ (Hugging Face model
+    folders) and reward_curve.png.
+    """
+
+    model: str | None = None
+    """Shortcut for --policy.model: a local model folder or a Hugging Face id."""
+
+    def to_es_config(self) -> ESConfig:
+        """The ESConfig this command describes (TOML file < flags, ``--model`` applied)."""
+        cmd = self.resolved()
+        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
+        for key in ("config", "model"):
+            data.pop(key, None)
+        if cmd.model is not None:
+            data.setdefault("policy", {})["model"] = cmd.model
+        config = validate(ESConfig, data, "ES config")
+        check_model_path(config.policy.model)  # before any model is loaded
+        return config
+
+    def cli_cmd(self) -> None:
+        from leanrl.train.es import ESTrainer
+
+        config = self.to_es_config()
+        trainer = ESTrainer(config)
+        trainer.train_sync()
+        rows = trainer.run.metrics()
+        print(f"run folder: {trainer.run.path}")
+        if rows:
+            last = rows[-1]
+            print(
+                f"iteration {last.get('step')}: reward_mean={last.get('reward_mean')} "
+                f"pass_rate={last.get('pass_rate')} skipped={last.get('skipped')}"
+            )
+        latest = trainer.run.latest_checkpoint()
+        if latest is not None:
+            print(f"latest checkpoint: {latest[1]}  (leanrl eval --model {latest[1]})")
