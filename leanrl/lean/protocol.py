@@ -36,6 +36,7 @@ __all__ = [
     "UnpickleEnvRequest",
     "encode_request",
     "parse_response",
+    "read_request_block",
     "split_blocks",
 ]
 
@@ -150,6 +151,12 @@ def split_blocks(text: str) -> list[str]:
     if cur:
         blocks.append("\n".join(cur))
     return blocks
+
+
+def read_request_block(block: str) -> Any:
+    """Decode one request block the way the REPL does: its lines are joined with their line
+    ends (and trailing spaces) removed, so a raw line break inside a JSON string disappears."""
+    return json.loads("".join(line.rstrip() for line in block.splitlines()))
 
 
 class CommandRequest(_Wire):
