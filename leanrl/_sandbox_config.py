@@ -86,6 +86,11 @@ class DockerConfig(_Config):
     """Warm pool settings (``containers`` overrides ``pool.target_ready``)."""
     batch_size: int = Field(default=64, ge=1)
     """Attempts sent to one container at a time."""
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    """Retries and timeouts of the HTTP client talking to the containers."""
+    metrics_path: Path | None = None
+    """Append one JSON line per batch and one run summary (container-seconds, CPU-seconds) to
+    this file. The same figures are in ``runtime.metrics()``."""
     transport: Literal["unix", "tcp"] = "unix"
     """``unix``: the container gets ``--network none`` and the service listens on a unix socket
     in a host folder mounted into the container (no network at all; works with
@@ -134,6 +139,8 @@ class ModalConfig(_Config):
 
     batch_size: int = Field(default=64, ge=1)
     """Attempts sent to one Sandbox at a time."""
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    """Retries and timeouts of the HTTP client talking to the Sandboxes."""
     warm_sandboxes: int = Field(default=2, ge=0)
     """Sandboxes kept started and ready (the pool's ``target_ready``)."""
     pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16, max_uses=1))

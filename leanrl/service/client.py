@@ -115,9 +115,10 @@ class ServiceClient:
             )
         return list(resp.verdicts)
 
-    async def health(self, retries: int | None = None) -> Health:
-        """``GET /health`` (``retries=0`` for a single quick probe)."""
-        return Health.model_validate(await self._request("GET", "/health", retries=retries))
+    async def health(self, retries: int | None = None, timeout_s: float | None = None) -> Health:
+        """``GET /health`` (``retries=0`` and a short ``timeout_s`` for a quick probe)."""
+        data = await self._request("GET", "/health", retries=retries, timeout_s=timeout_s)
+        return Health.model_validate(data)
 
     async def metrics(self) -> ServiceMetrics:
         """``GET /metrics``."""
@@ -149,6 +150,7 @@ class ServiceClient:
         json: Any = None,
         headers: dict[str, str] | None = None,
         retries: int | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
         hdrs = dict(headers or {})
         if self.token:
@@ -158,6 +160,7 @@ class ServiceClient:
         last = ""
         status: int | None = None
         url = self.base_url + path
+        timeout = self._timeout() if timeout_s is None else httpx.Timeout(timeout_s)
         for i in range(tries):
             if i:
                 self.retries_done += 1
@@ -165,7 +168,7 @@ class ServiceClient:
                 delay *= 2
             try:
                 r = await self._client().request(
-                    method, url, json=json, headers=hdrs, timeout=self._timeout()
+                    method, url, json=json, headers=hdrs, timeout=timeout
                 )
             except httpx.TransportError as e:
                 last, status = f"{type(e).__name__}: {e}", None

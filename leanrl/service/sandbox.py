@@ -1,0 +1,84 @@
+"""The small interface between the sandboxed runtimes and whatever starts sandboxes.
+
+A :class:`SandboxBackend` starts one sandbox running ``leanrl serve`` and hands back a
+:class:`Sandbox`: where its service answers (a URL, or a unix socket) and how to stop it. The warm
+pool, batching, retries and cost accounting are the same for every backend (Docker containers,
+Modal Sandboxes, local processes); only this interface differs.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+
+from leanrl.errors import RuntimeUnavailable
+
+__all__ = ["Sandbox", "SandboxBackend", "SandboxStartError"]
+
+
+class SandboxStartError(RuntimeUnavailable):
+    """A sandbox could not be started (the message says why: no engine, bad image, ...)."""
+
+
+@dataclass(eq=False)
+class Sandbox(abc.ABC):
+    """A started sandbox whose verification service answers at ``url`` (or ``uds``)."""
+
+    id: str
+    """Backend id (container id, Modal Sandbox id, process id)."""
+    url: str
+    """Base URL of the service (``http://localhost`` for unix sockets)."""
+    token: str | None = None
+    """Bearer token of its service."""
+    uds: str | None = None
+    """Unix socket of its service, when it listens on one."""
+    cpu: float = 1.0
+    """CPU cores reserved for it (the rate of CPU-second accounting)."""
+    created_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when its creation began (billing starts then)."""
+    uses: int = 0
+    """Batches (or tactic sessions) it has served."""
+    terminated_at: float | None = None
+    """When :meth:`terminate` finished (None while it lives)."""
+
+    @abc.abstractmethod
+    async def terminate(self) -> None:
+        """Stop it and free everything it holds. Idempotent; never raises for a dead one."""
+
+    async def alive(self) -> bool:
+        """Cheap liveness check (process/container still running). Default: assume so."""
+        return self.terminated_at is None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time it has actually used so far, when the backend can measure it."""
+        return None
+
+    def age_s(self, now: float | None = None) -> float:
+        """Seconds since creation began."""
+        return (now if now is not None else time.monotonic()) - self.created_at
+
+    def lifetime_s(self, now: float | None = None) -> float:
+        """Seconds it has existed (up to termination): what a provider bills."""
+        end = self.terminated_at if self.terminated_at is not None else now or time.monotonic()
+        return end - self.created_at
+
+
+class SandboxBackend(abc.ABC):
+    """Starts sandboxes. :meth:`create` is the one method that matters."""
+
+    name: str = ""
+    """Short name for messages and metrics (``docker``, ``modal``, ``local``)."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Prepare (check the engine, clean up leftovers). Raises
+        :class:`SandboxStartError` with a fix when the backend cannot work at all."""
+
+    @abc.abstractmethod
+    async def create(self) -> Sandbox:
+        """Start one sandbox running the service. Returns once its address is known; the pool
+        then waits for ``GET /health``. Raises :class:`SandboxStartError` on failure and must
+        leave nothing running when it raises or is cancelled."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release backend-wide resources (after every sandbox was terminated)."""

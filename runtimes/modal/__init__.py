@@ -1,0 +1,57 @@
+"""The ``modal`` runtime: Lean in Modal Sandboxes, one fresh Sandbox per batch, from a warm pool.
+
+Each Sandbox runs ``leanrl serve`` (wrapping the ``local`` Lean runtime) from an image defined in
+code (:mod:`.image`); batches go over HTTP through an encrypted tunnel. Sandboxes come from a
+:class:`~leanrl.service.pool.WarmPool` kept at ``warm_sandboxes`` ready, and are terminated after
+``pool.max_uses`` batches (1 by default). Cost (sandbox-seconds, CPU-seconds) is accounted per
+batch and per run. ``backend = "local"`` runs the same machinery with local processes
+(:mod:`.local_backend`) instead of Modal.
+
+Modal itself is imported only when a Sandbox is about to be created.
+"""
+
+from __future__ import annotations
+
+from leanrl.runtime import RuntimeConfig
+from leanrl.service.sandbox import SandboxBackend
+from leanrl.service.sandbox_runtime import SandboxRuntime, SandboxSettings, inner_runtime_args
+
+__all__ = ["ModalRuntime"]
+
+
+class ModalRuntime(SandboxRuntime):
+    """Lean in Modal Sandboxes (settings under ``RuntimeConfig.modal``)."""
+
+    name = "modal"
+    description = "Lean in Modal Sandboxes: warm pool, one Sandbox per batch, cost accounting"
+
+    def __init__(self, config: RuntimeConfig | None = None) -> None:
+        super().__init__(config or RuntimeConfig(name="modal"))
+
+    def settings(self) -> SandboxSettings:
+        m = self.config.modal
+        pool = m.pool.model_copy(
+            update={
+                "target_ready": m.warm_sandboxes,
+                "max_sandboxes": max(m.pool.max_sandboxes, m.warm_sandboxes, 1),
+            }
+        )
+        return SandboxSettings(
+            pool=pool, batch_size=m.batch_size, client=m.client, metrics_path=m.metrics_path
+        )
+
+    def make_backend(self) -> SandboxBackend:
+        m = self.config.modal
+        if m.backend == "local":
+            from leanrl.runtimes.modal.local_backend import LocalProcessBackend
+
+            args = inner_runtime_args(self.config, m.local_runtime, m.inner_options)
+            return LocalProcessBackend(
+                args,
+                cpu=m.cpu,
+                pythonpath=m.local_pythonpath,
+                start_timeout_s=m.pool.start_timeout_s,
+            )
+        from leanrl.runtimes.modal.backend import ModalBackend
+
+        return ModalBackend(m, inner_runtime_args(self.config, "local", m.inner_options))

@@ -1,0 +1,141 @@
+"""The Modal image of the verification sandbox, defined in code.
+
+It has the same contents as ``runtimes/docker/Dockerfile`` because it is made from the same
+pieces: ``install-lean.sh`` (elan, the toolchain, Mathlib, the REPL) and
+``requirements-service.txt`` (what ``leanrl serve`` imports), plus leanrl itself. Alternatively
+Modal builds the Dockerfile (``image_source = "dockerfile"``) or pulls a pushed image
+(``"registry"``). Nothing here contacts Modal: an image is a lazy description until a Sandbox
+uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import leanrl
+from leanrl._sandbox_config import ModalConfig
+from leanrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import modal
+
+__all__ = [
+    "DOCKER_DIR",
+    "ImageRecipe",
+    "build_image",
+    "image_recipe",
+]
+
+DOCKER_DIR = Path(__file__).resolve().parent.parent / "docker"
+"""``runtimes/docker``: the Dockerfile, install script and requirements both images use."""
+INSTALL_SCRIPT = DOCKER_DIR / "install-lean.sh"
+REQUIREMENTS = DOCKER_DIR / "requirements-service.txt"
+APT_PACKAGES = ("ca-certificates", "curl", "git", "bubblewrap")
+"""System packages: fetching elan/Mathlib, and bubblewrap for ``RuntimeConfig.isolate``."""
+PYTHON_VERSION = "3.11"
+LEAN_HOME = "/opt/lean"
+REMOTE_SRC = "/opt/leanrl-src"
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    """The steps of the in-code image, as data (so they can be checked without Modal)."""
+
+    python_version: str
+    apt_packages: tuple[str, ...]
+    local_files: tuple[tuple[Path, str], ...]
+    """(file here, path in the image), copied into the image before the commands run."""
+    lean_commands: tuple[str, ...]
+    """Shell commands that install Lean, Mathlib and the REPL (one cached layer)."""
+    requirements: Path
+    source: tuple[Path, str]
+    """(leanrl source here, path in the image): a source checkout or the installed package."""
+    source_commands: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _leanrl_source() -> tuple[Path, str, tuple[str, ...], dict[str, str]]:
+    # Installed wheel: leanrl/ holds everything (runtimes/, environments/ nested in it), so
+    # copying the package and putting it on PYTHONPATH is enough. Source checkout: the built-in
+    # folders live beside leanrl/, so copy the checkout and pip-install it (without deps).
+    pkg = Path(leanrl.__file__).resolve().parent
+    if (pkg / "runtimes").is_dir():
+        remote = f"{REMOTE_SRC}/site"
+        return pkg, f"{remote}/leanrl", (), {"PYTHONPATH": remote}
+    root = pkg.parent
+    if not (root / "pyproject.toml").is_file():
+        raise ConfigError(
+            f"cannot find leanrl's source to put in the Modal image (looked at {pkg} and {root})"
+        )
+    return root, REMOTE_SRC, (f"pip install --no-deps --no-build-isolation {REMOTE_SRC}",), {}
+
+
+def image_recipe(config: ModalConfig) -> ImageRecipe:
+    """The in-code image for ``config`` (toolchain, Mathlib and REPL revisions)."""
+    src, remote, src_cmds, src_env = _leanrl_source()
+    script = "/opt/leanrl/install-lean.sh"
+    return ImageRecipe(
+        python_version=PYTHON_VERSION,
+        apt_packages=APT_PACKAGES,
+        local_files=((INSTALL_SCRIPT, script),),
+        lean_commands=(
+            f"LEAN_HOME={LEAN_HOME} bash {script} {config.lean_toolchain} "
+            f"{config.mathlib_rev} {config.repl_rev}",
+        ),
+        requirements=REQUIREMENTS,
+        source=(src, remote),
+        source_commands=src_cmds,
+        env={
+            "PATH": "/opt/elan/bin:/usr/local/bin:/usr/bin:/bin",
+            "ELAN_HOME": "/opt/elan",
+            "LEANRL_LEAN_PROJECT": f"{LEAN_HOME}/project",
+            "LEANRL_REPL": f"{LEAN_HOME}/repl/.lake/build/bin/repl",
+            **src_env,
+        },
+    )
+
+
+def build_image(config: ModalConfig) -> modal.Image:
+    """The ``modal.Image`` the Sandboxes run (lazy: nothing is built or sent here)."""
+    import modal
+
+    args = {
+        "LEAN_TOOLCHAIN": config.lean_toolchain,
+        "MATHLIB_REV": config.mathlib_rev,
+        "REPL_REV": config.repl_rev,
+    }
+    if config.image_source == "registry":
+        if not config.image_ref:
+            raise ConfigError(
+                "modal.image_source = 'registry' needs modal.image_ref (the pushed image's tag, "
+                "built from runtimes/docker/Dockerfile)"
+            )
+        return modal.Image.from_registry(config.image_ref)
+    if config.image_source == "dockerfile":
+        src, _, _, _ = _leanrl_source()
+        if not (src / "pyproject.toml").is_file():
+            raise ConfigError(
+                "modal.image_source = 'dockerfile' needs leanrl as a source checkout (the "
+                "Dockerfile's build context); use image_source = 'code' with an installed wheel"
+            )
+        return modal.Image.from_dockerfile(
+            DOCKER_DIR / "Dockerfile", context_dir=src, build_args=args
+        )
+    r = image_recipe(config)
+    image = modal.Image.debian_slim(python_version=r.python_version).apt_install(*r.apt_packages)
+    for local, remote in r.local_files:
+        image = image.add_local_file(local, remote, copy=True)
+    # Lean and Mathlib first: they change rarely, so editing leanrl keeps this layer cached.
+    image = image.run_commands(*r.lean_commands).pip_install_from_requirements(str(r.requirements))
+    src, remote = r.source
+    image = image.add_local_dir(
+        src,
+        remote,
+        copy=True,
+        ignore=["**/.git", "**/__pycache__", "**/.lake", "**/*.egg-info", "**/.venv", "**/build"],
+    )
+    if r.source_commands:
+        image = image.run_commands(*r.source_commands)
+    return image.env(r.env)

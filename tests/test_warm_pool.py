@@ -1,0 +1,194 @@
+"""The warm pool and the sandbox runtime, with real `leanrl serve` processes as sandboxes.
+
+The sandboxes come from the local implementation of the sandbox interface (the same one the
+`modal` runtime uses with `backend = "local"`), each serving the echo test runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+from _service_testing import attempt
+
+from leanrl._sandbox_config import ClientConfig, ModalConfig, PoolConfig
+from leanrl.runtime import RuntimeConfig
+from leanrl.runtimes.modal import ModalRuntime
+from leanrl.runtimes.modal.local_backend import LocalProcessBackend, LocalSandbox
+from leanrl.service.client import ServiceClient
+from leanrl.service.pool import PoolUnavailable, WarmPool
+from leanrl.service.sandbox import Sandbox
+from leanrl.service.sandbox_runtime import inner_runtime_args
+from leanrl.verdict import Reason
+
+TESTS = Path(__file__).resolve().parent
+ECHO = "_echo_runtime:EchoRuntime"
+
+
+def backend(**options: object) -> LocalProcessBackend:
+    args = inner_runtime_args(RuntimeConfig(), ECHO, dict(options))
+    return LocalProcessBackend(args, cpu=2.0, pythonpath=[TESTS])
+
+
+async def probe(sb: Sandbox) -> bool:
+    async with ServiceClient(sb.url, sb.token) as c:
+        return (await c.health(retries=0, timeout_s=2)).status == "ok"
+
+
+def runtime(tmp_path: Path, **modal: object) -> ModalRuntime:
+    pool = modal.pop("pool", PoolConfig(max_sandboxes=2, max_uses=1, health_interval_s=60))
+    client = modal.pop("client", ClientConfig(retries=1, backoff_s=0.05))
+    cfg = ModalConfig(
+        backend="local",
+        local_runtime=ECHO,
+        local_pythonpath=[TESTS],
+        warm_sandboxes=1,
+        cpu=2.0,
+        pool=pool,
+        client=client,
+        metrics_path=tmp_path / "metrics.jsonl",
+        inner_options={"log_path": str(tmp_path / "checks.log")},
+        **modal,
+    )
+    return ModalRuntime(RuntimeConfig(name="modal", modal=cfg))
+
+
+def pids_alive(sbs: list[LocalSandbox]) -> list[int]:
+    return [sb.proc.pid for sb in sbs if psutil.pid_exists(sb.proc.pid)]
+
+
+async def wait_for(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(int(timeout_s / 0.05)):
+        if cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+async def test_pool_keeps_target_ready_and_replaces_used_ones() -> None:
+    be = backend()
+    pool = WarmPool(be, PoolConfig(target_ready=1, max_sandboxes=3, max_uses=1), probe)
+    await pool.start()
+    assert pool.state()["ready"] == 1
+    sb = await pool.acquire()
+    assert pool.state()["warm_acquires"] >= 1 and pool.state()["busy"] == 1
+    # taking the ready one starts a replacement in the background
+    await wait_for(lambda: pool.state()["ready"] == 1)
+    async with ServiceClient(sb.url, sb.token) as c:
+        assert (await c.check([attempt("ok")]))[0].accepted
+    await pool.release(sb, ok=True)  # max_uses=1: retired, not reused
+    await wait_for(lambda: pool.state()["terminated"] == 1)
+    s = pool.state()
+    assert s["retired_used"] == 1 and s["ready"] == 1 and s["busy"] == 0
+    assert s["sandbox_s"] > 0 and s["cpu_reserved_s"] == pytest.approx(
+        s["sandbox_s"] * 2.0, rel=0.05
+    )
+    started = list(be.started)
+    await pool.close()
+    assert not pids_alive(started) and all(x.terminated_at for x in started)
+    assert pool.state()["ready"] == 0
+
+
+async def test_dead_and_over_age_idle_sandboxes_are_replaced() -> None:
+    be = backend()
+    cfg = PoolConfig(target_ready=1, max_sandboxes=2, health_interval_s=0.2, max_age_s=3600)
+    pool = WarmPool(be, cfg, probe)
+    await pool.start()
+    first = be.started[0]
+    first.kill()
+    await wait_for(lambda: pool.state()["replaced_dead"] == 1 and pool.state()["ready"] == 1)
+    second = await pool.acquire()
+    assert second is not first and await second.alive()
+    await pool.release(second, ok=True)
+    pool.config = cfg.model_copy(update={"max_age_s": 0.01})  # everything is now too old
+    await wait_for(lambda: pool.state()["replaced_aged"] >= 1)
+    await pool.close()
+    assert not pids_alive(be.started)
+
+
+async def test_a_backend_that_cannot_start_fails_fast_with_its_error() -> None:
+    args = inner_runtime_args(RuntimeConfig(), "no_such_module:Nope")
+    be = LocalProcessBackend(args, pythonpath=[TESTS])
+    pool = WarmPool(be, PoolConfig(target_ready=1, max_sandboxes=1), probe)
+    with pytest.raises(PoolUnavailable, match="no_such_module") as ei:
+        await pool.start()
+    assert "fail to start (3 times in a row)" in str(ei.value)
+    await pool.close()
+
+
+async def test_sandbox_dying_mid_batch_costs_one_retry_and_nothing_twice(tmp_path: Path) -> None:
+    rt = runtime(tmp_path, batch_size=3)
+    marker = tmp_path / "died-once"
+    proofs = ["ok", "bad", f"die-once:{marker}", "ok", "sorry", "rfl"]
+    attempts = [attempt(p, id=f"a{i}") for i, p in enumerate(proofs)]
+    async with rt:
+        verdicts = await rt.check(attempts)
+        m = rt.metrics()
+    assert marker.exists()  # a sandbox really died
+    assert [v.id for v in verdicts] == [a.id for a in attempts]
+    assert [v.reason for v in verdicts] == [
+        Reason.OK, Reason.ERROR, Reason.OK, Reason.OK, Reason.SORRY, Reason.OK,
+    ]  # fmt: skip
+    assert m["retried_batches"] == 1 and m["infra_verdicts"] == 0 and m["attempts"] == 6
+    assert m["pool_discarded_failed"] == 1
+
+
+async def test_sandbox_dying_twice_gives_infra_verdicts_for_that_batch_only(
+    tmp_path: Path,
+) -> None:
+    rt = runtime(tmp_path, batch_size=2)
+    attempts = [attempt(p, id=f"a{i}") for i, p in enumerate(["ok", "die", "ok", "bad"])]
+    async with rt:
+        verdicts = await rt.check(attempts)
+        m = rt.metrics()
+    assert [v.reason for v in verdicts] == [Reason.INFRA, Reason.INFRA, Reason.OK, Reason.ERROR]
+    assert "sandbox failed twice" in verdicts[0].detail
+    assert [v.id for v in verdicts] == ["a0", "a1", "a2", "a3"]
+    assert m["infra_verdicts"] == 2 and m["batches"] == 2
+
+
+async def test_a_hanging_sandbox_is_dropped_and_its_batch_gets_infra(tmp_path: Path) -> None:
+    rt = runtime(tmp_path, batch_size=1, client=ClientConfig(retries=0, request_timeout_s=1.0))
+    async with rt:
+        verdicts = await rt.check([attempt("hang", id="h"), attempt("ok", id="k")])
+        started = list(rt.pool.backend.started) if rt.pool else []  # type: ignore[attr-defined]
+    assert [v.reason for v in verdicts] == [Reason.INFRA, Reason.OK]
+    assert "ReadTimeout" in verdicts[0].detail
+    assert not pids_alive(started)  # closing the runtime stopped every process it started
+
+
+async def test_cost_is_accounted_per_batch_and_per_run(tmp_path: Path) -> None:
+    rt = runtime(tmp_path, batch_size=2)
+    async with rt:
+        await rt.check([attempt("ok", id=str(i)) for i in range(5)])
+        costs = rt.batch_costs()
+    assert sum(c.attempts for c in costs) == 5
+    assert len(costs) == 3 and all(c.tries == 1 and c.infra == 0 for c in costs)
+    for c in costs:
+        assert c.sandbox_s > 0 and c.cpu_reserved_s == pytest.approx(c.sandbox_s * 2.0)
+        assert c.cpu_used_s is not None and c.cpu_used_s >= 0
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    batches = [x for x in lines if x["kind"] == "batch"]
+    runs = [x for x in lines if x["kind"] == "run"]
+    assert len(batches) == 3 and len(runs) == 1 and lines[-1]["kind"] == "run"
+    run = runs[0]
+    assert run["runtime"] == "modal" and run["attempts"] == 5 and run["batches"] == 3
+    # billed time covers every sandbox's whole life, so it is at least the busy time
+    assert run["pool_sandbox_s"] >= run["batch_sandbox_s"] > 0
+    assert run["pool_cpu_reserved_s"] == pytest.approx(run["pool_sandbox_s"] * 2.0, rel=0.01)
+    assert run["pool_retired_used"] >= 3  # max_uses=1: a fresh sandbox per batch
+    checked = (tmp_path / "checks.log").read_text().split()
+    assert sorted(checked[1::2]) == ["0", "1", "2", "3", "4"]  # each attempt checked once
+
+
+async def test_tactic_session_through_a_pooled_sandbox(tmp_path: Path) -> None:
+    rt = runtime(tmp_path)
+    async with rt:
+        async with rt.tactic_session("import Mathlib") as s:
+            st = await s.start("theorem t : 1 = 1 := by")
+            done = await s.apply(st.proof_state or 0, "rfl")
+        assert done.solved
+        assert rt.metrics()["pool_retired_used"] == 1  # the session used up its sandbox
