@@ -12,6 +12,7 @@ import copy
 import math
 import random
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,7 +209,9 @@ class GRPOEngine:
         samples = [s for s in batch.samples if any(s.mask)]
         lr = self.optimizer.param_groups[0]["lr"]
         if not samples:  # every group equal (or masked): nothing to learn, but time moves on
-            self.scheduler.step()
+            with warnings.catch_warnings():  # "scheduler before optimizer": intended here
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
             self.step += 1
             return {"loss": None, "kl": None, "entropy": None, "clip_frac": None, "lr": lr,
                     "grad_norm": None, "skipped": True}  # fmt: skip
