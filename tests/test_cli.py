@@ -65,7 +65,7 @@ def test_env_shorthand() -> None:
         "eval",
         "--env.id",
         "minif2f",
-        "--k",
+        "-k",  # argparse spells one-letter flags with one dash; --k is accepted as well
         "1",
     ]
     assert normalize_argv(["--env=core"]) == ["--env.id", "core"]

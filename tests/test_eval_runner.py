@@ -1,0 +1,164 @@
+"""The eval runner with a scripted TEST runtime and policy: files, pass@k, resume, overlap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leanrl import ConfigError, EnvironmentConfig, RuntimeConfig, TasksetConfig, load_environment
+from leanrl.eval import EvalConfig, run_eval
+from leanrl.eval.runner import chunk_seed
+from tests._scripted_runtime import ScriptedPolicy
+
+RT = "tests._scripted_runtime:ScriptedRuntime"
+# Sample 0 is accepted by the test runtime, samples 1-3 are not: n=4, c=1 for every task.
+TEXTS = ["\n  omega\n", "\n  simp\n", "\n  linarith\n", "\n  ring\n"]
+
+
+def make(shared_data: Path, out: Path, **kw: Any) -> EvalConfig:
+    rt = kw.pop("runtime_options", {})
+    return EvalConfig(
+        env=EnvironmentConfig(
+            id="minif2f",
+            taskset=TasksetConfig(path=shared_data, limit=kw.pop("limit", 6)),
+            runtime=RuntimeConfig(name=RT, options=rt),
+        ),
+        samples=kw.pop("samples", 4),
+        k=kw.pop("k", [1, 2, 4]),
+        out=out,
+        chunk_tasks=kw.pop("chunk_tasks", 2),
+        progress=False,
+        **kw,
+    )
+
+
+def lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+
+
+async def test_run_writes_every_attempt_and_the_report(shared_data: Path, tmp_path: Path) -> None:
+    cfg = make(shared_data, tmp_path / "run")
+    policy = ScriptedPolicy(TEXTS)
+    s = await run_eval(cfg, policy=policy)
+    recs = lines(tmp_path / "run")
+    assert len(recs) == 24 and len({(r["task_id"], r["sample"]) for r in recs}) == 24
+    r0 = next(r for r in recs if r["sample"] == 0)
+    assert r0["accepted"] and r0["verdict"]["reason"] == "ok" and r0["reward"] == 1.0
+    assert r0["proof"] == "\n  omega" and r0["completion"] == TEXTS[0]
+    assert r0["prompt"].startswith("Complete the following Lean 4 code")
+    assert r0["completion_tokens"] == len(TEXTS[0]) and "generate" in r0["timings"]
+    table = s["results"]["pass_at_k"]["all"]
+    assert table == {"tasks": 6, "pass@1": 0.25, "pass@2": 0.5, "pass@4": 1.0}
+    assert s["results"]["pass_at_k_curve"]["all"]["pass@3"] == pytest.approx(0.75)
+    assert set(s["results"]["pass_at_k"]) >= {"all", "aime"}  # per category too
+    assert s["results"]["reasons"] == {"error": 18, "ok": 6}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["versions"]["lean_toolchain"] == "leanprover/lean4:v4.24.0"
+    assert summary["versions"]["leanrl"] and summary["config"]["samples"] == 4
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| **all** | 6 | 25.0% | 50.0% | 100.0% |" in report
+    png = (tmp_path / "run" / "pass_at_k.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    # chunks of 2 tasks x 4 samples, each with its own fixed seed
+    assert [len(c) for c in policy.calls] == [2, 2, 2]
+    assert policy.seeds == [chunk_seed(0, i) for i in range(3)]
+
+
+async def test_resume_after_interruption_redoes_nothing(shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = make(shared_data, out, pipeline_depth=1, runtime_options={"delay_s": 0.2})
+    first = ScriptedPolicy(TEXTS)
+    job = asyncio.ensure_future(run_eval(cfg, policy=first))
+    while not (out / "results.jsonl").is_file() or not (out / "results.jsonl").read_text():
+        await asyncio.sleep(0.02)
+    job.cancel()  # interrupted after the first chunk was recorded
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    done = {(r["task_id"], r["sample"]) for r in lines(out)}
+    assert 0 < len(done) < 24
+    second = ScriptedPolicy(TEXTS)
+    s = await run_eval(cfg, policy=second)
+    recs = lines(out)
+    keys = [(r["task_id"], r["sample"]) for r in recs]
+    assert len(keys) == 24 and len(set(keys)) == 24  # nothing lost, nothing twice
+    redone = {p for call in second.calls for p in call}
+    assert len(second.calls) == 3 - len(done) // 8  # only the chunks that were not finished
+    assert s["results"]["pass_at_k"]["all"]["pass@2"] == 0.5
+    assert s["timing"]["attempts_this_run"] == 24 - len(done)
+    assert redone  # the unfinished chunks were generated again
+    # a third run has nothing left to do and calls no model
+    third = ScriptedPolicy(TEXTS)
+    await run_eval(cfg, policy=third)
+    assert third.calls == [] and len(lines(out)) == 24
+
+
+async def test_torn_last_line_and_duplicates_are_reconciled(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    cfg = make(shared_data, out, limit=2)
+    await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
+    recs = lines(out)
+    body = "".join(json.dumps(r) + "\n" for r in recs[:5])
+    body += json.dumps(recs[0]) + "\n"  # a duplicate
+    body += json.dumps(recs[5])[:40]  # a line torn by a kill
+    (out / "results.jsonl").write_text(body)
+    policy = ScriptedPolicy(TEXTS)
+    await run_eval(cfg, policy=policy)
+    keys = [(r["task_id"], r["sample"]) for r in lines(out)]
+    assert len(keys) == 8 and len(set(keys)) == 8
+    assert len(policy.calls) == 1  # only the chunk with missing attempts ran again
+
+
+async def test_a_different_config_is_not_resumed(shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    await run_eval(make(shared_data, out, limit=2), policy=ScriptedPolicy(TEXTS))
+    with pytest.raises(ConfigError, match=r"different eval run.*samples: 4 -> 8.*--out"):
+        await run_eval(
+            make(shared_data, out, limit=2, samples=8, k=[1]), policy=ScriptedPolicy(TEXTS)
+        )
+    # other k values and a longer limit are the same run: it re-reports and extends
+    s = await run_eval(make(shared_data, out, limit=4, k=[1, 3]), policy=ScriptedPolicy(TEXTS))
+    assert s["results"]["pass_at_k"]["all"] == {"tasks": 4, "pass@1": 0.25, "pass@3": 0.75}
+    assert len(lines(out)) == 16
+
+
+async def test_generation_and_verification_overlap(shared_data: Path, tmp_path: Path) -> None:
+    def overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+        return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
+
+    runs = {}
+    for depth in (1, 2):
+        env = load_environment(make(shared_data, tmp_path / f"d{depth}").env)
+        env.config.runtime.options = {"delay_s": 0.1}
+        cfg = make(shared_data, tmp_path / f"d{depth}", pipeline_depth=depth, chunk_tasks=1)
+        policy = ScriptedPolicy(TEXTS, delay_s=0.1)
+        await run_eval(cfg, policy=policy, env=env)
+        runs[depth] = overlaps(policy.spans, env.runtime.spans)  # type: ignore[attr-defined]
+        assert len(env.runtime.spans) == 6  # type: ignore[attr-defined]
+    assert runs == {1: False, 2: True}
+
+
+async def test_bad_input_fails_before_any_work(shared_data: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"k=\[8\] is larger than samples=4"):
+        await run_eval(make(shared_data, tmp_path / "a", k=[1, 8]), policy=ScriptedPolicy(TEXTS))
+    bad_env = make(shared_data, tmp_path / "b")
+    bad_env.env.id = "nosuchenv"
+    with pytest.raises(ConfigError, match=r"unknown environment 'nosuchenv'\. Known: .*minif2f"):
+        await run_eval(bad_env, policy=ScriptedPolicy(TEXTS))
+    bad_h = make(shared_data, tmp_path / "c")
+    bad_h.env.harness.name = "nope"
+    with pytest.raises(ConfigError, match=r"unknown harness 'nope'\. Known: .*whole-proof"):
+        await run_eval(bad_h, policy=ScriptedPolicy(TEXTS))
+    lean_missing = make(shared_data, tmp_path / "d", runtime_options={"fail_start": True})
+    from leanrl import LeanNotFoundError
+
+    policy = ScriptedPolicy(TEXTS)
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        await run_eval(lean_missing, policy=policy)
+    assert policy.calls == []
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
