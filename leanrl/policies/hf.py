@@ -28,6 +28,7 @@ class HFPolicy(Policy):
         self._tok: Any = None
         self._device: Any = None
         self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def model(self) -> Any:
@@ -39,9 +40,15 @@ class HFPolicy(Policy):
         """The loaded tokenizer (None before :meth:`start`)."""
         return self._tok
 
+    def _loop_lock(self) -> asyncio.Lock:
+        # One lock per event loop: a policy started in one loop (a notebook cell, a fixture)
+        # may generate in another.
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
+
     async def start(self) -> None:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         if self._model is not None:
             return
         source = resolve_model(self.config.model)
@@ -100,8 +107,7 @@ class HFPolicy(Policy):
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         await self.start()
-        assert self._lock is not None
-        async with self._lock:
+        async with self._loop_lock():
             return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
 
     def _generate_sync(

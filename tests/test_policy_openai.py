@@ -1,0 +1,175 @@
+"""The openai policy against a real HTTP server on loopback that fails transiently."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from leanrl import ChatMessage, PolicyConfig, PolicyError, SamplingConfig
+from leanrl.policies import make_policy
+from leanrl.policies.openai import OpenAIPolicy
+
+
+class Server:
+    """An OpenAI-compatible server. Each prompt's first ``fail`` requests get 503/429 or a dropped
+    connection; it records the peak number of requests in flight."""
+
+    def __init__(self, fail: int = 2, delay_s: float = 0.05, status: int | None = None) -> None:
+        self.fail, self.delay_s, self.status = fail, delay_s, status
+        self.seen: dict[str, int] = {}
+        self.bodies: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._send(200, {"data": [{"id": "m"}]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                key = json.dumps(body.get("prompt") or body.get("messages"))
+                with server.lock:
+                    server.bodies.append(body)
+                    server.seen[key] = server.seen.get(key, 0) + 1
+                    tries = server.seen[key]
+                    server.in_flight += 1
+                    server.peak = max(server.peak, server.in_flight)
+                try:
+                    time.sleep(server.delay_s)
+                    if server.status is not None:
+                        return self._send(server.status, {"error": "bad request"})
+                    if tries <= server.fail:
+                        if tries % 3 == 0:
+                            self.connection.close()  # a dropped connection
+                            return None
+                        return self._send(503 if tries % 2 else 429, {"error": "busy"})
+                    return self._send(200, server.answer(self.path, body))
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def _send(self, code: int, data: dict[str, Any]) -> None:
+                blob = json.dumps(data).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(blob)))
+                if code == 429:
+                    self.send_header("Retry-After", "0")
+                self.end_headers()
+                self.wfile.write(blob)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        choices = []
+        for i in range(body["n"]):
+            if path.endswith("/chat/completions"):
+                text = f"chat {i}: {body['messages'][-1]['content']}"
+                choices.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                        "logprobs": {"content": [{"token": "x", "logprob": -0.25}] * 3},
+                    }
+                )
+            else:
+                choices.append(
+                    {
+                        "index": body["n"] - 1 - i,  # out of order: the client sorts by index
+                        "text": f"{body['prompt']} -> {body['n'] - 1 - i}",
+                        "finish_reason": "length" if i == 0 else "stop",
+                        "logprobs": {"token_logprobs": [-1.0, -2.0]},
+                    }
+                )
+        return {"choices": choices}
+
+    def __enter__(self) -> Server:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with Server() as s:
+        yield s
+
+
+def policy(url: str, **kw: Any) -> OpenAIPolicy:
+    p = make_policy(PolicyConfig(model="m", backend="openai", base_url=url, **kw))
+    assert isinstance(p, OpenAIPolicy)
+    p.backoff_s = 0.01
+    return p
+
+
+async def test_retries_through_transient_failures_with_bounded_concurrency(server: Server) -> None:
+    p = policy(server.url, max_concurrency=3, max_retries=4)
+    prompts = [f"p{i}" for i in range(8)]
+    out = await p.generate(prompts, SamplingConfig(n=2, max_tokens=5, seed=1, stop=["```"]))
+    await p.close()
+    assert [[c.text for c in row] for row in out] == [
+        [f"p{i} -> 0", f"p{i} -> 1"] for i in range(8)
+    ]
+    assert out[0][0].logprobs == (-1.0, -2.0)
+    assert {c.finish_reason for row in out for c in row} == {"stop", "length"}
+    assert all(n == 3 for n in server.seen.values())  # two failures, then success
+    assert p.retries == 16
+    assert server.peak <= 3  # never more than max_concurrency requests in flight
+    sent = server.bodies[-1]
+    assert sent["stop"] == ["```"] and sent["seed"] == 1 and sent["max_tokens"] == 5
+
+
+async def test_chat_prompts_go_to_chat_completions(server: Server) -> None:
+    p = policy(server.url)
+    msgs = [ChatMessage(role="system", content="S"), ChatMessage(role="user", content="prove it")]
+    out = await p.generate([msgs], SamplingConfig(n=2))
+    await p.close()
+    assert [c.text for c in out[0]] == ["chat 0: prove it", "chat 1: prove it"]
+    assert out[0][0].logprobs == (-0.25, -0.25, -0.25)
+    assert server.bodies[-1]["messages"][0] == {"role": "system", "content": "S"}
+
+
+async def test_gives_up_after_max_retries_and_on_client_errors() -> None:
+    with Server(fail=100) as s:
+        p = policy(s.url, max_retries=2)
+        with pytest.raises(PolicyError, match="failed 3 times; last: RemoteProtocolError"):
+            await p.generate(["x"], SamplingConfig())
+        await p.close()
+    with Server(status=400) as s:
+        p = policy(s.url, max_retries=5)
+        with pytest.raises(PolicyError, match=r"rejected the request.*HTTP 400"):
+            await p.generate(["x"], SamplingConfig())
+        assert len(s.bodies) == 1  # a 400 is not retried
+        await p.close()
+
+
+async def test_timeouts_are_retried_then_reported() -> None:
+    with Server(fail=0, delay_s=1.0) as s:
+        p = policy(s.url, max_retries=1, request_timeout_s=0.2)
+        with pytest.raises(PolicyError, match="ReadTimeout"):
+            await p.generate(["x"], SamplingConfig())
+        await p.close()
+
+
+async def test_nobody_listening_fails_at_start() -> None:
+    with Server() as s:
+        url = s.url
+    p = policy(url)
+    with pytest.raises(PolicyError, match="cannot reach the OpenAI-compatible server"):
+        await p.start()
