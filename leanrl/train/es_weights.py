@@ -93,7 +93,10 @@ class ESWeights:
             for name, p in self.params.items():
                 theta = self.master[name]  # [*shape] fp32
                 eps = noise(seed, name, theta.shape, theta.device)  # [*shape] fp32
-                p.copy_(torch.add(theta, eps, alpha=scale))
+                if p.dtype == torch.float32:  # same single rounding, no temporary
+                    torch.add(theta, eps, alpha=scale, out=p)
+                else:
+                    p.copy_(torch.add(theta, eps, alpha=scale))
 
     def restore(self) -> None:
         """Write ``cast(θ)`` back into every parameter: bit-exact, whatever was written before."""

@@ -27,7 +27,7 @@ import multiprocessing as mp
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from leanrl.environment import EnvironmentConfig, load_environment
@@ -239,6 +239,12 @@ async def _worker_loop(conn: Any, init: _WorkerInit) -> None:
             await env.close()
 
 
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 class ProcessPoolScorer:
     """Scores members in ``workers`` local processes, members split round-robin.
 
@@ -273,7 +279,11 @@ class ProcessPoolScorer:
         init = _WorkerInit(
             self.source, self.initial_records, self.env_config, self.policy_config, self.threads
         )
-        for _ in range(self.workers):
+        gpus = _cuda_count() if self.source.device.startswith("cuda") else 0
+        for i in range(self.workers):
+            if gpus > 1:  # one GPU per worker, round-robin (CUDA noise is the same on every GPU)
+                src = replace(self.source, device=f"cuda:{i % gpus}")
+                init = replace(init, source=src)
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(child, init), daemon=True)
             proc.start()
