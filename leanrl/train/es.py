@@ -370,6 +370,7 @@ class ESTrainer:
         from leanrl.train.es_weights import MASTER_FILE, ESWeights, load_master_file
 
         assert isinstance(self._scorer, VLLMScorer)
+        self._scorer.sync(self.history.records)  # the engine applies updates lazily
         with tempfile.TemporaryDirectory(dir=self.run.path) as tmp:
             master = Path(tmp) / MASTER_FILE
             self._scorer.save_master(str(master))

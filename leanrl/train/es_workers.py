@@ -372,7 +372,8 @@ class ESVLLMWorkerExtension:
         return len(self.es_master)
 
     def _es_load(self, fn: Any) -> None:
-        batch = [(n, fn(n, t).to(self.es_dtype)) for n, t in self.es_master.items()]
+        # a generator: one tensor's cast copy alive at a time, not a second copy of the model
+        batch = ((n, fn(n, t).to(self.es_dtype)) for n, t in self.es_master.items())
         self.model_runner.model.load_weights(weights=batch)
 
     def es_perturb(self, seed: int, scale: float) -> None:
@@ -451,7 +452,8 @@ class VLLMScorer:
         if self.master_path:  # a checkpoint's exact fp32 master (bf16 runs)
             self.llm.collective_rpc("es_load_master", args=(self.master_path,))
 
-    def _sync(self, records: Sequence[HistoryRecord]) -> None:
+    def sync(self, records: Sequence[HistoryRecord]) -> None:
+        """Apply the records the engine has not applied yet (in fp32, inside the engine)."""
         for rec in records:
             if rec.iteration > self._applied:
                 self.llm.collective_rpc("es_update", args=(list(rec.coeffs),))
@@ -459,7 +461,7 @@ class VLLMScorer:
         self.llm.reset_prefix_cache()
 
     async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
-        self._sync(state.records)
+        self.sync(state.records)
         policy = _EnginePolicy(self.llm, self.policy_config)
         out = []
         for m in members:
