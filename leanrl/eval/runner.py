@@ -46,10 +46,12 @@ async def run_eval(
 ) -> dict[str, Any]:
     """Run (or resume) an evaluation; return the summary also written to ``summary.json``.
 
-    ``env`` and ``policy`` may be passed in ready-made (notebooks, tests); otherwise they are
-    built from the config. Bad input fails here, before any model or Lean process starts.
+    ``env`` and ``policy`` may be passed in ready-made (notebooks, tests, trainers); otherwise
+    they are built from the config. A policy passed in is started if needed but not closed.
+    Bad input fails here, before any model or Lean process starts.
     """
     config.check()
+    own_policy = policy is None  # close only what this call made; callers own what they pass
     env = env or load_environment(config.env)
     harness, runtime = env.harness, env.runtime  # unknown ids fail here, listing known ones
     if policy is None:
@@ -104,7 +106,8 @@ async def run_eval(
         store.close()
         if pending:
             await runtime.close()
-            await policy.close()
+            if own_policy:
+                await policy.close()
     wall = time.perf_counter() - t_start
     summary = {
         "out": str(config.out_dir),
