@@ -64,6 +64,7 @@ def test_offline_machine_says_what_is_missing(
     )
     assert code == 2 and "not in the local Hugging Face cache" in err
     assert "--model DIR" in err  # how to supply a local model folder
+    assert "--env.taskset.path" in err  # and the dataset is missing too: both are reported
     # a local model but no local copy of the dataset
     code, err = run_cli(["eval", "--env", "minif2f", "--model", str(tiny_model_dir), *out], capsys)
     assert code == 2 and "--env.taskset.path" in err

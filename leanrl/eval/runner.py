@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from leanrl.environment import Environment, load_environment
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, LeanrlError
 from leanrl.eval.config import EvalConfig
 from leanrl.eval.report import package_versions, summarize, write_report
 from leanrl.eval.store import ResultStore
@@ -54,9 +54,26 @@ async def run_eval(
     own_policy = policy is None  # close only what this call made; callers own what they pass
     env = env or load_environment(config.env)
     harness, runtime = env.harness, env.runtime  # unknown ids fail here, listing known ones
+    # The cheap checks all run before anything starts, and every problem is reported at once
+    # (an offline machine may lack both the model and the dataset).
+    problems: list[LeanrlError] = []
+    tasks: list[Task] = []
     if policy is None:
-        policy = _make_policy(config)
-    tasks = env.tasks()
+        try:
+            policy = _make_policy(config)
+        except LeanrlError as e:
+            problems.append(e)
+    try:
+        tasks = env.tasks()
+    except LeanrlError as e:
+        problems.append(e)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError(
+            "cannot start the eval:\n" + "\n".join(f"  - {type(p).__name__}: {p}" for p in problems)
+        )
+    assert policy is not None
     if not tasks:
         raise ConfigError(
             f"no tasks to evaluate in {config.env.id!r} with the taskset filters given "
