@@ -124,3 +124,23 @@ async def test_tactic_loop_with_real_lean() -> None:
         )
         v = groups[0][0].verdict
         assert v is not None and v.reason != Reason.INFRA  # Lean really ran the session
+
+
+async def test_tiny_model_turns_keep_model_and_environment_tokens_apart(tiny_model_dir) -> None:
+    from leanrl import PolicyConfig
+    from leanrl.policies import make_policy
+
+    policy = make_policy(PolicyConfig(model=str(tiny_model_dir)))
+    await policy.start()
+    rt = ScriptedRuntime()
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=2))
+    groups = await h.run([TASK], policy, rt, SamplingConfig(n=2, max_tokens=8, seed=0), Taskset())
+    for r in groups[0]:
+        assert r.verdict is not None and len(r.turns) == 2  # random text: errors, then budget
+        ids, mask, lps = r.token_ids_and_mask()
+        for t in r.turns:
+            assert t.feedback_ids == policy.tokenize(t.feedback)
+            assert len(t.completion_ids) == len(t.logprobs or [])
+        assert sum(mask) == sum(len(t.completion_ids) for t in r.turns)
+        assert len(ids) - sum(mask) == sum(len(t.feedback_ids) for t in r.turns) > 0
+        assert [lp is not None for lp in lps] == [m == 1 for m in mask]

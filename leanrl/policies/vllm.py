@@ -35,10 +35,9 @@ class VLLMPolicy(Policy):
         super().__init__(config)
         self._llm: Any = None
         self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         if self._llm is not None:
             return
         vllm = import_vllm()
@@ -63,7 +62,9 @@ class VLLMPolicy(Policy):
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         await self.start()
-        assert self._lock is not None
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:  # one lock per event loop
+            self._lock, self._lock_loop = asyncio.Lock(), loop
         async with self._lock:
             return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
 
