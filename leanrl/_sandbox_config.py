@@ -112,7 +112,7 @@ class DockerConfig(_Config):
     """Mount the image's file system read-only; ``/tmp`` is a private tmpfs."""
     tmpfs_mb: int = Field(default=1024, ge=16)
     """Size of the ``/tmp`` tmpfs, in MiB."""
-    command: list[str] = Field(default_factory=lambda: ["leanrl", "serve"])
+    command: list[str] = Field(default_factory=lambda: ["python", "-m", "leanrl.service"])
     """Command that starts the service in the container; the runtime appends ``--host``,
     ``--port``/``--uds`` and the inner runtime settings."""
     inner_runtime: str = "local"

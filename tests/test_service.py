@@ -289,7 +289,7 @@ def test_serve_refuses_public_bind_without_token(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LEANRL_SERVICE_TOKEN"}
     env["PYTHONPATH"] = str(TESTS)
     r = subprocess.run(
-        [sys.executable, "-m", "leanrl.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        [sys.executable, "-m", "leanrl.service", "--host", "0.0.0.0", "--port", "0"],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2 and "without a bearer token" in r.stderr

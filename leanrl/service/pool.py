@@ -92,8 +92,26 @@ class WarmPool:
         async with self._cond:
             self._rebalance()
         if wait_ready and self.config.target_ready > 0:
-            sb = await self.acquire(self.config.start_timeout_s)
-            await self.release(sb, ok=True, count_use=False)
+            await self._wait_first_ready()
+
+    async def _wait_first_ready(self) -> None:
+        cond = self._need_cond()
+        deadline = time.monotonic() + self.config.start_timeout_s
+        async with cond:
+            while not self._ready:
+                if self._fail_streak >= _FAIL_FAST:
+                    raise PoolUnavailable(
+                        f"{self.backend.name} sandboxes fail to start "
+                        f"({self._fail_streak} times in a row): {self.last_error}"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PoolUnavailable(
+                        f"no {self.backend.name} sandbox became ready within "
+                        f"{self.config.start_timeout_s:g} s; last error: {self.last_error}"
+                    )
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(cond.wait(), remaining)
 
     async def close(self) -> None:
         """Terminate every sandbox (ready, starting or busy) and stop the refill. Idempotent."""
@@ -122,44 +140,45 @@ class WarmPool:
     async def acquire(self, timeout_s: float | None = None) -> Sandbox:
         """A ready sandbox, now if one is idle, else after a cold start (or a release)."""
         cond = self._need_cond()
-        deadline = time.monotonic() + (timeout_s or self.config.acquire_timeout_s)
+        limit = timeout_s or self.config.acquire_timeout_s
+        deadline = time.monotonic() + limit
         waited = False
         async with cond:
-            self._waiters += 1
-            try:
-                while True:
-                    if self._closed:
-                        raise PoolUnavailable("the sandbox pool is closed")
-                    now = time.monotonic()
-                    while self._ready:
-                        sb = self._ready.popleft()
-                        if sb.age_s(now) > self.config.max_age_s:
-                            self._retire(sb, "replaced_aged")
-                            continue
-                        self._busy.add(sb)
-                        self.stats["cold_acquires" if waited else "warm_acquires"] += 1
-                        self._rebalance()
-                        return sb
-                    if self._fail_streak >= _FAIL_FAST and not self._busy:
-                        # The backend is broken: fail now with its error instead of waiting
-                        # out the timeout. The pool keeps retrying in the background.
-                        raise PoolUnavailable(
-                            f"{self.backend.name} sandboxes fail to start "
-                            f"({self._fail_streak} times in a row): {self.last_error}"
-                        )
+            while True:
+                if self._closed:
+                    raise PoolUnavailable("the sandbox pool is closed")
+                now = time.monotonic()
+                while self._ready:
+                    sb = self._ready.popleft()
+                    if sb.age_s(now) > self.config.max_age_s:
+                        self._retire(sb, "replaced_aged")
+                        continue
+                    self._busy.add(sb)
+                    self.stats["cold_acquires" if waited else "warm_acquires"] += 1
+                    self._rebalance()  # refill behind the one just taken
+                    return sb
+                if self._fail_streak >= _FAIL_FAST and not self._busy:
+                    # The backend is broken: fail now with its error instead of waiting out
+                    # the timeout. The pool keeps retrying in the background.
+                    raise PoolUnavailable(
+                        f"{self.backend.name} sandboxes fail to start "
+                        f"({self._fail_streak} times in a row): {self.last_error}"
+                    )
+                remaining = deadline - now
+                if remaining <= 0:
+                    raise PoolUnavailable(
+                        f"no {self.backend.name} sandbox became ready within {limit:g} s"
+                        + (f"; last error: {self.last_error}" if self.last_error else "")
+                    )
+                waited = True
+                # Counted as waiting only while waiting, so the refill starts one for us.
+                self._waiters += 1
+                try:
                     self._rebalance()
-                    remaining = deadline - now
-                    if remaining <= 0:
-                        raise PoolUnavailable(
-                            f"no {self.backend.name} sandbox became ready within "
-                            f"{timeout_s or self.config.acquire_timeout_s:g} s"
-                            + (f"; last error: {self.last_error}" if self.last_error else "")
-                        )
-                    waited = True
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(cond.wait(), remaining)
-            finally:
-                self._waiters -= 1
+                finally:
+                    self._waiters -= 1
 
     async def release(self, sb: Sandbox, ok: bool, count_use: bool = True) -> None:
         """Give ``sb`` back. ``ok=False`` (it failed or may be broken) terminates it."""

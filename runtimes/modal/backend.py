@@ -24,7 +24,7 @@ _TUNNEL_TIMEOUT_S = 120
 def sandbox_command(config: ModalConfig, serve_args: Sequence[str]) -> list[str]:
     """The command a Sandbox runs: the service on all interfaces of its ``service_port``."""
     return [
-        "python", "-m", "leanrl.cli", "serve", "--host", "0.0.0.0",
+        "python", "-m", "leanrl.service", "--host", "0.0.0.0",
         "--port", str(config.service_port), *serve_args,
     ]  # fmt: skip
 

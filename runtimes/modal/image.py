@@ -112,7 +112,8 @@ def build_image(config: ModalConfig) -> modal.Image:
                 "modal.image_source = 'registry' needs modal.image_ref (the pushed image's tag, "
                 "built from runtimes/docker/Dockerfile)"
             )
-        return modal.Image.from_registry(config.image_ref)
+        # The Sandbox gives its own command; the image's ENTRYPOINT must not wrap it.
+        return modal.Image.from_registry(config.image_ref).entrypoint([])
     if config.image_source == "dockerfile":
         src, _, _, _ = _leanrl_source()
         if not (src / "pyproject.toml").is_file():
@@ -122,7 +123,7 @@ def build_image(config: ModalConfig) -> modal.Image:
             )
         return modal.Image.from_dockerfile(
             DOCKER_DIR / "Dockerfile", context_dir=src, build_args=args
-        )
+        ).entrypoint([])
     r = image_recipe(config)
     image = modal.Image.debian_slim(python_version=r.python_version).apt_install(*r.apt_packages)
     for local, remote in r.local_files:

@@ -81,7 +81,7 @@ class LocalSandbox(Sandbox):
 
 
 class LocalProcessBackend(SandboxBackend):
-    """Starts ``python -m leanrl.cli serve`` processes on 127.0.0.1 with a random token."""
+    """Starts ``python -m leanrl.service`` (``leanrl serve``) processes on 127.0.0.1 with a random token."""
 
     name = "local"
 
@@ -112,7 +112,7 @@ class LocalProcessBackend(SandboxBackend):
                 [*self.pythonpath, *filter(None, [env.get("PYTHONPATH")])]
             )
         cmd = [
-            self.python, "-m", "leanrl.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+            self.python, "-m", "leanrl.service", "--host", "127.0.0.1", "--port", "0",
             "--port_file", str(port_file), *self.serve_args,
         ]  # fmt: skip
         with log_path.open("wb") as log:

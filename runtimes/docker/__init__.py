@@ -1,0 +1,44 @@
+"""The ``docker`` runtime: Lean in Docker containers running the verification service.
+
+Containers come from a warm pool (``docker.containers`` ready) and are reused across batches
+until they die, pass ``pool.max_age_s`` or serve ``pool.max_uses`` batches. They have no network
+(``--network none``, the service on a unix socket; or, with ``transport = "tcp"``, a port
+published on 127.0.0.1 only) and memory, CPU and process limits. The image is built from
+``runtimes/docker/Dockerfile``; see docs/sandboxes.md.
+"""
+
+from __future__ import annotations
+
+from leanrl.runtime import RuntimeConfig
+from leanrl.service.sandbox import SandboxBackend
+from leanrl.service.sandbox_runtime import SandboxRuntime, SandboxSettings, inner_runtime_args
+
+__all__ = ["DockerRuntime"]
+
+
+class DockerRuntime(SandboxRuntime):
+    """Lean in Docker containers (settings under ``RuntimeConfig.docker``)."""
+
+    name = "docker"
+    description = "Lean in Docker containers: no network, resource limits, warm pool"
+
+    def __init__(self, config: RuntimeConfig | None = None) -> None:
+        super().__init__(config or RuntimeConfig(name="docker"))
+
+    def settings(self) -> SandboxSettings:
+        d = self.config.docker
+        pool = d.pool.model_copy(
+            update={
+                "target_ready": d.containers,
+                "max_sandboxes": max(d.pool.max_sandboxes, d.containers),
+            }
+        )
+        return SandboxSettings(
+            pool=pool, batch_size=d.batch_size, client=d.client, metrics_path=d.metrics_path
+        )
+
+    def make_backend(self) -> SandboxBackend:
+        from leanrl.runtimes.docker.backend import DockerBackend
+
+        d = self.config.docker
+        return DockerBackend(d, inner_runtime_args(self.config, d.inner_runtime, d.inner_options))

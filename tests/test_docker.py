@@ -1,0 +1,228 @@
+"""The `docker` runtime against a real Docker engine (tests marked `docker` skip without one).
+
+Images cannot be pulled here, so the test image is built from local files: an empty `FROM
+scratch` image, with this machine's Python, the venv and the checkout mounted read-only, serving
+the echo test runtime. Everything else is the real runtime: containers with `--network none`,
+limits, labels, health checks, a warm pool, and removal on close, on SIGTERM and at the next
+start after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from _service_testing import attempt
+
+from leanrl import registry
+from leanrl._sandbox_config import ClientConfig, DockerConfig, PoolConfig
+from leanrl.errors import RuntimeUnavailable
+from leanrl.runtime import RuntimeConfig
+from leanrl.runtimes.docker import DockerRuntime
+from leanrl.runtimes.docker.backend import docker_run_args
+from leanrl.verdict import Reason
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+ECHO = "_echo_runtime:EchoRuntime"
+IMAGE = "leanrl-test-scratch:latest"
+
+
+def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=120, check=check
+    )
+
+
+@pytest.fixture(scope="module")
+def docker_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    try:
+        ok = _docker("version", "--format", "{{.Server.Version}}", check=False).returncode == 0
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        pytest.skip("needs a reachable Docker engine (start one with .ci/start-docker.sh)")
+    ctx = tmp_path_factory.mktemp("docker-ctx")
+    (ctx / "README").write_text("leanrl test image: everything else is mounted read-only\n")
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY README /README\n")
+    _docker("build", "--quiet", "-t", IMAGE, str(ctx))
+    return IMAGE
+
+
+def _host_mounts() -> list[str]:
+    paths = {"/usr", "/lib", "/lib64", sys.prefix, sys.base_prefix, str(REPO)}
+    paths.add(str(Path(sys.executable).resolve().parent.parent))
+    real = sorted({str(Path(p).resolve()) for p in paths if Path(p).exists()} | paths)
+    real = [p for p in real if Path(p).exists()]
+    keep = [p for p in real if not any(p != q and p.startswith(q + "/") for q in real)]
+    return [f"{p}:{p}:ro" for p in keep]
+
+
+def config(image: str, tmp_path: Path, **kw: object) -> RuntimeConfig:
+    d = DockerConfig(
+        image=image,
+        command=[sys.executable, "-m", "leanrl.service"],
+        inner_runtime=ECHO,
+        inner_options={"log_path": str(tmp_path / "checks.log")},
+        mounts=[*_host_mounts(), f"{tmp_path}:{tmp_path}:rw"],
+        env={"PYTHONPATH": str(TESTS)},
+        memory_mb=512,
+        cpus=1.0,
+        pids_limit=256,
+        containers=1,
+        batch_size=2,
+        pool=PoolConfig(max_sandboxes=2, health_interval_s=0.3),
+        client=ClientConfig(retries=1, backoff_s=0.05),
+        **kw,  # type: ignore[arg-type]
+    )
+    return RuntimeConfig(name="docker", docker=d)
+
+
+def containers_of(owner: str) -> list[str]:
+    return _docker("ps", "-aq", "--filter", f"label=leanrl.owner={owner}").stdout.split()
+
+
+async def wait_for(cond, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(int(timeout_s / 0.05)):
+        if cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def test_docker_runtime_is_registered() -> None:
+    assert registry.resolve("runtimes", "docker") is DockerRuntime
+
+
+def test_run_args_isolate_the_container() -> None:
+    d = DockerConfig(mounts=["/a:/b", "/c:/d:rw"], memory_mb=1024, cpus=2, pids_limit=64)
+    args = docker_run_args(d, "n", "h:1:x", "tok", ["--runtime.name", "local"], Path("/s"))
+    joined = " ".join(args)
+    assert "--network none" in joined and "--volume /s:/run/leanrl:rw" in joined
+    assert "--memory 1024m --memory-swap 1024m" in joined and "--cpus 2" in joined
+    assert "--pids-limit 64" in joined and "--cap-drop ALL" in joined and "--read-only" in joined
+    assert "--volume /a:/b:ro" in joined and "--volume /c:/d:rw" in joined
+    assert "--label leanrl.runtime=docker" in joined and "--label leanrl.owner=h:1:x" in joined
+    assert args[-4:] == ["--uds", "/run/leanrl/service.sock", "--runtime.name", "local"]
+    tcp = docker_run_args(DockerConfig(transport="tcp"), "n", "o", "t", [], None)
+    assert "--publish 127.0.0.1::8000" in " ".join(tcp) and "--network bridge" in " ".join(tcp)
+    assert tcp[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+
+
+async def test_no_engine_gives_a_clear_error() -> None:
+    rc = RuntimeConfig(name="docker", docker=DockerConfig(docker_bin="/nonexistent/docker"))
+    with pytest.raises(RuntimeUnavailable, match="no Docker engine reachable"):
+        await DockerRuntime(rc).start()
+
+
+@pytest.mark.docker
+async def test_missing_image_names_the_build_command(docker_image: str, tmp_path: Path) -> None:
+    rc = config("leanrl-no-such-image:0", tmp_path)
+    with pytest.raises(RuntimeUnavailable, match="docker build -f runtimes/docker/Dockerfile"):
+        await DockerRuntime(rc).start()
+
+
+@pytest.mark.docker
+async def test_checks_run_in_isolated_containers_removed_on_close(
+    docker_image: str, tmp_path: Path
+) -> None:
+    rt = DockerRuntime(config(docker_image, tmp_path))
+    async with rt:
+        verdicts = await rt.check([attempt(p, id=p) for p in ("ok", "bad", "sorry")])
+        owner = rt.pool.backend.owner  # type: ignore[union-attr,attr-defined]
+        ids = containers_of(owner)
+        infos = json.loads(_docker("inspect", *ids).stdout)
+        m = rt.metrics()
+    assert [v.reason for v in verdicts] == [Reason.OK, Reason.ERROR, Reason.SORRY]
+    # the warm container, plus one started on demand or as refill (max_sandboxes=2)
+    assert 1 <= len(infos) <= 2 and m["batches"] == 2
+    assert m["pool_created"] >= 1 and len(infos) <= m["pool_created"] + m["pool_starting"]
+    for info in infos:
+        host = info["HostConfig"]
+        assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+        assert host["Memory"] == 512 * 2**20 and host["PidsLimit"] == 256
+        assert host["NanoCpus"] == 10**9 and host["CapDrop"] == ["ALL"]
+        assert info["Config"]["Labels"]["leanrl.runtime"] == "docker"
+    assert containers_of(owner) == []
+
+
+@pytest.mark.docker
+async def test_dead_containers_are_replaced_and_a_batch_survives_one(
+    docker_image: str, tmp_path: Path
+) -> None:
+    rt = DockerRuntime(config(docker_image, tmp_path))
+    async with rt:
+        assert rt.pool is not None
+        owner = rt.pool.backend.owner  # type: ignore[attr-defined]
+        (first,) = containers_of(owner)
+        _docker("kill", first)
+        await wait_for(lambda: rt.pool is not None and rt.pool.state()["replaced_dead"] == 1)
+        marker = tmp_path / "died"
+        verdicts = await rt.check([attempt("ok", id="a"), attempt(f"die-once:{marker}", id="b")])
+        m = rt.metrics()
+    assert marker.exists() and [v.reason for v in verdicts] == [Reason.OK, Reason.OK]
+    assert m["retried_batches"] == 1 and m["infra_verdicts"] == 0
+    assert containers_of(owner) == []
+
+
+@pytest.mark.docker
+async def test_stale_containers_of_a_dead_process_are_removed_at_start(
+    docker_image: str, tmp_path: Path
+) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    owner = f"{socket.gethostname()}:{dead.pid}:stale"
+    _docker(
+        "run", "-d", "--network", "none", "--label", "leanrl.runtime=docker",
+        "--label", f"leanrl.owner={owner}", *[a for m in _host_mounts() for a in ("-v", m)],
+        docker_image, sys.executable, "-c", "import time; time.sleep(600)",
+    )  # fmt: skip
+    assert len(containers_of(owner)) == 1
+    rt = DockerRuntime(config(docker_image, tmp_path))
+    async with rt:
+        assert containers_of(owner) == []
+        assert len(rt.pool.backend.removed_stale) == 1  # type: ignore[union-attr,attr-defined]
+
+
+@pytest.mark.docker
+def test_containers_are_removed_when_the_process_gets_sigterm(
+    docker_image: str, tmp_path: Path
+) -> None:
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from test_docker import config
+        from leanrl.runtimes.docker import DockerRuntime
+        from pathlib import Path
+
+        async def main():
+            rt = DockerRuntime(config({docker_image!r}, Path({str(tmp_path)!r})))
+            await rt.start()
+            print(rt.pool.backend.owner, flush=True)
+            await asyncio.sleep(600)
+
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=str(REPO),
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        owner = proc.stdout.readline().strip()
+        assert owner and len(containers_of(owner)) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+        assert containers_of(owner) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,186 @@
+"""The `modal` runtime: image and Sandbox definitions built offline, and one real run (marker).
+
+Nothing here contacts Modal except the test marked `modal` (skipped unless LEANRL_TEST_MODAL=1).
+Batching, the pool, retries and cost are tested with the local backend in test_warm_pool.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import modal
+import pytest
+
+from leanrl import registry
+from leanrl._sandbox_config import ModalConfig, PoolConfig
+from leanrl.errors import ConfigError
+from leanrl.runtime import RuntimeConfig
+from leanrl.runtimes.modal import ModalRuntime
+from leanrl.runtimes.modal.backend import ModalBackend, sandbox_command
+from leanrl.runtimes.modal.image import DOCKER_DIR, build_image, image_recipe
+from leanrl.runtimes.modal.local_backend import LocalProcessBackend
+from leanrl.service.sandbox import SandboxStartError
+from leanrl.service.sandbox_runtime import inner_runtime_args
+from leanrl.verdict import Attempt
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_modal_runtime_is_registered() -> None:
+    assert registry.resolve("runtimes", "modal") is ModalRuntime
+    assert ModalRuntime.description
+
+
+def test_image_recipe_matches_the_dockerfile_and_pins_versions() -> None:
+    cfg = ModalConfig(
+        lean_toolchain="leanprover/lean4:v4.9.0", mathlib_rev="abc123", repl_rev="v4.9.0"
+    )
+    r = image_recipe(cfg)
+    ((script, remote),) = r.local_files
+    assert script == DOCKER_DIR / "install-lean.sh" and script.is_file()
+    assert r.lean_commands == (
+        f"LEAN_HOME=/opt/lean bash {remote} leanprover/lean4:v4.9.0 abc123 v4.9.0",
+    )
+    dockerfile = (DOCKER_DIR / "Dockerfile").read_text()
+    # the Dockerfile runs the same script and installs the same requirements
+    assert "install-lean.sh" in dockerfile and "requirements-service.txt" in dockerfile
+    assert r.requirements == DOCKER_DIR / "requirements-service.txt"
+    lines = [x for x in r.requirements.read_text().splitlines() if x and not x.startswith("#")]
+    names = {x.split(">")[0].split("=")[0].strip() for x in lines}
+    assert {"fastapi", "uvicorn", "httpx", "pydantic", "pydantic-settings", "psutil"} <= names
+    assert not names & {"torch", "transformers", "datasets", "modal"}
+    src, _ = r.source
+    assert (src / "pyproject.toml").is_file() or (src / "runtimes").is_dir()
+    assert r.env["LEANRL_LEAN_PROJECT"] == "/opt/lean/project"
+    assert "curl" in r.apt_packages and "git" in r.apt_packages
+
+
+def test_images_are_built_offline() -> None:
+    assert isinstance(build_image(ModalConfig()), modal.Image)
+    assert isinstance(build_image(ModalConfig(image_source="dockerfile")), modal.Image)
+    assert isinstance(
+        build_image(ModalConfig(image_source="registry", image_ref="ghcr.io/x/leanrl:1")),
+        modal.Image,
+    )
+    with pytest.raises(ConfigError, match="image_ref"):
+        build_image(ModalConfig(image_source="registry"))
+    # an app with the image can be defined offline too (for `modal deploy`-style use)
+    app = modal.App("leanrl-verifier-test", image=build_image(ModalConfig()))
+    assert app.name == "leanrl-verifier-test"
+
+
+def test_the_service_needs_no_heavy_packages() -> None:
+    # What requirements-service.txt promises: the service imports neither torch, transformers,
+    # datasets nor modal, so the sandbox image does not need them.
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'torch', 'transformers', 'datasets', 'modal'}:\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import leanrl.service.server, leanrl.service.app\n"
+        "from leanrl.service.__main__ import main\n"
+        "sys.exit(main(['--help']))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "python -m leanrl.service" in r.stdout, r.stderr
+
+
+def test_settings_and_commands() -> None:
+    rc = RuntimeConfig(
+        name="modal",
+        timeout_s=30,
+        memory_mb=4096,
+        isolate=True,
+        modal=ModalConfig(warm_sandboxes=5, pool=PoolConfig(max_sandboxes=2, max_uses=1)),
+    )
+    rt = ModalRuntime(rc)
+    s = rt.settings()
+    assert s.batch_size == 64 and s.pool.target_ready == 5 and s.pool.max_sandboxes == 5
+    assert ModalConfig().pool.max_uses == 1  # Modal default: a fresh Sandbox per batch
+    args = inner_runtime_args(rc, "local", {"x": 1})
+    assert args[:2] == ["--runtime.name", "local"]
+    assert "--runtime.timeout_s" in args and args[args.index("--runtime.timeout_s") + 1] == "30.0"
+    assert "--runtime.isolate" in args and args[-2:] == ["--runtime.options", '{"x": 1}']
+    cmd = sandbox_command(rc.modal, args)
+    assert cmd[:3] == ["python", "-m", "leanrl.service"]
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == "8000"
+    assert isinstance(rt.make_backend(), ModalBackend)
+    rt_local = ModalRuntime(rc.model_copy(update={"modal": ModalConfig(backend="local")}))
+    assert isinstance(rt_local.make_backend(), LocalProcessBackend)
+
+
+class _FakeTunnel:
+    url = "https://example.modal.host"
+
+
+class _Recorder:
+    """Stands in for `modal.Sandbox` to see exactly what leanrl asks Modal for."""
+
+    def __init__(self, fail_tunnel: bool) -> None:
+        self.fail_tunnel = fail_tunnel
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self.terminated = 0
+        self.object_id = "sb-123"
+        outer = self
+
+        class _Aio:
+            def __init__(self, fn: Any) -> None:
+                self.aio = fn
+
+        async def create(*args: Any, **kw: Any) -> _Recorder:
+            outer.calls.append((args, kw))
+            return outer
+
+        async def tunnels(timeout: int = 50) -> dict[int, _FakeTunnel]:
+            if outer.fail_tunnel:
+                raise TimeoutError("no tunnel")
+            return {8000: _FakeTunnel()}
+
+        async def terminate() -> None:
+            outer.terminated += 1
+
+        self.create = _Aio(create)
+        self.tunnels = _Aio(tunnels)
+        self.terminate = _Aio(terminate)
+
+
+async def test_modal_backend_asks_for_limits_tunnel_and_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = ModalConfig(cpu=2.5, memory_mb=8192, sandbox_timeout_s=600, region="us-east")
+    for fail in (False, True):
+        rec = _Recorder(fail_tunnel=fail)
+        monkeypatch.setattr(modal, "Sandbox", rec)
+        be = ModalBackend(cfg, ["--runtime.name", "local"])
+        be._image = build_image(cfg)
+        if fail:
+            with pytest.raises(SandboxStartError, match="tunnel"):
+                await be.create()
+            assert rec.terminated == 1  # never leave a paid Sandbox behind
+            continue
+        sb = await be.create()
+        ((args, kw),) = rec.calls
+        assert list(args) == sandbox_command(cfg, ["--runtime.name", "local"])
+        assert kw["cpu"] == 2.5 and kw["memory"] == 8192 and kw["timeout"] == 600
+        assert kw["encrypted_ports"] == [8000] and kw["block_network"] is True
+        assert kw["region"] == "us-east" and len(kw["secrets"]) == 1
+        assert sb.url == "https://example.modal.host" and sb.token and sb.cpu == 2.5
+        await sb.terminate()
+        assert rec.terminated == 1 and sb.terminated_at is not None
+
+
+@pytest.mark.modal
+async def test_real_modal_sandbox_checks_a_proof() -> None:
+    cfg = ModalConfig(warm_sandboxes=1, batch_size=2)
+    rt = ModalRuntime(RuntimeConfig(name="modal", modal=cfg))
+    a = Attempt(name="t", header="", formal_statement="theorem t : 1 + 1 = 2 := by", proof="rfl")
+    b = a.model_copy(update={"proof": "exact absurd"})
+    async with rt:
+        verdicts = await rt.check([a, b])
+    assert verdicts[0].accepted and not verdicts[1].accepted
+    assert rt.metrics()["pool_sandbox_s"] > 0
