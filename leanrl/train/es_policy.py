@@ -168,8 +168,8 @@ class TorchPolicy(Policy):
 
         p = self.tokenize(prompt)
         c = self.tokenize(continuation)
-        if not c:
-            raise PolicyError("continuation_logprob: the continuation tokenizes to nothing")
+        if not p or not c:
+            raise PolicyError("continuation_logprob: the prompt and continuation must be non-empty")
         ids = torch.tensor([p + c], device=self.device)  # [1, P+C]
         with torch.no_grad():
             logits = self.model(input_ids=ids).logits[0, len(p) - 1 : -1].float()  # [C, V]
