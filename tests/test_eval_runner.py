@@ -162,3 +162,25 @@ async def test_bad_input_fails_before_any_work(shared_data: Path, tmp_path: Path
         await run_eval(lean_missing, policy=policy)
     assert policy.calls == []
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.lean
+async def test_real_lean_verdicts_through_the_runner(shared_data: Path, tmp_path: Path) -> None:
+    cfg = EvalConfig(
+        env=EnvironmentConfig(
+            id="core",
+            taskset=TasksetConfig(path=shared_data, split=None, names=["mathd_numbertheory_101"]),
+            runtime=RuntimeConfig(name="local"),
+        ),
+        samples=3,
+        k=[1, 3],
+        out=tmp_path / "lean",
+        progress=False,
+    )
+    policy = ScriptedPolicy(["\n  decide\n", "\n  sorry\n", "\n  exact no_such_lemma\n"])
+    s = await run_eval(cfg, policy=policy)
+    reasons = [
+        r["verdict"]["reason"] for r in sorted(lines(tmp_path / "lean"), key=lambda r: r["sample"])
+    ]
+    assert reasons == ["ok", "sorry", "error"]
+    assert s["results"]["pass_at_k"]["all"]["pass@1"] == pytest.approx(1 / 3)
