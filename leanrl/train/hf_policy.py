@@ -116,16 +116,19 @@ class TrainPolicy(Policy):
         ids, attn = ids.to(device), attn.to(device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, width]
         temp = sampling.temperature
-        out_ids: list[list[int]] = [[] for _ in range(n)]
-        out_lp: list[list[float]] = [[] for _ in range(n)]
-        done = torch.zeros(n, dtype=torch.bool)
+        steps = sampling.max_tokens
+        out_tok = torch.full((n, steps), pad, dtype=torch.long)  # [n, max_tokens]
+        out_lp = torch.zeros((n, steps), dtype=torch.float32)
+        lengths = torch.zeros(n, dtype=torch.long)  # tokens kept per sequence (EOS included)
+        alive = torch.ones(n, dtype=torch.bool)
+        eos_t = torch.tensor(sorted(eos), dtype=torch.long)
         stopped_by_text = [False] * n
         was_training = model.training
         model.eval()
         cache: Any = None
         step_ids, step_pos = ids, pos
         try:
-            for _ in range(sampling.max_tokens):
+            for i in range(steps):
                 with _autocast(device, self.autocast_dtype):
                     res = model(
                         input_ids=step_ids,
@@ -143,40 +146,39 @@ class TrainPolicy(Policy):
                 else:
                     tok = logp_all.argmax(-1)
                 lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-                tok_c, lp_c = tok.cpu(), lp.cpu()
-                for k in range(n):
-                    if done[k]:
-                        continue
-                    t = int(tok_c[k])
-                    out_ids[k].append(t)
-                    out_lp[k].append(float(lp_c[k]))
-                    if t in eos:
-                        done[k] = True
-                    elif sampling.stop and _hits_stop(self.tokenizer, out_ids[k], sampling.stop):
-                        done[k] = True
-                        stopped_by_text[k] = True
-                if bool(done.all()):
+                tok_c = tok.cpu()
+                out_tok[:, i] = torch.where(alive, tok_c, out_tok[:, i])
+                out_lp[:, i] = torch.where(alive, lp.cpu(), out_lp[:, i])
+                lengths += alive.long()
+                alive &= ~torch.isin(tok_c, eos_t)
+                if sampling.stop:  # stop strings need text: only then decode, only live rows
+                    for k in alive.nonzero().flatten().tolist():
+                        if _hits_stop(self.tokenizer, out_tok[k, : i + 1].tolist(), sampling.stop):
+                            alive[k] = False
+                            stopped_by_text[k] = True
+                if not bool(alive.any()):
                     break
-                tok = torch.where(done.to(device), torch.full_like(tok, pad), tok)
-                step_ids = tok.unsqueeze(-1)
-                attn = torch.cat([attn, (~done).long().unsqueeze(-1).to(device)], dim=-1)
+                live = alive.to(device)
+                step_ids = torch.where(live, tok, torch.full_like(tok, pad)).unsqueeze(-1)
+                attn = torch.cat([attn, live.long().unsqueeze(-1)], dim=-1)
                 step_pos = step_pos[:, -1:] + 1
         finally:
             if was_training:
                 model.train()
         comps = []
         for k in range(n):
-            toks = out_ids[k]
-            finished = bool(done[k])
+            toks = out_tok[k, : int(lengths[k])].tolist()
+            lps = out_lp[k, : int(lengths[k])].tolist()
+            finished = not bool(alive[k])
             body = toks[:-1] if finished and not stopped_by_text[k] else toks
-            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            text = self.tokenizer.decode(body, skip_special_tokens=True)  # as vLLM does
             if stopped_by_text[k]:
                 text = _cut_at_stop(text, sampling.stop)
             comps.append(
                 Completion(
                     text=text,
                     token_ids=tuple(toks),
-                    logprobs=tuple(out_lp[k]),
+                    logprobs=tuple(lps),
                     prompt_token_ids=tuple(prompts[k]),
                     finish_reason="stop" if finished else "length",
                 )
@@ -204,8 +206,11 @@ def _sample(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Ten
         drop = cum - sorted_p > top_p  # tokens entirely outside the nucleus
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    # Sampling on the CPU generator keeps runs repeatable on any device.
-    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logp.device)
+    # argmax(p / E) with E ~ Exp(1) is an exact categorical sample (the exponential race) and
+    # much cheaper than multinomial; the noise comes from the CPU generator, so runs repeat on
+    # any device.
+    noise = -torch.log(torch.rand(probs.shape, generator=gen).clamp_(min=1e-20))  # Exp(1)
+    return (probs / noise.to(probs.device)).argmax(-1)
 
 
 def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
