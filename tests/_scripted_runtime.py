@@ -6,15 +6,15 @@ and the time span of every ``check`` call, so tests can assert what reached the 
 verification overlapped generation. Its tactic sessions follow a script: ``intro``-like tactics
 (``options["progress"]``) add a goal, the accept tactic closes every goal, anything else errors.
 
-``ScriptedPolicy`` answers every prompt with texts from a fixed list, cycling by sample index,
-and records the time span of every ``generate`` call.
+``ScriptedPolicy`` answers every prompt with texts from a fixed list, cycling by sample index
+(or chosen by ``pick(prompt, sample)``), and records the time span of every ``generate`` call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -116,12 +116,14 @@ class ScriptedPolicy(Policy):
         finish: str = "stop",
         delay_s: float = 0.0,
         per_turn: Sequence[str] | None = None,
+        pick: Callable[[Prompt, int], str] | None = None,
     ) -> None:
         super().__init__(PolicyConfig(model="scripted"))
         self.texts = list(texts)
         self.finish = finish
         self.delay_s = delay_s
         self.per_turn = list(per_turn) if per_turn is not None else None
+        self.pick = pick
         self.calls: list[list[Prompt]] = []
         self.spans: list[tuple[float, float]] = []
         self.seeds: list[int | None] = []
@@ -138,10 +140,12 @@ class ScriptedPolicy(Policy):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         out = []
-        for _ in prompts:
+        for prompt in prompts:
             row = []
             for i in range(sampling.n):
-                if self.per_turn is not None:
+                if self.pick is not None:
+                    text = self.pick(prompt, i)
+                elif self.per_turn is not None:
                     text = self.per_turn[min(len(self.calls) - 1, len(self.per_turn) - 1)]
                 else:
                     text = self.texts[i % len(self.texts)]

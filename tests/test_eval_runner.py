@@ -184,3 +184,26 @@ async def test_real_lean_verdicts_through_the_runner(shared_data: Path, tmp_path
     ]
     assert reasons == ["ok", "sorry", "error"]
     assert s["results"]["pass_at_k"]["all"]["pass@1"] == pytest.approx(1 / 3)
+
+
+async def test_tactic_loop_through_the_runner(shared_data: Path, tmp_path: Path) -> None:
+    cfg = make(shared_data, tmp_path / "tl", limit=2, samples=2, k=[1, 2])
+    cfg.env.harness.name = "tactic-loop"
+    cfg.env.harness.prompt_format = "chat"
+    first = load_environment(cfg.env).tasks()[0]
+
+    def pick(prompt: Any, sample: int) -> str:
+        # the first task is solved in one turn; the other never (an unknown tactic each turn)
+        return "```lean4\nomega\n```" if first.name in str(prompt) else "```lean4\nbad\n```"
+
+    s = await run_eval(cfg, policy=ScriptedPolicy([], pick=pick))
+    recs = lines(tmp_path / "tl")
+    assert len(recs) == 4
+    solved = [r for r in recs if r["task_id"] == first.id]
+    assert all(r["accepted"] and r["proof"] == "\n  omega" for r in solved)
+    assert all(r["turns"][0]["feedback"].startswith("No goals remain") for r in solved)
+    failed = [r for r in recs if r["task_id"] != first.id]
+    assert all(r["verdict"]["reason"] == "error" and len(r["turns"]) == 8 for r in failed)
+    assert all(r["turns"][0]["feedback"].startswith("Error: unknown tactic") for r in failed)
+    assert all(r["feedback_tokens"] > 0 for r in recs)
+    assert s["results"]["pass_at_k"]["all"] == {"tasks": 2, "pass@1": 0.5, "pass@2": 0.5}
