@@ -88,6 +88,9 @@ class DockerConfig(_Config):
     """Attempts sent to one container at a time."""
     client: ClientConfig = Field(default_factory=ClientConfig)
     """Retries and timeouts of the HTTP client talking to the containers."""
+    service: ServiceLimits = Field(default_factory=ServiceLimits)
+    """Limits of the service inside each container (``max_batch`` must be at least
+    ``batch_size``)."""
     metrics_path: Path | None = None
     """Append one JSON line per batch and one run summary (container-seconds, CPU-seconds) to
     this file. The same figures are in ``runtime.metrics()``."""
@@ -141,6 +144,9 @@ class ModalConfig(_Config):
     """Attempts sent to one Sandbox at a time."""
     client: ClientConfig = Field(default_factory=ClientConfig)
     """Retries and timeouts of the HTTP client talking to the Sandboxes."""
+    service: ServiceLimits = Field(default_factory=ServiceLimits)
+    """Limits of the service inside each Sandbox (``max_batch`` must be at least
+    ``batch_size``)."""
     warm_sandboxes: int = Field(default=2, ge=0)
     """Sandboxes kept started and ready (the pool's ``target_ready``)."""
     pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16, max_uses=1))

@@ -15,7 +15,7 @@ import modal
 import pytest
 
 from leanrl import registry
-from leanrl._sandbox_config import ModalConfig, PoolConfig
+from leanrl._sandbox_config import ModalConfig, PoolConfig, ServiceLimits
 from leanrl.errors import ConfigError
 from leanrl.runtime import RuntimeConfig
 from leanrl.runtimes.modal import ModalRuntime
@@ -112,6 +112,14 @@ def test_settings_and_commands() -> None:
     assert isinstance(rt.make_backend(), ModalBackend)
     rt_local = ModalRuntime(rc.model_copy(update={"modal": ModalConfig(backend="local")}))
     assert isinstance(rt_local.make_backend(), LocalProcessBackend)
+    limited = inner_runtime_args(rc, "local", None, ServiceLimits(max_batch=7))
+    assert limited[limited.index("--limits.max_batch") + 1] == "7"
+
+
+async def test_batch_size_over_the_service_limit_is_a_config_error() -> None:
+    m = ModalConfig(backend="local", batch_size=100, service=ServiceLimits(max_batch=50))
+    with pytest.raises(ConfigError, match="batch_size 100 is over the sandbox service's max_batch"):
+        await ModalRuntime(RuntimeConfig(name="modal", modal=m)).start()
 
 
 class _FakeTunnel:

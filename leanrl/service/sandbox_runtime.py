@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from leanrl._sandbox_config import ClientConfig, PoolConfig
+from leanrl._sandbox_config import ClientConfig, PoolConfig, ServiceLimits
 from leanrl.errors import ConfigError, RuntimeUnavailable
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession
 from leanrl.service.client import ServiceClient, ServiceError
@@ -58,11 +58,17 @@ _INNER_FIELDS = (
 
 
 def inner_runtime_args(
-    config: RuntimeConfig, name: str, options: dict[str, Any] | None = None
+    config: RuntimeConfig,
+    name: str,
+    options: dict[str, Any] | None = None,
+    limits: ServiceLimits | None = None,
 ) -> list[str]:
     """``leanrl serve`` flags that make the service inside a sandbox wrap runtime ``name`` with
-    this config's Lean settings (per-attempt timeout, memory cap, workers, ...)."""
+    this config's Lean settings (per-attempt timeout, memory cap, workers, ...) and apply
+    ``limits``."""
     args = ["--runtime.name", name]
+    for f, value in (limits.model_dump() if limits else {}).items():
+        args += [f"--limits.{f}", str(value)]
     for f in _INNER_FIELDS:
         value = getattr(config, f)
         if isinstance(value, bool):
@@ -82,6 +88,7 @@ class SandboxSettings:
     batch_size: int
     client: ClientConfig
     metrics_path: Path | None = None
+    service_max_batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,12 +142,17 @@ class SandboxRuntime(Runtime):
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
+        s = self.settings()
+        if s.service_max_batch is not None and s.batch_size > s.service_max_batch:
+            raise ConfigError(
+                f"batch_size {s.batch_size} is over the sandbox service's max_batch "
+                f"{s.service_max_batch}: lower batch_size or raise service.max_batch"
+            )
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
             if self.pool is not None:
                 return
-            s = self.settings()
             self._http = httpx.AsyncClient()
             pool = WarmPool(self.make_backend(), s.pool, self._probe, self._forget)
             try:

@@ -34,11 +34,16 @@ class DockerRuntime(SandboxRuntime):
             }
         )
         return SandboxSettings(
-            pool=pool, batch_size=d.batch_size, client=d.client, metrics_path=d.metrics_path
+            pool=pool,
+            batch_size=d.batch_size,
+            client=d.client,
+            metrics_path=d.metrics_path,
+            service_max_batch=d.service.max_batch,
         )
 
     def make_backend(self) -> SandboxBackend:
         from leanrl.runtimes.docker.backend import DockerBackend
 
         d = self.config.docker
-        return DockerBackend(d, inner_runtime_args(self.config, d.inner_runtime, d.inner_options))
+        args = inner_runtime_args(self.config, d.inner_runtime, d.inner_options, d.service)
+        return DockerBackend(d, args)

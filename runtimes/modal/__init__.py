@@ -37,7 +37,11 @@ class ModalRuntime(SandboxRuntime):
             }
         )
         return SandboxSettings(
-            pool=pool, batch_size=m.batch_size, client=m.client, metrics_path=m.metrics_path
+            pool=pool,
+            batch_size=m.batch_size,
+            client=m.client,
+            metrics_path=m.metrics_path,
+            service_max_batch=m.service.max_batch,
         )
 
     def make_backend(self) -> SandboxBackend:
@@ -45,7 +49,7 @@ class ModalRuntime(SandboxRuntime):
         if m.backend == "local":
             from leanrl.runtimes.modal.local_backend import LocalProcessBackend
 
-            args = inner_runtime_args(self.config, m.local_runtime, m.inner_options)
+            args = inner_runtime_args(self.config, m.local_runtime, m.inner_options, m.service)
             return LocalProcessBackend(
                 args,
                 cpu=m.cpu,
@@ -54,4 +58,5 @@ class ModalRuntime(SandboxRuntime):
             )
         from leanrl.runtimes.modal.backend import ModalBackend
 
-        return ModalBackend(m, inner_runtime_args(self.config, "local", m.inner_options))
+        args = inner_runtime_args(self.config, "local", m.inner_options, m.service)
+        return ModalBackend(m, args)
