@@ -93,6 +93,11 @@ def test_helper_lemmas_become_the_preamble() -> None:
     e = ex(text)
     assert e.preamble == "lemma helper (y : ℕ) : y + 0 = y := by simp"
     assert e.proof == "\n  omega"
+    two_docs = (
+        "```lean4\n/-- helper -/\nlemma helper : 1 = 1 := rfl\n\n/-- main -/\n"
+        "set_option maxRecDepth 1000 in\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
+    )
+    assert ex(two_docs).preamble == "/-- helper -/\nlemma helper : 1 = 1 := rfl"
 
 
 def test_changed_or_renamed_statement_is_rejected() -> None:
@@ -200,3 +205,19 @@ async def test_tiny_model_end_to_end(tasks, tiny_model_dir: Path) -> None:
     # every attempt that had a proof went to the runtime under the reference statement
     checked = {a.id for a in rt.attempts}
     assert checked == {f"{g[0].task_id}/{r.sample}" for g in groups for r in g if r.proof}
+
+
+def test_a_reasoning_prover_style_answer() -> None:
+    text = (
+        "<think>\nWe have x + 1 = 2 so x = 1.\n```lean4\ntheorem t1 : False := by sorry\n```\n"
+        "</think>\nThe proof subtracts one.\n\n```lean4\nimport Mathlib\nimport Aesop\n\n"
+        "set_option maxHeartbeats 400000\n\nopen Real Nat\n\n"
+        "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by\n  -- subtract\n  omega\n```\n"
+    )
+    e = ex(text)
+    assert e.reason is None
+    assert e.preamble == "set_option maxHeartbeats 400000"  # imports and header lines dropped
+    assert e.proof == "\n  -- subtract\n  omega"
+    assert TASK.lean_text(e.proof, e.preamble) == (
+        f"{HEADER}set_option maxHeartbeats 400000\n\n{STMT}\n  -- subtract\n  omega\n"
+    )

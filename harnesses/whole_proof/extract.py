@@ -131,7 +131,9 @@ def _clean_preamble(before: str, header: str) -> str:
     text = "\n".join(keep).strip()
     # A doc comment or `set_option ... in` written for the theorem would dangle without it.
     while True:
-        new = re.sub(r"(/--.*?-/|set_option\s+\S+\s+\S+\s+in)\s*$", "", text, flags=re.S).strip()
+        new = re.sub(
+            r"(/--(?:(?!-/).)*-/|set_option\s+\S+\s+\S+\s+in)\s*$", "", text, flags=re.S
+        ).strip()
         if new == text:
             return text
         text = new
