@@ -207,3 +207,12 @@ async def test_tactic_loop_through_the_runner(shared_data: Path, tmp_path: Path)
     assert all(r["turns"][0]["feedback"].startswith("Error: unknown tactic") for r in failed)
     assert all(r["feedback_tokens"] > 0 for r in recs)
     assert s["results"]["pass_at_k"]["all"] == {"tasks": 2, "pass@1": 0.5, "pass@2": 0.5}
+
+
+async def test_progress_bar_shows_tasks_rate_and_pass_rate(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = make(shared_data, tmp_path / "p", limit=4).model_copy(update={"progress": True})
+    await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
+    err = capsys.readouterr().err
+    assert "4/4" in err and "att/s" in err and "pass 100.0%" in err
