@@ -185,3 +185,37 @@ stop = [" ", "e", "t", "a", "o", "i", "n", "s", "\\n"]
     assert summary["results"]["pass_at_k"] == ref_summary["results"]["pass_at_k"]
     assert "pass@2" in summary["results"]["pass_at_k"]["all"]
     assert {r["accepted"] for r in recs} == {True, False}  # both kinds were compared
+
+
+def test_example_script_runs(tmp_path: Path, shared_data: Path, tiny_model_dir: Path) -> None:
+    out = tmp_path / "ex"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "examples/eval_minif2f.py",
+            "--model",
+            str(tiny_model_dir),
+            "--prompt-format",
+            "deepseek",
+            "--data",
+            str(shared_data),
+            "--limit",
+            "2",
+            "--samples",
+            "2",
+            "--max-tokens",
+            "4",
+            "--runtime",
+            RT,
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pass@1=" in done.stdout and (out / "report.md").is_file()
+    assert len((out / "results.jsonl").read_text().splitlines()) == 4
