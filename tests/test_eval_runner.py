@@ -162,6 +162,10 @@ async def test_bad_input_fails_before_any_work(shared_data: Path, tmp_path: Path
         await run_eval(lean_missing, policy=policy)
     assert policy.calls == []
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # once Lean is there, the same folder takes a changed config: it never recorded anything
+    fixed = make(shared_data, tmp_path / "d", samples=2, k=[1])
+    s = await run_eval(fixed, policy=ScriptedPolicy(TEXTS))
+    assert s["results"]["attempts"] == 12
 
 
 @pytest.mark.lean

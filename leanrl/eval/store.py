@@ -34,7 +34,8 @@ class ResultStore:
     def open(self, fingerprint: str, config: dict[str, Any], command: str = "") -> None:
         """Create or resume the folder; load what earlier runs recorded."""
         self.out.mkdir(parents=True, exist_ok=True)
-        if self.run_path.is_file():
+        empty = not self.results_path.is_file() or self.results_path.stat().st_size == 0
+        if self.run_path.is_file() and not empty:
             old = json.loads(self.run_path.read_text(encoding="utf-8"))
             if old.get("fingerprint") != fingerprint:
                 diff = _diff(old.get("config", {}), config)
@@ -44,7 +45,7 @@ class ResultStore:
                     f"{'; '.join(diff[:8]) or 'unknown'}. Rerun with the same settings to "
                     "resume it, or choose another folder with --out (or delete this one)."
                 )
-        else:
+        else:  # a new run, or one that never recorded an attempt: (re)write its identity
             _atomic_write(
                 self.run_path,
                 json.dumps(
