@@ -102,6 +102,7 @@ def test_settings_and_commands() -> None:
     s = rt.settings()
     assert s.batch_size == 64 and s.pool.target_ready == 5 and s.pool.max_sandboxes == 5
     assert ModalConfig().pool.max_uses == 1  # Modal default: a fresh Sandbox per batch
+    assert s.pool.max_age_s == 0.5 * rc.modal.sandbox_timeout_s  # retired before Modal kills it
     args = inner_runtime_args(rc, "local", {"x": 1})
     assert args[:2] == ["--runtime.name", "local"]
     assert "--runtime.timeout_s" in args and args[args.index("--runtime.timeout_s") + 1] == "30.0"

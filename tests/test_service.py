@@ -22,6 +22,7 @@ from leanrl.service.client import ServiceClient, ServiceError
 from leanrl.verdict import Reason, Verdict
 
 TESTS = Path(__file__).resolve().parent
+ECHO = "_echo_runtime:EchoRuntime"
 
 
 def echo(tmp_path: Path | None = None, **options: object) -> EchoRuntime:
@@ -293,3 +294,34 @@ def test_serve_refuses_public_bind_without_token(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2 and "without a bearer token" in r.stderr
+
+
+def test_unix_socket_transport_and_container_healthcheck(tmp_path: Path) -> None:
+    # The docker runtime's default transport, without Docker: the service on a unix socket,
+    # the client through it, and the image's HEALTHCHECK script against it.
+    sock = tmp_path / "service.sock"
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "LEANRL_SERVICE_TOKEN": "tok"}
+    cmd = [sys.executable, "-m", "leanrl.service", "--uds", str(sock), "--runtime.name", ECHO]
+    health = [sys.executable, "-m", "leanrl.service.healthcheck"]
+    assert subprocess.run(health, env={**env, "LEANRL_SERVICE_UDS": str(sock)}).returncode == 1
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+
+        async def go() -> list[Verdict]:
+            cfg = ClientConfig(retries=40, backoff_s=0.05)
+            async with ServiceClient("http://localhost", "tok", cfg, uds=str(sock)) as c:
+                await c.health()
+                return await c.check([attempt("ok"), attempt("sorry")])
+
+        vs = asyncio.run(go())
+        assert [v.reason for v in vs] == [Reason.OK, Reason.SORRY]
+        r = subprocess.run(health, env={**env, "LEANRL_SERVICE_UDS": str(sock)})
+        assert r.returncode == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def test_shared_http_client_cannot_use_a_unix_socket() -> None:
+    with pytest.raises(ConfigError, match="unix socket"):
+        ServiceClient("http://localhost", uds="/x.sock", http=httpx.AsyncClient())

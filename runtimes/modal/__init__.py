@@ -34,6 +34,9 @@ class ModalRuntime(SandboxRuntime):
             update={
                 "target_ready": m.warm_sandboxes,
                 "max_sandboxes": max(m.pool.max_sandboxes, m.warm_sandboxes, 1),
+                # Modal kills a Sandbox at sandbox_timeout_s: retire idle ones well before, so
+                # none is handed a batch it cannot finish.
+                "max_age_s": min(m.pool.max_age_s, 0.5 * m.sandbox_timeout_s),
             }
         )
         return SandboxSettings(
