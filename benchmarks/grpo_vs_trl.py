@@ -234,6 +234,10 @@ def summary(name: str, runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
         "reward_last5": statistics.fmean(statistics.fmean(r["rewards"][-5:]) for r in runs),
         "reward_last5_per_seed": [round(statistics.fmean(r["rewards"][-5:]), 3) for r in runs],
         "steps_per_seed": [len(r["step_times"]) for r in runs],
+        "reward_curve_mean_over_seeds": [
+            round(statistics.fmean(r["rewards"][i] for r in runs), 3)
+            for i in range(min(len(r["rewards"]) for r in runs))
+        ],
         "train_wall_s": sum(r["wall_s"] for r in runs),
     }
 
