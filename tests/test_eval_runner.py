@@ -220,3 +220,18 @@ async def test_progress_bar_shows_tasks_rate_and_pass_rate(
     await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
     err = capsys.readouterr().err
     assert "4/4" in err and "att/s" in err and "pass 100.0%" in err
+
+
+async def test_versions_name_the_lean_project(shared_data: Path, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "lean-toolchain").write_text("leanprover/lean4:v4.24.0\n")
+    manifest = {"packages": [{"name": "mathlib", "rev": "f897ebcf"}, {"name": "aesop", "rev": "a"}]}
+    (proj / "lake-manifest.json").write_text(json.dumps(manifest))
+    cfg = make(shared_data, tmp_path / "v", limit=1)
+    cfg.env.runtime.lean_project = proj
+    s = await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
+    v = s["versions"]
+    assert v["lean_project_toolchain"] == "leanprover/lean4:v4.24.0"
+    assert v["lean_project_mathlib_rev"] == "f897ebcf" and v["model"] == "scripted"
+    assert "Lean: leanprover/lean4:v4.24.0" in (tmp_path / "v" / "report.md").read_text()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
+import os
 import shlex
 import sys
 import time
@@ -118,7 +120,7 @@ async def run_eval(
                 for j in jobs:
                     j.cancel()
                 progress.close()
-        versions = await _versions(config, env, runtime)
+        versions = await _versions(policy.config.model or config.policy.model, env, runtime)
     finally:
         store.close()
         if pending:
@@ -198,13 +200,14 @@ def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
     return rec
 
 
-async def _versions(config: EvalConfig, env: Environment, runtime: Any) -> dict[str, Any]:
+async def _versions(model: str, env: Environment, runtime: Any) -> dict[str, Any]:
     out: dict[str, Any] = dict(package_versions())
     ts = env.taskset
     out["lean_toolchain"] = type(ts).lean_toolchain
     out["mathlib_rev"] = type(ts).mathlib_rev
-    out["model"] = config.policy.model
-    out["model_revision"] = _model_revision(config.policy.model)
+    out["model"] = model
+    out["model_revision"] = _model_revision(model)
+    out.update(_project_versions(runtime))
     # A runtime may report what it really runs (`async def versions() -> dict`).
     fn = getattr(runtime, "versions", None)
     if callable(fn):
@@ -216,6 +219,29 @@ async def _versions(config: EvalConfig, env: Environment, runtime: Any) -> dict[
                 out.update({f"runtime_{k}": v for k, v in got.items()})
         except Exception as e:  # noqa: BLE001 - versions are informative, never fatal
             out["runtime_versions_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _project_versions(runtime: Any) -> dict[str, Any]:
+    """The toolchain and Mathlib revision of the Lean project the runtime uses, when known
+    (``runtime.config.lean_project``, else ``LEANRL_LEAN_PROJECT``), read from its files."""
+    cfg = getattr(runtime, "config", None)
+    folder = getattr(cfg, "lean_project", None) or os.environ.get("LEANRL_LEAN_PROJECT")
+    if not folder or not Path(folder).expanduser().is_dir():
+        return {}
+    root = Path(folder).expanduser()
+    out: dict[str, Any] = {"lean_project": str(root)}
+    tc = root / "lean-toolchain"
+    if tc.is_file():
+        out["lean_project_toolchain"] = tc.read_text(encoding="utf-8").strip()
+    manifest = root / "lake-manifest.json"
+    if manifest.is_file():
+        try:
+            pkgs = json.loads(manifest.read_text(encoding="utf-8")).get("packages", [])
+            revs = {p.get("name"): p.get("rev") for p in pkgs if isinstance(p, dict)}
+            out["lean_project_mathlib_rev"] = revs.get("mathlib")
+        except (ValueError, AttributeError):
+            out["lean_project_mathlib_rev"] = None
     return out
 
 
