@@ -120,3 +120,15 @@ async def test_bad_models_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
         await make_policy(PolicyConfig(model="someone/some-prover")).start()
     with pytest.raises(ConfigError, match="no model given"):
         make_policy(PolicyConfig())
+
+
+@pytest.mark.gpu
+async def test_gpu_sampling_is_seeded_and_has_logprobs(tiny_model_dir: Path) -> None:
+    p = make_policy(PolicyConfig(model=str(tiny_model_dir), device="cuda", batch_size=4))
+    await p.start()
+    s = SamplingConfig(n=4, max_tokens=16, seed=5)
+    a = await p.generate(PROMPTS, s)
+    b = await p.generate(PROMPTS, s)
+    assert [[c.token_ids for c in row] for row in a] == [[c.token_ids for c in row] for row in b]
+    assert all(len(c.logprobs or ()) == len(c.token_ids) > 0 for row in a for c in row)
+    await p.close()
