@@ -20,6 +20,7 @@ from leanrl.train.es_workers import (
 )
 
 
+@pytest.mark.slow
 async def test_process_pool_matches_in_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = toy_config(tiny_model_dir, tmp_path / "run", population=4)
     tr = ESTrainer(cfg)
@@ -62,6 +63,7 @@ async def test_worker_failure_is_reported(tiny_model_dir: Path, tmp_path: Path) 
     await pool.close()
 
 
+@pytest.mark.slow
 def test_trainer_with_processes_matches_inprocess(tiny_model_dir: Path, tmp_path: Path) -> None:
     a = ESTrainer(toy_config(tiny_model_dir, tmp_path / "a", steps=2))
     b = ESTrainer(

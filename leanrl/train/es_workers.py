@@ -195,10 +195,10 @@ async def _worker_loop(conn: Any, init: _WorkerInit) -> None:
     torch.set_num_threads(init.threads)
     env = None
     try:
+        env = load_environment(init.env)  # cheap, and the likeliest to fail: first
         model, tok, weights = load_weights(init.source, list(init.records))
         applied = max(init.source.iteration, len(init.records))
         policy = TorchPolicy(model, tok, init.policy)
-        env = load_environment(init.env)
         await env.start()
         conn.send(("ready", applied))
     except Exception:  # noqa: BLE001 - reported to the parent, which raises it
