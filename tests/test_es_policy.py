@@ -1,0 +1,63 @@
+"""The in-process policy ES scores members with: generation on whatever weights the model holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leanrl.errors import PolicyError
+from leanrl.policy import SamplingConfig
+from leanrl.rollout import ChatMessage
+from leanrl.train.es_policy import TorchPolicy, load_model
+from leanrl.train.es_weights import ESWeights
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir: Path) -> TorchPolicy:
+    model, tok = load_model(str(tiny_model_dir), "float32", "cpu")
+    return TorchPolicy(model, tok)
+
+
+async def test_greedy_is_deterministic_and_batched(policy: TorchPolicy) -> None:
+    prompts = ["theorem a : True := by", "theorem bb (x : Nat) : x = x := by"]
+    out = await policy.generate(prompts, SamplingConfig(n=2, temperature=0.0, max_tokens=5))
+    assert [len(g) for g in out] == [2, 2]
+    assert out[0][0] == out[0][1]
+    for g, p in zip(out, prompts, strict=True):
+        c = g[0]
+        assert len(c.token_ids) <= 5 and c.logprobs is not None
+        assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
+        assert list(c.prompt_token_ids) == policy.tokenize(p)
+    # the same prompt alone gives the same greedy tokens as inside a padded batch
+    alone = await policy.generate(prompts[:1], SamplingConfig(temperature=0.0, max_tokens=5))
+    assert alone[0][0].token_ids == out[0][0].token_ids
+
+
+async def test_sampling_seed_stop_and_chat(policy: TorchPolicy) -> None:
+    s = SamplingConfig(n=3, temperature=1.0, max_tokens=6, seed=5)
+    a = await policy.generate(["theorem a : True := by"], s)
+    b = await policy.generate(["theorem a : True := by"], s)
+    assert a == b
+    assert len({c.token_ids for c in a[0]}) > 1  # sampled, not greedy
+    text = a[0][0].text
+    stop = text[1:3] if len(text) >= 3 else text
+    cut = await policy.generate(["theorem a : True := by"], s.model_copy(update={"stop": [stop]}))
+    assert stop not in cut[0][0].text and cut[0][0].finish_reason == "stop"
+    chat = [ChatMessage(role="user", content="prove it")]
+    assert policy.render(chat).endswith("<|im_start|>assistant\n")
+    out = await policy.generate([chat], SamplingConfig(temperature=0.0, max_tokens=3))
+    assert len(out[0]) == 1
+
+
+def test_continuation_logprob_follows_the_weights(policy: TorchPolicy) -> None:
+    w = ESWeights.from_model(policy.model)
+    base = policy.continuation_logprob("theorem a : True := by", " omega")
+    assert base < 0
+    w.perturb(1, 0.05)
+    moved = policy.continuation_logprob("theorem a : True := by", " omega")
+    w.restore()
+    assert moved != base
+    assert policy.continuation_logprob("theorem a : True := by", " omega") == base
+    with pytest.raises(PolicyError):
+        policy.continuation_logprob("", " omega")
