@@ -16,6 +16,7 @@ Behaviour is chosen by directive lines inside a command's text::
     -- fake: {"noise": true}             print a debug line before the answer
     -- fake: {"messages": [...]}         answer with these messages
     -- fake: {"check": {...}}            fields of the trusted check's report for this attempt
+    -- fake: {"probe": "/some/path"}     try to write there and to reach the network; report
 
 Without directives a command succeeds; ``sorry`` in it yields a ``sorries`` entry and the
 "declaration uses `sorry`" warning, like real Lean. ``pickleTo`` writes the environment's text
@@ -87,6 +88,25 @@ def behave(d: dict) -> dict | None:
     return None
 
 
+def probe(path: str) -> dict:
+    """Try to write a file at ``path`` and to open a network connection; report both."""
+    import socket
+
+    results = []
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("x")
+        results.append("write=ok")
+    except OSError as e:
+        results.append(f"write=denied({e.errno})")
+    try:
+        socket.create_connection(("1.1.1.1", 53), timeout=2).close()
+        results.append("net=ok")
+    except OSError:
+        results.append("net=denied")
+    return {"severity": "info", "pos": {"line": 1, "column": 0}, "data": " ".join(results)}
+
+
 class Fake:
     def __init__(self, load_time: float) -> None:
         self.load_time = load_time
@@ -113,6 +133,8 @@ class Fake:
         full = (self.envs[env] + "\n" if env is not None else "") + text
         out: dict = {}
         sorries, messages = [], list(d.get("messages", []))
+        if d.get("probe"):
+            messages.append(probe(d["probe"]))
         for m in re.finditer(r"\bsorry\b", text):
             p = pos_of(text, m.start())
             end = {"line": p["line"], "column": p["column"] + 5}

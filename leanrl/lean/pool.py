@@ -82,6 +82,8 @@ class PoolStats(BaseModel):
     """Attempts that reached a Lean process."""
     start_seconds: float = 0.0
     """Total time spent starting processes."""
+    max_busy: int = 0
+    """Most attempts that were in Lean processes at the same time."""
 
 
 class _Key:
@@ -117,6 +119,8 @@ class ReplPool:
         self._busy: set[ReplWorker] = set()
         self._scratch: Path | None = None
         self._closed = False
+        self.events: deque[tuple[str, int]] = deque(maxlen=10_000)
+        """(event, pid) in the order they happened: ready, acquire, kill, retire (diagnostics)."""
 
     async def start(self) -> None:
         """Create the scratch folder and the locks. Processes start on demand."""
@@ -127,12 +131,20 @@ class ReplPool:
             self._closed = False
 
     async def warm(self, header: str, n: int | None = None) -> None:
-        """Start ``n`` processes for ``header`` now (default: workers) and wait until ready."""
+        """Start ``n`` processes for ``header`` now (default: workers), plus the spares, and wait
+        until they are all ready."""
         await self.start()
         key = self._key_of(header)
-        ws = [await self._acquire(key) for _ in range(n or self.config.workers)]
+        n = n or self.config.workers
+        ws = [await self._acquire(key) for _ in range(n)]
         for w in ws:
             await self._release(key, w, healthy=True)
+        assert self._cond is not None
+        target = min(n + self.config.spares, self._cap)
+        async with self._cond:
+            k = self._keys[key]
+            while len(k.ready) < target and k.error is None and (k.starting or k.ready):
+                await self._cond.wait()
 
     # -- checking -------------------------------------------------------------------------------
 
@@ -219,6 +231,8 @@ class ReplPool:
                             self._live -= 1
                             continue
                         self._busy.add(w)
+                        self.stats.max_busy = max(self.stats.max_busy, len(self._busy))
+                        self._event("acquire", w)
                         k.last_used = time.monotonic()
                         self._top_up(key, k)
                         return w
@@ -294,6 +308,7 @@ class ReplPool:
                 self.stats.start_seconds += time.monotonic() - t0
                 k.fails = 0
                 k.ready.append(w)
+                self._event("ready", w)
             else:
                 self._live -= 1
                 if error is not None:
@@ -322,6 +337,7 @@ class ReplPool:
                 k.ready.append(w)
             else:
                 self._live -= 1
+                self._event("retire", w)
                 if recycle:
                     self.stats.recycled += 1
                 self._background(w.close())
@@ -332,6 +348,7 @@ class ReplPool:
     async def _discard(self, key: tuple[str, ...], w: ReplWorker) -> None:
         """Kill a process that failed an attempt; a replacement starts at once."""
         self.stats.killed += 1
+        self._event("kill", w)
         await w.proc.kill()
         assert self._cond is not None
         async with self._cond:
@@ -343,6 +360,10 @@ class ReplPool:
                 if k.waiting > k.starting:
                     self._spawn_for(key, k)
             self._cond.notify_all()
+
+    def _event(self, what: str, w: ReplWorker) -> None:
+        pid = w.proc.proc.pid if w.proc.proc is not None else -1
+        self.events.append((what, pid))
 
     def live_processes(self) -> list[ReplProcess]:
         """The processes alive now (idle and busy), for tests and diagnostics."""

@@ -55,7 +55,9 @@ def bwrap_prefix(writable: Sequence[Path]) -> list[str]:
 def _limit_memory(mb: int) -> None:  # runs in the child before exec
     # RLIMIT_DATA caps the heap (brk + private anonymous maps) but not the read-only mapped
     # .olean files, so importing Mathlib is not charged against it the way RLIMIT_AS would be.
-    b = mb * 1024 * 1024
+    # It is a backstop set above the cap: the RSS watch normally kills first, which tells a
+    # memory overrun apart from a crash.
+    b = int(mb * 1.5 + 64) * 1024 * 1024
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_DATA, (b, b))
 
