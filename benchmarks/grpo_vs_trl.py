@@ -134,7 +134,7 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, An
     )
     t0 = time.perf_counter()
     trainer = GRPOTrainer(cfg, env=Env())
-    trainer.train()
+    trainer.train_sync()
     wall = time.perf_counter() - t0
     rows = trainer.run.metrics()
     return {

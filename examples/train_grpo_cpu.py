@@ -134,11 +134,11 @@ def main() -> None:
     config = merge(GRPOConfig, HERE / "train-grpo-cpu.toml", {"out": args.out})
     config.policy.model = str(model)
     trainer = GRPOTrainer(config, env=DigitsEnv(config.env))
-    out = trainer.train()
+    trainer.train_sync()
     rows = trainer.run.metrics()
     first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
     print(f"reward: step 1 {first:.3f} -> step {rows[-1]['step']} {last:.3f}")
-    print(f"run folder: {out} (metrics.jsonl, checkpoint-*/, reward_curve.png)")
+    print(f"run folder: {trainer.run.path} (metrics.jsonl, checkpoint-*/, reward_curve.png)")
 
 
 if __name__ == "__main__":

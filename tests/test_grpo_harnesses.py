@@ -102,7 +102,7 @@ def test_grpo_steps_through_builtin_harness(
     from leanrl.train.grpo import GRPOTrainer
 
     trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path / "run"), env=_env(harness))
-    trainer.train()
+    trainer.train_sync()
     rows = trainer.run.metrics()
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:

@@ -141,7 +141,7 @@ def _train(cfg: Any, env: Environment | None = None) -> list[dict[str, Any]]:
     from leanrl.train.grpo import GRPOTrainer
 
     trainer = GRPOTrainer(cfg, env=env or DigitEnv())
-    trainer.train()
+    trainer.train_sync()
     return trainer.run.metrics()
 
 
@@ -295,7 +295,7 @@ def test_bad_configs_fail_early(tmp_path: Path) -> None:
         GRPOConfig(policy=PolicyConfig(model=str(tmp_path / "nope")), out=tmp_path / "r")
     )
     with pytest.raises(ConfigError, match="does not exist"):
-        trainer.train()
+        trainer.train_sync()
     assert not (tmp_path / "r").exists()  # failed before touching the run folder
 
 

@@ -65,7 +65,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -257,9 +256,15 @@ class _GenClock(Policy):
 class GRPOTrainer:
     """Train ``config.policy.model`` with GRPO on ``env`` (default: ``config.env``).
 
-    ``__init__`` only stores; :meth:`train` (or :meth:`train_async`) checks the config, loads the
-    model, resumes from the run folder if it holds a checkpoint, and trains.
+    ``__init__`` only stores. ``await train()`` (or :meth:`train_sync`) checks the config, loads
+    the model, resumes from the run folder if it holds a checkpoint, trains to ``steps`` and
+    returns this call's metrics rows, like ``ESTrainer``. Rerunning on the same ``out`` resumes.
     """
+
+    #: Fields that may change between a run and its resume (they do not change the result up to
+    #: the old ``steps``; with a ``linear``/``cosine`` schedule a new ``steps`` reshapes the
+    #: rest of the schedule).
+    RESUMABLE = ("steps", "out", "log_to", "run_name", "keep_checkpoints", "save_every")
 
     def __init__(self, config: GRPOConfig, env: Environment | None = None) -> None:
         self.config = config
@@ -270,20 +275,21 @@ class GRPOTrainer:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
         check_model_path(self.config.policy.model)
 
-    def train(self) -> Path:
-        """Run to ``config.steps``; returns the run folder."""
+    def train_sync(self) -> list[dict[str, Any]]:
+        """Blocking :meth:`train`, for scripts and notebooks (also inside Jupyter's loop)."""
         from leanrl.runtime import run_sync
 
-        result: Path = run_sync(self.train_async())
-        return result
+        rows: list[dict[str, Any]] = run_sync(self.train())
+        return rows
 
-    async def train_async(self) -> Path:
+    async def train(self) -> list[dict[str, Any]]:
+        """Train to ``config.steps``; returns the metrics rows this call wrote."""
         self.check()
         from leanrl.train.grpo_engine import GRPOEngine
 
         engine = GRPOEngine(self.config, self.run)
         env = self.env or load_environment(self.config.env)
-        resumed = self.run.bind_config(self.config)
+        resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
         await asyncio.to_thread(engine.load, resumed)
         tasks = await asyncio.to_thread(env.tasks)
         logger = MetricsLogger(
@@ -294,17 +300,18 @@ class GRPOTrainer:
         )
         logger.start()
         gen: Policy | None = None
+        rows: list[dict[str, Any]] = []
         try:
             gen = await engine.make_generation_policy()
             clock = _GenClock(gen)
             async with env:
-                await self._train_loop(engine, env, tasks, clock, logger)
+                await self._train_loop(engine, env, tasks, clock, logger, rows)
         finally:
             logger.close()
             if gen is not None:
                 await gen.close()
             self.run.plot(title=f"GRPO reward ({self.run.path.name})")
-        return self.run.path
+        return rows
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -315,6 +322,7 @@ class GRPOTrainer:
         tasks: list[Task],
         clock: _GenClock,
         logger: MetricsLogger,
+        rows: list[dict[str, Any]],
     ) -> None:
         cfg = self.config
         start = engine.step
@@ -357,6 +365,7 @@ class GRPOTrainer:
                     version.notify_all()
                 row = self._metrics_row(engine, batch, train_stats, t0, t1, t2)
                 logger.log(row)
+                rows.append(row)
                 done = engine.step
                 if done % cfg.save_every == 0 or done == cfg.steps:
                     await asyncio.to_thread(engine.save_checkpoint, row)
@@ -480,6 +489,6 @@ def _std(xs: list[float]) -> float | None:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def train_grpo(config: GRPOConfig, env: Environment | None = None) -> Path:
-    """Train with GRPO; returns the run folder. Same as ``GRPOTrainer(config, env).train()``."""
-    return GRPOTrainer(config, env).train()
+def train_grpo(config: GRPOConfig, env: Environment | None = None) -> list[dict[str, Any]]:
+    """Train with GRPO (blocking); returns the metrics rows. ``GRPOTrainer(...).train_sync()``."""
+    return GRPOTrainer(config, env).train_sync()

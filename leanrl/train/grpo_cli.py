@@ -48,10 +48,10 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
         config = self.to_grpo_config()
         trainer = GRPOTrainer(config)
         trainer.check()  # a bad model path fails here, before anything is loaded
-        out = trainer.train()
+        trainer.train_sync()
         rows = trainer.run.metrics()
         last = rows[-1] if rows else {}
-        print(f"run folder: {out}")
+        print(f"run folder: {trainer.run.path}")
         if last:
             print(
                 f"step {last.get('step')}: reward_mean={last.get('reward_mean')} "
