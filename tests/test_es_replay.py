@@ -100,7 +100,9 @@ def test_resume_after_kill_loses_nothing(
     # "killed" after iteration 3: checkpoint-2 exists, iteration 3 lives only in the history
     run_steps(toy_config(tiny_model_dir, out, steps=5, save_every=2), 3)
     assert [s for s, _ in ESTrainer(toy_config(tiny_model_dir, out)).run.checkpoints()] == [2]
-    # a torn half-record at the end (killed mid-write) must not hurt
+    # killed while writing iteration 4: its metrics line is out, its history record torn
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 4, "reward_mean": 123.0}) + "\n")
     with (out / "es_history.bin").open("ab") as f:
         f.write(b"ESIT\x04\x00\x00")
     resumed = ESTrainer(toy_config(tiny_model_dir, out, steps=5, save_every=2))

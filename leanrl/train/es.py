@@ -61,6 +61,7 @@ from leanrl.train.es_history import (
     f32,
     load_weights,
 )
+from leanrl.train.es_weights import MASTER_FILE
 from leanrl.train.es_workers import (
     InProcessScorer,
     IterationState,
@@ -285,8 +286,8 @@ class ESTrainer:
                 records=records,
             )
         master = None
-        if source.checkpoint and (Path(source.checkpoint) / _MASTER).is_file():
-            master = str(Path(source.checkpoint) / _MASTER)
+        if source.checkpoint and (Path(source.checkpoint) / MASTER_FILE).is_file():
+            master = str(Path(source.checkpoint) / MASTER_FILE)
         return VLLMScorer(self.env, source, self.config.policy, master)
 
     def sampling_for(self, iteration: int) -> SamplingConfig:
@@ -316,8 +317,6 @@ class ESTrainer:
         norm = 0.0
         if self.weights is not None:
             norm = self.weights.apply_update(coeffs) if coeffs else 0.0
-        self.history.append(HistoryRecord(it, tuple(coeffs), skipped=z is None))
-        self.iteration = it
         t_updated = time.perf_counter()
         n = len(rewards)
         mean = sum(rewards) / n
@@ -340,21 +339,23 @@ class ESTrainer:
             "tokens_per_s": tokens / max(t_scored - t_start, 1e-9),
             "population": n,
         }
+        # Metrics first, then the history: a crash in between leaves a metrics line past the
+        # history, which the resume drops (truncate_metrics) before redoing that iteration.
         if self._logger is not None:
             self._logger.log(row)
+        self.history.append(HistoryRecord(it, tuple(coeffs), skipped=z is None))
+        self.iteration = it
         if it % cfg.save_every == 0 or it == cfg.steps:
             self.save_checkpoint()
         return row
 
     def save_checkpoint(self) -> Path:
         """A Hugging Face model folder at the current iteration (+ exact fp32 master if needed)."""
-        from leanrl.train.es_weights import MASTER_FILE
-
         it = self.iteration
         state = {"trainer": "es", "iteration": it, "history_records": len(self.history)}
         if self.weights is None:  # vllm: the master lives in the engine
             return self._save_checkpoint_from_engine(it, state)
-        need_master = any(p.dtype != _fp32() for p in self.weights.params.values())
+        need_master = any(str(p.dtype) != "torch.float32" for p in self.weights.params.values())
         state["es_master"] = need_master
         path = self.run.save_checkpoint(
             it, self.model, self.tokenizer, state, keep=self.config.keep_checkpoints
@@ -367,7 +368,7 @@ class ESTrainer:
         import tempfile
 
         from leanrl.train.es_policy import load_model
-        from leanrl.train.es_weights import MASTER_FILE, ESWeights, load_master_file
+        from leanrl.train.es_weights import ESWeights, load_master_file
 
         assert isinstance(self._scorer, VLLMScorer)
         self._scorer.sync(self.history.records)  # the engine applies updates lazily
@@ -418,15 +419,6 @@ class ESTrainer:
                 await self.close()
 
         return run_sync(go())  # type: ignore[no-any-return]
-
-
-_MASTER = "es_master.safetensors"
-
-
-def _fp32() -> Any:
-    import torch
-
-    return torch.float32
 
 
 def _write_master_atomic(weights: Any, final: Path) -> None:
