@@ -7,8 +7,14 @@ runtime.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,6 +72,8 @@ class PromptHarness(Harness):
         if self.fail_at is not None and PromptHarness.calls == self.fail_at:
             raise _Crash("simulated crash")
         PromptHarness.calls += 1
+        if self.config.options.get("delay_s"):  # slows a run down so a test can kill it mid-way
+            await asyncio.sleep(float(self.config.options["delay_s"]))
         comps = await policy.generate([t.formal_statement for t in tasks], sampling)
         out = []
         for task, cs in zip(tasks, comps, strict=True):
@@ -109,7 +117,7 @@ class DigitEnv(Environment):
     fail_at: int | None = None
 
     def make_harness(self) -> Harness:
-        h = PromptHarness()
+        h = PromptHarness(self.config.harness)
         h.fail_at = self.fail_at
         return h
 
@@ -247,6 +255,47 @@ def test_crash_and_rerun_resumes_exactly(tiny_model_dir: Path, tmp_path: Path) -
     wa, wb = _weights(tmp_path / "a" / "checkpoint-6"), _weights(out / "checkpoint-6")
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)  # bit for bit, as if never stopped
+
+
+def test_sigkill_and_rerun_same_command_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A real kill -9 of `leanrl train grpo` mid-run; the same command then finishes the run
+    from the last checkpoint and ends where an uninterrupted run ends."""
+    cfg = tmp_path / "train-grpo-kill.toml"
+    cfg.write_text(
+        f'env = {{ id = "{__name__}:DigitEnv", harness = {{ options = {{ delay_s = 0.2 }} }} }}\n'
+        "steps = 8\ntasks_per_step = 2\ngroup_size = 2\nsave_every = 2\nkeep_checkpoints = 8\n"
+        "lr = 1e-3\nmask_truncated = false\n[sampling]\nmax_tokens = 8\ntop_p = 1.0\n"
+    )
+    out = tmp_path / "killed"
+    argv = [sys.executable, "-m", "leanrl.cli", "train", "grpo", "--config", str(cfg)]
+    argv += ["--model", str(tiny_model_dir), "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while proc.poll() is None and not (out / "checkpoint-2" / "trainer_state.json").exists():
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    done_before = len(RunDir(out).metrics())
+    assert 2 <= done_before < 6
+
+    from leanrl.cli import main
+
+    assert main(argv[3:]) == 0  # the same command, in this process this time
+    rows = RunDir(out).metrics()
+    assert [r["step"] for r in rows] == list(range(1, 7))
+
+    straight = tmp_path / "straight"
+    assert main([*argv[3:-1], str(straight)]) == 0
+    want = RunDir(straight).metrics()
+    assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in want]
+    wa, wb = _weights(straight / "checkpoint-6"), _weights(out / "checkpoint-6")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_checkpoint_is_a_loadable_hf_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
