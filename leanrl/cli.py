@@ -73,6 +73,9 @@ _COMMANDS: dict[str, str] = {
     "eval": "leanrl.eval.cli:EvalCommand",
     "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
     "train es": "leanrl.train.es_cli:ESCommand",
+    "verify": "leanrl.lean.commands:VerifyCommand",
+    "setup": "leanrl.lean.commands:SetupCommand",
+    "doctor": "leanrl.lean.commands:DoctorCommand",
 }
 # -------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,200 @@
+"""``leanrl verify``, ``leanrl setup`` and ``leanrl doctor`` (CLI command models).
+
+Imports nothing heavy at module level (the CLI lists every command at start-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import CliPositionalArg
+
+from leanrl.config import ConfigCommand
+from leanrl.environment import EnvironmentConfig, load_environment
+from leanrl.errors import ConfigError, DatasetError, LeanNotFoundError
+from leanrl.task import Task
+from leanrl.verdict import Attempt, Verdict
+
+__all__ = ["DoctorCommand", "SetupCommand", "VerifyCommand", "read_proof_rows", "verify_file"]
+
+
+def read_proof_rows(path: Path, tasks: list[Task]) -> list[tuple[int, Task, dict[str, Any]]]:
+    """Read ``path`` (JSONL rows with ``name`` and ``proof``; optional ``preamble``, ``id``) and
+    match each row to its task. Any bad row raises :class:`DatasetError` naming it."""
+    if not path.is_file():
+        raise ConfigError(f"proofs file {path} does not exist")
+    by_name: dict[str, Task] = {}
+    for t in tasks:
+        by_name.setdefault(t.name, t)
+        by_name.setdefault(t.id, t)
+    rows: list[tuple[int, Task, dict[str, Any]]] = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, row {i}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise DatasetError(f"{where}: expected a JSON object with 'name' and 'proof'")
+        for field in ("name", "proof"):
+            if not isinstance(row.get(field), str):
+                raise DatasetError(f"{where}: field {field!r} is missing or not a string")
+        for field in ("preamble", "id"):
+            if field in row and not isinstance(row[field], str):
+                raise DatasetError(f"{where}: field {field!r} must be a string")
+        task = by_name.get(row["name"])
+        if task is None:
+            raise DatasetError(
+                f"{where}: no task named {row['name']!r} in this environment's taskset "
+                "(check --env and --env.taskset.split)"
+            )
+        rows.append((i, task, row))
+    if not rows:
+        raise DatasetError(f"{path}: no rows")
+    return rows
+
+
+async def verify_file(env_config: EnvironmentConfig, proofs: Path, out: Path) -> dict[str, Any]:
+    """Check every row of ``proofs``; write one verdict per row to ``out``; return a summary."""
+    env = load_environment(env_config)
+    tasks = env.tasks()
+    rows = read_proof_rows(proofs, tasks)
+    policy = env.taskset.config.policy
+    attempts = [
+        Attempt(
+            name=task.name,
+            header=task.header,
+            formal_statement=task.formal_statement,
+            proof=row["proof"],
+            preamble=row.get("preamble", ""),
+            policy=policy,
+            id=row.get("id") or f"{task.id}#{i}",
+        )
+        for i, task, row in rows
+    ]
+    t0 = time.monotonic()
+    async with env.runtime as runtime:
+        verdicts: list[Verdict] = await runtime.check(attempts)
+    wall = time.monotonic() - t0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for (i, task, _), v in zip(rows, verdicts, strict=True):
+            rec = {"row": i, "name": task.name, **v.model_dump(mode="json")}
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    reasons = Counter(v.reason.value for v in verdicts)
+    return {
+        "rows": len(verdicts),
+        "accepted": sum(v.accepted for v in verdicts),
+        "reasons": dict(reasons.most_common()),
+        "wall_s": round(wall, 3),
+        "attempts_per_s": round(len(verdicts) / wall, 3) if wall > 0 else None,
+        "verdicts": str(out),
+    }
+
+
+class VerifyCommand(ConfigCommand):
+    """Check a file of proofs (JSONL rows: name, proof; optional preamble, id) against an
+    environment's statements, and write one verdict per row plus a summary.
+
+    Example: leanrl verify proofs.jsonl --env minif2f --env.runtime.workers 8
+    """
+
+    proofs: CliPositionalArg[Path]
+    """The JSONL file of proofs to check."""
+    env: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    """The environment whose statements, policy and runtime are used (``--env ID``)."""
+    out: Path | None = None
+    """Where to write the verdicts (default: PROOFS with the suffix .verdicts.jsonl)."""
+    print_json: bool = False
+    """Print the summary as JSON instead of text."""
+
+    def cli_cmd(self) -> None:
+        cmd = self.resolved()
+        env = cmd.env
+        if "split" not in env.taskset.model_fields_set:
+            # Rows may name tasks of any split unless the user picked one.
+            env = env.model_copy(update={"taskset": env.taskset.model_copy(update={"split": None})})
+        out = cmd.out or cmd.proofs.with_suffix(".verdicts.jsonl")
+        summary = asyncio.run(verify_file(env, cmd.proofs, out))
+        summary_path = out.with_suffix(".summary.json")
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        if cmd.print_json:
+            print(json.dumps(summary, indent=2))
+            return
+        print(f"{summary['accepted']}/{summary['rows']} accepted  ({summary['wall_s']} s)")
+        for reason, n in summary["reasons"].items():
+            print(f"  {reason:<18} {n}")
+        print(f"verdicts: {out}\nsummary:  {summary_path}")
+
+
+def _taskset_pins(env_id: str) -> tuple[str | None, str | None, str]:
+    env = load_environment(EnvironmentConfig(id=env_id))
+    ts = env.taskset
+    return ts.lean_toolchain, ts.mathlib_rev, ts.mathlib_repo
+
+
+class SetupCommand(BaseModel):
+    """Create (or reuse) a Lean project with the toolchain and Mathlib an environment needs,
+    fetch Mathlib's build cache and build the Lean REPL at the matching version.
+
+    Needs elan and the internet. Example: leanrl setup --env minif2f
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    env: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    """The environment to set up for (``--env ID``)."""
+    dest: Path | None = None
+    """Project folder (default: under ~/.cache/leanrl/projects/)."""
+
+    def cli_cmd(self) -> None:
+        from leanrl.lean.project import setup_project
+
+        toolchain, rev, repo = _taskset_pins(self.env.id)
+        if toolchain is None:
+            raise LeanNotFoundError(
+                f"environment {self.env.id!r} does not say which Lean toolchain it needs; "
+                "point LEANRL_LEAN_PROJECT at a project instead"
+            )
+        path = setup_project(toolchain, rev, repo, self.dest)
+        print(f"ready: {path}\nleanrl uses it by default; elsewhere: export LEANRL_LEAN_PROJECT={path}")
+
+
+class DoctorCommand(BaseModel):
+    """Report what leanrl finds (elan, lake, lean, the project, Mathlib, the REPL, versions) and
+    the command that fixes whatever is missing."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    env: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    """The environment whose toolchain and Mathlib to check for (``--env ID``)."""
+    print_json: bool = False
+    """Print the report as JSON."""
+
+    def cli_cmd(self) -> None:
+        from leanrl.lean.project import doctor
+
+        toolchain, rev, _ = _taskset_pins(self.env.id)
+        checks = doctor(self.env.runtime.lean_project, toolchain, rev, self.env.id)
+        if self.print_json:
+            print(json.dumps([c.model_dump() for c in checks], indent=2))
+            if not all(c.ok for c in checks):
+                raise SystemExit(1)
+            return
+        for c in checks:
+            mark = "ok     " if c.ok else "MISSING"
+            print(f"{mark} {c.name:<13} {c.found}")
+            if not c.ok and c.fix:
+                print(f"        fix: {c.fix}")
+        if all(c.ok for c in checks):
+            print("everything needed is in place")
+        else:
+            raise SystemExit(1)

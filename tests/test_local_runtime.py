@@ -1,0 +1,195 @@
+"""The `local` runtime end to end with stand-in REPL processes (tests/fake_repl.py), the
+`leanrl verify` command, and one-shot mode's process handling."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from leanrl import registry
+from leanrl.cli import main
+from leanrl.environment import EnvironmentConfig
+from leanrl.errors import ConfigError, DatasetError, LeanNotFoundError
+from leanrl.lean.commands import verify_file
+from leanrl.lean.oneshot import OneShotChecker
+from leanrl.runtime import RuntimeConfig
+from leanrl.runtimes.local import LocalRuntime
+from leanrl.taskset import TasksetConfig
+from leanrl.verdict import Attempt, Reason
+
+FAKE = [sys.executable, str(Path(__file__).with_name("fake_repl.py"))]
+
+
+def runtime(**kw: object) -> LocalRuntime:
+    cfg: dict[str, object] = {"workers": 2, "timeout_s": 3.0}
+    cfg.update(kw)
+    cfg["options"] = {"repl_command": FAKE, "spares": 0}
+    return LocalRuntime(RuntimeConfig.model_validate(cfg))
+
+
+def att(proof: str, i: int = 0) -> Attempt:
+    return Attempt(
+        name="t",
+        header="import Mathlib\n",
+        formal_statement="theorem t : 1 = 1 := by",
+        proof=proof,
+        id=str(i),
+    )
+
+
+def test_registered_under_local() -> None:
+    cls = registry.resolve("runtimes", "local")
+    assert cls is LocalRuntime and cls.name == "local" and cls.description
+
+
+def test_check_sync_from_plain_code() -> None:
+    hang = 'rfl\n  -- fake: {"hang": true}'
+    vs = runtime(timeout_s=1.0).check_sync([att("rfl", 0), att(hang, 1), att("rfl", 2)])
+    assert [v.reason for v in vs] == [Reason.OK, Reason.TIMEOUT, Reason.OK]
+    assert [v.id for v in vs] == ["0", "1", "2"]
+
+
+async def test_check_sync_inside_a_running_loop() -> None:
+    # Jupyter runs an event loop; check_sync must still work there.
+    (v,) = runtime().check_sync([att("rfl")])
+    assert v.accepted
+
+
+async def test_tactic_session() -> None:
+    rt = runtime()
+    async with rt:
+        async with rt.tactic_session("import Mathlib\n") as s:
+            st = await s.start("theorem t (p : Prop) (hp : p) : p := by")
+            assert st.error is None and st.proof_state is not None and st.goals == ("⊢ P",)
+            st2 = await s.apply(st.proof_state, "intro x")
+            assert st2.error is None and st2.goals == ("⊢ Q",) and not st2.solved
+            bad = await s.apply(st2.proof_state or 0, "fail")
+            assert bad.error and "unknown tactic" in bad.error and bad.proof_state is None
+            err = await s.apply(st2.proof_state or 0, "bad")
+            assert err.error and "Unknown identifier" in err.error
+            done = await s.apply(st2.proof_state or 0, "simp")
+            assert done.solved
+            hung = await s.apply(st2.proof_state or 0, "hang")
+            assert hung.error and "timeout" in hung.error
+            after = await s.apply(st2.proof_state or 0, "simp")
+            assert after.error and "session ended" in after.error
+        # the broken process was replaced; the runtime still works
+        (v,) = await rt.check([att("rfl")])
+        assert v.accepted
+
+
+def test_oneshot_mode_refuses_tactic_sessions() -> None:
+    rt = LocalRuntime(RuntimeConfig(mode="oneshot"))
+    with pytest.raises(ConfigError, match="tactic mode"):
+        rt.tactic_session("")
+
+
+def test_bad_repl_command_option() -> None:
+    rt = LocalRuntime(RuntimeConfig(options={"repl_command": 5}))
+    with pytest.raises(ConfigError, match="repl_command"):
+        rt.check_sync([att("rfl")])
+
+
+def test_no_lean_anywhere_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        LocalRuntime(RuntimeConfig()).check_sync([att("rfl")])
+    with pytest.raises(LeanNotFoundError, match="elan"):
+        LocalRuntime(RuntimeConfig(mode="oneshot")).check_sync([att("rfl")])
+
+
+# -- leanrl verify ---------------------------------------------------------------------------
+
+
+def _env(shared_data: Path) -> EnvironmentConfig:
+    return EnvironmentConfig(
+        id="minif2f",
+        taskset=TasksetConfig(path=shared_data / "minif2f.jsonl", split=None),
+        runtime=RuntimeConfig(workers=2, options={"repl_command": FAKE, "spares": 0}),
+    )
+
+
+async def test_verify_file(shared_data: Path, tmp_path: Path) -> None:
+    rows = [
+        {"name": "aime_1983_p9", "proof": "nlinarith"},
+        {"name": "aime_1983_p9", "proof": "sorry"},
+        {"name": "aimeII_2001_p3", "proof": "omega", "preamble": "lemma l : True := trivial"},
+        {"name": "aimeII_2001_p3", "proof": "native_decide", "id": "mine"},
+    ]
+    proofs = tmp_path / "p.jsonl"
+    proofs.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "v.jsonl"
+    summary = await verify_file(_env(shared_data), proofs, out)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["reason"] for g in got] == ["ok", "sorry", "ok", "native"]
+    assert [g["row"] for g in got] == [1, 2, 3, 4] and got[3]["id"] == "mine"
+    assert summary["rows"] == 4 and summary["accepted"] == 2
+    assert summary["reasons"] == {"ok": 2, "sorry": 1, "native": 1}
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("{not json", r"row 2: not valid JSON"),
+        ('{"name": "aime_1983_p9"}', r"row 2: field 'proof' is missing"),
+        ('{"name": "no_such_theorem", "proof": "rfl"}', r"row 2: no task named 'no_such_theorem'"),
+        ('["a", "b"]', r"row 2: expected a JSON object"),
+    ],
+)
+async def test_verify_bad_rows_name_the_row(
+    shared_data: Path, tmp_path: Path, line: str, match: str
+) -> None:
+    proofs = tmp_path / "p.jsonl"
+    proofs.write_text(json.dumps({"name": "aime_1983_p9", "proof": "rfl"}) + "\n" + line + "\n")
+    with pytest.raises(DatasetError, match=match):
+        await verify_file(_env(shared_data), proofs, tmp_path / "v.jsonl")
+
+
+def test_verify_cli(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proofs = tmp_path / "p.jsonl"
+    proofs.write_text(json.dumps({"name": "aime_1983_p9", "proof": "nlinarith"}) + "\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        "[env.taskset]\n"
+        f'path = "{shared_data / "minif2f.jsonl"}"\n'
+        "[env.runtime]\nworkers = 1\n"
+        "[env.runtime.options]\n"
+        f"repl_command = {json.dumps(FAKE)}\n"
+    )
+    rc = main(["verify", str(proofs), "--env", "minif2f", "--config", str(cfg), "--print_json"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["accepted"] == 1 and summary["rows"] == 1
+    assert (tmp_path / "p.verdicts.jsonl").is_file()
+    assert (tmp_path / "p.verdicts.summary.json").is_file()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"name": "x"}\n')
+    assert main(["verify", str(bad), "--env", "minif2f", "--config", str(cfg)]) == 2
+    assert "row 1" in capsys.readouterr().err
+
+
+# -- one-shot mode: process handling (Lean itself is covered by the lean-marked tests) ----------
+
+
+async def test_oneshot_timeout_and_crash_are_verdicts(tmp_path: Path) -> None:
+    sleeper = OneShotChecker(
+        [sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=0.5, json_output=False
+    )
+    await sleeper.start()
+    (v,) = await sleeper.check([att("rfl")])
+    assert v.reason is Reason.TIMEOUT
+    crasher = OneShotChecker(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+        timeout_s=5,
+        json_output=False,
+    )
+    await crasher.start()
+    (v,) = await crasher.check([att("rfl")])
+    assert v.reason is Reason.CRASH and "signal" in v.detail
+    (pre,) = await crasher.check([att("sorry")])
+    assert pre.reason is Reason.SORRY  # the pre-scan runs before any process
