@@ -263,7 +263,7 @@ def test_sigkill_and_rerun_same_command_resumes(tiny_model_dir: Path, tmp_path: 
     cfg = tmp_path / "train-grpo-kill.toml"
     cfg.write_text(
         f'env = {{ id = "{__name__}:DigitEnv", harness = {{ options = {{ delay_s = 0.2 }} }} }}\n'
-        "steps = 8\ntasks_per_step = 2\ngroup_size = 2\nsave_every = 2\nkeep_checkpoints = 8\n"
+        "steps = 6\ntasks_per_step = 2\ngroup_size = 2\nsave_every = 2\nkeep_checkpoints = 8\n"
         "lr = 1e-3\nmask_truncated = false\n[sampling]\nmax_tokens = 8\ntop_p = 1.0\n"
     )
     out = tmp_path / "killed"
