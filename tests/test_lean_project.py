@@ -1,0 +1,152 @@
+"""Project discovery, `leanrl setup` and `leanrl doctor`, for real, on a machine without Lean:
+they must fail fast with the command that fixes the problem."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leanrl.errors import LeanNotFoundError
+from leanrl.lean.project import (
+    doctor,
+    find_project,
+    find_repl,
+    lakefile,
+    online,
+    project_dir,
+    repl_command,
+    repl_tag,
+    setup_project,
+)
+
+TOOLCHAIN = "leanprover/lean4:v4.24.0"
+REV = "f897ebcf72cd16f89ab4577d0c826cd14afaafc7"
+
+
+@pytest.fixture
+def bare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An empty PATH, no LEANRL_LEAN_PROJECT, a private cache folder."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
+    return empty
+
+
+def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": str(tmp_path / "bin"),
+        "HOME": str(tmp_path),
+        "LEANRL_CACHE": str(tmp_path / "cache"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "leanrl.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_setup_without_elan_fails_fast_with_the_fix(tmp_path: Path) -> None:
+    r = _cli(["setup", "--env", "minif2f"], tmp_path)
+    assert r.returncode == 2
+    assert "`elan` is not on PATH" in r.stderr and "elan-init.sh" in r.stderr
+    assert not (tmp_path / "cache" / "projects").exists()
+
+
+def test_doctor_reports_everything_missing_with_fixes(tmp_path: Path) -> None:
+    r = _cli(["doctor", "--env", "minif2f", "--print_json"], tmp_path)
+    assert r.returncode == 1
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert set(checks) >= {"elan", "lake", "lean", "Lean project"}
+    assert not any(c["ok"] for c in checks.values())
+    assert "elan-init.sh" in checks["elan"]["fix"]
+    assert "leanrl setup --env minif2f" in checks["Lean project"]["fix"]
+
+
+def test_setup_offline_fails_fast(bare: Path, tmp_path: Path) -> None:
+    # Stand-in `elan`/`lake` executables so the tool check passes; setup must stop at the network
+    # check without running them (they would fail loudly if run).
+    for tool in ("elan", "lake"):
+        exe = bare / tool
+        exe.write_text("#!/bin/sh\necho should-not-run >&2\nexit 99\n")
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(LeanNotFoundError, match="needs the internet"):
+        setup_project(TOOLCHAIN, REV, is_online=lambda: False, log=lambda s: None)
+    assert not project_dir(TOOLCHAIN, REV).exists()
+
+
+def test_online_probe_is_false_for_a_closed_port() -> None:
+    assert online("127.0.0.1", 9, timeout=1.0) is False
+
+
+def test_find_project_order(bare: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert find_project(None) is None
+    a, b, c = (tmp_path / n for n in "abc")
+    for p in (a, b, c):
+        p.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "default-project").write_text(str(c))
+    assert find_project(None) == c
+    monkeypatch.setenv("LEANRL_LEAN_PROJECT", str(b))
+    assert find_project(None) == b
+    assert find_project(a) == a
+    with pytest.raises(LeanNotFoundError, match="does not exist"):
+        find_project(tmp_path / "missing")
+    monkeypatch.setenv("LEANRL_LEAN_PROJECT", str(tmp_path / "nope"))
+    with pytest.raises(LeanNotFoundError, match="LEANRL_LEAN_PROJECT"):
+        find_project(None)
+
+
+def test_repl_discovery_in_a_project(bare: Path, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    binp = proj / ".lake" / "packages" / "REPL" / ".lake" / "build" / "bin"
+    binp.mkdir(parents=True)
+    with pytest.raises(LeanNotFoundError, match="no Lean REPL found"):
+        repl_command(proj)
+    exe = binp / "repl"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    assert find_repl(proj) == exe
+    assert repl_command(proj) == ([str(exe)], proj)  # no lakefile: run it directly
+    (proj / "lakefile.lean").write_text("")
+    with pytest.raises(LeanNotFoundError, match="`lake` is not on PATH"):
+        repl_command(proj)
+
+
+def test_doctor_on_a_project_folder(bare: Path, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "lean-toolchain").write_text("leanprover/lean4:v4.9.0\n")
+    (proj / "lake-manifest.json").write_text(
+        json.dumps({"packages": [{"name": "mathlib", "rev": REV}]})
+    )
+    checks = {c.name: c for c in doctor(proj, TOOLCHAIN, REV, "minif2f")}
+    assert checks["Lean project"].ok
+    assert not checks["toolchain"].ok and TOOLCHAIN in checks["toolchain"].fix
+    assert not checks["Mathlib"].ok and "not built" in checks["Mathlib"].found
+    assert not checks["REPL"].ok and "oneshot" in checks["REPL"].fix
+
+
+def test_versions_and_lakefile() -> None:
+    assert repl_tag(TOOLCHAIN) == "v4.24.0"
+    assert repl_tag("leanprover/lean4:v4.33.0-rc2") == "v4.33.0-rc2"
+    with pytest.raises(LeanNotFoundError):
+        repl_tag("nightly")
+    text = lakefile(REV, "https://github.com/leanprover-community/mathlib4", TOOLCHAIN)
+    assert f'@ "{REV}"' in text and '@ "v4.24.0"' in text and "require REPL" in text
+    assert "mathlib" not in lakefile(None, "x", TOOLCHAIN)
+    assert project_dir(TOOLCHAIN, REV) != project_dir("leanprover/lean4:v4.9.0", REV)
+    assert os.fspath(project_dir(TOOLCHAIN, None)).count("core") == 1
