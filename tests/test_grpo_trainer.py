@@ -348,6 +348,19 @@ def test_bad_configs_fail_early(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()  # failed before touching the run folder
 
 
+def test_missing_logger_package_fails_early(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import importlib.util
+
+    from leanrl.train.grpo import GRPOTrainer
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here; the error path cannot be reached")
+    cfg = _config(tiny_model_dir, tmp_path / "r", log_to=["wandb"])
+    with pytest.raises(ConfigError, match="pip install wandb"):
+        GRPOTrainer(cfg, env=DigitEnv()).train_sync()
+    assert not (tmp_path / "r").exists()
+
+
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from leanrl.cli import main
 

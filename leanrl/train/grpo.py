@@ -61,6 +61,7 @@ uninterrupted one; synchronous CPU runs resume exactly.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import math
 import time
@@ -70,7 +71,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from leanrl.environment import Environment, load_environment
-from leanrl.errors import PolicyError
+from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy, SamplingConfig
 from leanrl.rollout import Rollout
 from leanrl.task import Task
@@ -274,6 +275,12 @@ class GRPOTrainer:
     def check(self) -> None:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
         check_model_path(self.config.policy.model)
+        for target in self.config.log_to:
+            if importlib.util.find_spec(target) is None:
+                raise ConfigError(
+                    f"log_to includes {target!r} but the {target} package is not installed: "
+                    f"pip install {target} (or drop it from log_to)"
+                )
 
     def train_sync(self) -> list[dict[str, Any]]:
         """Blocking :meth:`train`, for scripts and notebooks (also inside Jupyter's loop)."""

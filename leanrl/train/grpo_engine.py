@@ -187,9 +187,13 @@ class GRPOEngine:
             for r, a in zip(g, row, strict=True):
                 ids, mask, lps = r.token_ids_and_mask()
                 if not ids:
-                    continue
-                if sum(mask) and not any(t.completion_ids for t in r.turns):
-                    raise PolicyError("rollouts carry no token ids: GRPO needs them")
+                    if any(t.completion for t in r.turns):
+                        raise PolicyError(
+                            f"a rollout of task {r.task_id!r} has text but no token ids: GRPO "
+                            "trains on token ids, so the harness must copy Completion.token_ids "
+                            "into Turn.completion_ids"
+                        )
+                    continue  # nothing generated at all: nothing to train on
                 prompt = list(r.prompt_ids) or self._prompt_ids(r)
                 if cfg.mask_truncated and r.truncated:
                     mask = [0] * len(mask)
@@ -298,10 +302,11 @@ class GRPOEngine:
         acc["clip"] += float((clipped * mask).sum())
         acc["tok"] += float(mask.sum())
         if want_entropy:
-            with torch.no_grad():
-                lp_all = torch.log_softmax(logits.detach().float() / temp, dim=-1)
-                ent = -(lp_all.exp() * lp_all).sum(-1)  # [n, R]
-                acc["ent"] += float((ent * mask).sum())
+            with torch.no_grad():  # one row at a time: a [R, V] float temporary, not [n, R, V]
+                for k in range(logits.shape[0]):
+                    lp_all = torch.log_softmax(logits[k].detach().float() / temp, dim=-1)
+                    ent = -(lp_all.exp() * lp_all).sum(-1)  # [R]
+                    acc["ent"] += float((ent * mask[k]).sum())
                 acc["ent_n"] += float(mask.sum())
         return float(loss.detach())
 
