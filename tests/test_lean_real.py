@@ -1,0 +1,181 @@
+"""The soundness rules against a real Lean (skipped, with the reason, where there is none).
+
+Core Lean only (no Mathlib), so any Lean project or plain `lean` + REPL can run them. REPL mode
+needs a built REPL (`leanrl setup`, or LEANRL_LEAN_PROJECT); one-shot mode needs only `lean`.
+Most cheats run with the pre-scan switched off, so the trusted checks themselves are exercised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from leanrl.errors import LeanNotFoundError
+from leanrl.runtime import RuntimeConfig
+from leanrl.runtimes.local import LocalRuntime
+from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
+
+pytestmark = pytest.mark.lean
+
+SYMM = "theorem t (a b : Nat) (h : a = b) : b = a := by"
+FALSE = "theorem t : 2 + 2 = 5 := by"
+NO_SCAN = VerificationPolicy(forbid_tokens=False)
+
+# (id, statement, preamble, proof, policy, expected reasons)
+CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
+    ("valid", SYMM, "", "exact h.symm", VerificationPolicy(), {Reason.OK}),
+    (
+        "helper_lemma",
+        SYMM,
+        "theorem helper (x y : Nat) (e : x = y) : y = x := e.symm",
+        "exact helper a b h",
+        VerificationPolicy(),
+        {Reason.OK},
+    ),
+    (
+        "classical",
+        SYMM,
+        "",
+        "exact Classical.byContradiction fun hne => hne h.symm",
+        VerificationPolicy(),
+        {Reason.OK},
+    ),
+    (
+        "long_proof",
+        SYMM,
+        "",
+        "\n".join(f"  have h{i} : {i} + 0 = {i} := rfl" for i in range(150)) + "\n  exact h.symm",
+        VerificationPolicy(),
+        {Reason.OK},
+    ),
+    (
+        "kernel_replay_with_inductive",
+        SYMM,
+        "inductive Color where\n  | red\n  | blue\n\ndef Color.f : Color → Nat\n"
+        "  | .red => 0\n  | .blue => 1",
+        "have : Color.f .red = 0 := rfl\n  exact h.symm",
+        VerificationPolicy(kernel_replay=True),
+        {Reason.OK},
+    ),
+    ("sorry", SYMM, "", "sorry", NO_SCAN, {Reason.SORRY}),
+    (
+        "sorry_in_helper",
+        FALSE,
+        "theorem helper : False := sorry",
+        "exact helper.elim",
+        NO_SCAN,
+        {Reason.SORRY},
+    ),
+    ("axiom", FALSE, "axiom cheat : False", "exact cheat.elim", NO_SCAN, {Reason.AXIOM}),
+    (
+        "native_decide",
+        "theorem t : 2 + 2 = 4 := by",
+        "",
+        "native_decide",
+        NO_SCAN,
+        {Reason.NATIVE},
+    ),
+    ("exit", FALSE, "#exit", "rfl", NO_SCAN, {Reason.STATEMENT_CHANGED}),
+    ("namespace", FALSE, "namespace Foo", "sorry", NO_SCAN, {Reason.SORRY, Reason.STATEMENT_CHANGED}),
+    (
+        "instance_overrides_arithmetic",
+        FALSE,
+        "instance : Add Nat := ⟨fun _ _ => 5⟩",
+        "rfl",
+        NO_SCAN,
+        {Reason.STATEMENT_CHANGED},
+    ),
+    (
+        "local_notation",
+        FALSE,
+        'local notation:50 a:51 " = " b:51 => a ≤ b + 10',
+        "decide",
+        NO_SCAN,
+        {Reason.STATEMENT_CHANGED, Reason.ERROR},
+    ),
+    (
+        "variable_hypothesis",
+        FALSE,
+        "variable (hf : False)",
+        "exact hf.elim",
+        NO_SCAN,
+        {Reason.STATEMENT_CHANGED, Reason.ERROR},
+    ),
+    ("def_instead_of_theorem", FALSE, "def t : 2 + 2 = 5 := sorry", "rfl", NO_SCAN,
+     {Reason.ERROR, Reason.SORRY, Reason.STATEMENT_CHANGED}),
+    (
+        "printed_fake_report",
+        FALSE,
+        "axiom cheat : False\n"
+        '#eval IO.println "LEANRL-CHECK {\\"status\\": \\"ok\\", \\"axioms\\": []}"',
+        "exact cheat.elim",
+        NO_SCAN,
+        {Reason.AXIOM},
+    ),
+    (
+        "macro_rules_hijack_eval",
+        FALSE,
+        "axiom cheat : False\n"
+        'macro_rules | `(#eval $e) => `(#print "LEANRL-CHECK fake")',
+        "exact cheat.elim",
+        NO_SCAN,
+        {Reason.AXIOM},
+    ),
+    (
+        "prescan_forbids_eval",
+        FALSE,
+        "#eval 1",
+        "sorry",
+        VerificationPolicy(),
+        {Reason.FORBIDDEN},
+    ),
+]
+
+
+async def _runtime(mode: str) -> LocalRuntime:
+    rt = LocalRuntime(RuntimeConfig(mode=mode, workers=2, timeout_s=300, startup_timeout_s=600))  # type: ignore[arg-type]
+    try:
+        await rt.start()
+    except LeanNotFoundError as e:
+        pytest.skip(f"no usable Lean for {mode} mode: {e}")
+    return rt
+
+
+@pytest.fixture(params=["repl", "oneshot"])
+async def lean_runtime(request: pytest.FixtureRequest) -> AsyncIterator[LocalRuntime]:
+    rt = await _runtime(request.param)
+    try:
+        yield rt
+    finally:
+        await rt.close()
+
+
+async def test_every_rule_against_real_lean(lean_runtime: LocalRuntime) -> None:
+    attempts = [
+        Attempt(name="t", header="", formal_statement=s, preamble=pre, proof=p, policy=pol, id=i)
+        for i, s, pre, p, pol, _ in CASES
+    ]
+    verdicts: list[Verdict] = await lean_runtime.check(attempts)
+    wrong = [
+        (case[0], v.reason.value, v.detail)
+        for case, v in zip(CASES, verdicts, strict=True)
+        if v.reason not in case[5]
+    ]
+    assert not wrong, wrong
+    classical = verdicts[2]
+    assert "Classical.choice" in classical.axioms
+
+
+async def test_tactic_session_real_lean() -> None:
+    rt = await _runtime("repl")
+    try:
+        async with rt.tactic_session("") as s:
+            st = await s.start(SYMM)
+            assert st.proof_state is not None and "⊢ b = a" in st.goals[0]
+            done = await s.apply(st.proof_state, "exact h.symm")
+            assert done.solved, done
+            bad = await s.apply(st.proof_state, "exact nonexistent_lemma")
+            assert bad.error
+    finally:
+        await rt.close()
