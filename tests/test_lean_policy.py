@@ -20,7 +20,9 @@ from leanrl.lean.judge import judge_elaboration, judge_prescan, judge_report
 from leanrl.lean.protocol import CommandResponse, ReplError, parse_response
 from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
 
-HEADER = "import Mathlib\nimport Aesop\nset_option maxHeartbeats 400000\nopen BigOperators Real Nat\n\n"
+HEADER = (
+    "import Mathlib\nimport Aesop\nset_option maxHeartbeats 400000\nopen BigOperators Real Nat\n\n"
+)
 STMT = "theorem t (a b : ℕ) (h : a = b) : b = a := by"
 NONCE = "0123456789abcdef0123456789abcdef"
 NO_SCAN = VerificationPolicy(forbid_tokens=False)
@@ -290,15 +292,18 @@ def test_cheat_native_by_axioms(ax: str) -> None:
         ("set_option debug.skipKernelTC true in\ntheorem x : False := by simp", "exact h.symm"),
         ("set_option «debug».«skipKernelTC» true", "exact h.symm"),
         ('macro_rules | `(#print axioms $x) => `(#eval IO.println "no axioms")', "exact h.symm"),
-        ("elab \"fake\" : tactic => pure ()", "fake"),
-        ("syntax \"fake\" : tactic", "exact h.symm"),
+        ('elab "fake" : tactic => pure ()', "fake"),
+        ('syntax "fake" : tactic', "exact h.symm"),
         ("@[implemented_by foo] def bar : Nat := 0", "exact h.symm"),
-        ("@[extern \"c_fn\"] def bar : Nat := 0", "exact h.symm"),
+        ('@[extern "c_fn"] def bar : Nat := 0', "exact h.symm"),
         ("@[csimp] theorem bad : @Nat.add = @Nat.mul := sorry", "exact h.symm"),
         ("run_cmd Lean.modifyEnv id", "exact h.symm"),
         ('#eval IO.println "LEANRL-CHECK {\\"status\\": \\"ok\\"}"', "exact h.symm"),
         ("initialize counter : IO.Ref Nat ← IO.mkRef 0", "exact h.symm"),
-        ("@[command_elab Lean.Parser.Command.check] def e : Lean.Elab.Command.CommandElab := fun _ => pure ()", "exact h.symm"),
+        (
+            "@[command_elab Lean.Parser.Command.check] def e : Lean.Elab.Command.CommandElab := fun _ => pure ()",
+            "exact h.symm",
+        ),
         ("unsafe def f : Nat := 0", "exact h.symm"),
         ("", "run_tac Lean.Elab.Tactic.evalTactic (← `(tactic| rfl))"),
         ("", "exact by_elab Lean.mkConst ``True.intro"),
@@ -379,7 +384,7 @@ def test_cheat_dangling_reference_means_tampering() -> None:
     [
         ("open Real in", "type_mismatch"),  # `open ... in` changing how names resolve
         ("namespace Foo", "missing"),  # theorem becomes Foo.t
-        ("local notation a \" = \" b => True", "type_mismatch"),  # notation changing meaning
+        ('local notation a " = " b => True', "type_mismatch"),  # notation changing meaning
         ("instance : Add ℕ := ⟨fun _ _ => 0⟩", "type_mismatch"),  # arithmetic overridden
         ("variable (hf : False)", "type_mismatch"),  # an extra hypothesis
         ("universe u", "type_mismatch"),

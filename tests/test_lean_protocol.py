@@ -46,7 +46,9 @@ def test_every_transcript_parses_and_matches_its_requests(shared_data: Path) -> 
     for inp, out in pairs:
         reqs = _requests(inp)
         answers = [parse_response(json.loads(b)) for b in split_blocks(out.read_text("utf-8"))]
-        assert len(answers) == len(reqs), f"{inp.name}: {len(reqs)} requests, {len(answers)} answers"
+        assert len(answers) == len(reqs), (
+            f"{inp.name}: {len(reqs)} requests, {len(answers)} answers"
+        )
         for req, ans in zip(reqs, answers, strict=True):
             n_answers += 1
             if isinstance(ans, ReplError):

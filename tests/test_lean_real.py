@@ -77,7 +77,14 @@ CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
         {Reason.NATIVE},
     ),
     ("exit", FALSE, "#exit", "rfl", NO_SCAN, {Reason.STATEMENT_CHANGED}),
-    ("namespace", FALSE, "namespace Foo", "sorry", NO_SCAN, {Reason.SORRY, Reason.STATEMENT_CHANGED}),
+    (
+        "namespace",
+        FALSE,
+        "namespace Foo",
+        "sorry",
+        NO_SCAN,
+        {Reason.SORRY, Reason.STATEMENT_CHANGED},
+    ),
     (
         "instance_overrides_arithmetic",
         FALSE,
@@ -102,8 +109,14 @@ CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
         NO_SCAN,
         {Reason.STATEMENT_CHANGED, Reason.ERROR},
     ),
-    ("def_instead_of_theorem", FALSE, "def t : 2 + 2 = 5 := sorry", "rfl", NO_SCAN,
-     {Reason.ERROR, Reason.SORRY, Reason.STATEMENT_CHANGED}),
+    (
+        "def_instead_of_theorem",
+        FALSE,
+        "def t : 2 + 2 = 5 := sorry",
+        "rfl",
+        NO_SCAN,
+        {Reason.ERROR, Reason.SORRY, Reason.STATEMENT_CHANGED},
+    ),
     (
         "printed_fake_report",
         FALSE,
@@ -116,8 +129,7 @@ CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
     (
         "macro_rules_hijack_eval",
         FALSE,
-        "axiom cheat : False\n"
-        'macro_rules | `(#eval $e) => `(#print "LEANRL-CHECK fake")',
+        'axiom cheat : False\nmacro_rules | `(#eval $e) => `(#print "LEANRL-CHECK fake")',
         "exact cheat.elim",
         NO_SCAN,
         {Reason.AXIOM},

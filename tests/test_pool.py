@@ -144,9 +144,7 @@ async def test_in_flight_bounded_by_workers() -> None:
 async def test_headers_with_same_imports_share_processes() -> None:
     p = pool(workers=1, spares=0)
     try:
-        vs = await p.check(
-            [att(i=0, header=HEADER), att(i=1, header="import Mathlib\nopen Nat\n")]
-        )
+        vs = await p.check([att(i=0, header=HEADER), att(i=1, header="import Mathlib\nopen Nat\n")])
     finally:
         await p.close()
     assert all(v.accepted for v in vs) and p.stats.started == 1
@@ -210,7 +208,9 @@ def _bwrap_works() -> bool:
     return r.returncode == 0
 
 
-@pytest.mark.skipif(not _bwrap_works(), reason="bubblewrap (bwrap) is missing or cannot sandbox here")
+@pytest.mark.skipif(
+    not _bwrap_works(), reason="bubblewrap (bwrap) is missing or cannot sandbox here"
+)
 async def test_bubblewrap_isolation_read_only_and_offline(tmp_path: Path) -> None:
     target = tmp_path / "escape.txt"
     p = pool(workers=1, isolate=True)

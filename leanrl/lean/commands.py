@@ -165,7 +165,9 @@ class SetupCommand(BaseModel):
                 "point LEANRL_LEAN_PROJECT at a project instead"
             )
         path = setup_project(toolchain, rev, repo, self.dest)
-        print(f"ready: {path}\nleanrl uses it by default; elsewhere: export LEANRL_LEAN_PROJECT={path}")
+        print(
+            f"ready: {path}\nleanrl uses it by default; elsewhere: export LEANRL_LEAN_PROJECT={path}"
+        )
 
 
 class DoctorCommand(BaseModel):

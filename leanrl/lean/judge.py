@@ -74,9 +74,7 @@ def judge_elaboration(
             Reason.ERROR, f"Lean error{where}: {_first_line(e.data)}", messages=messages
         ), messages
     # The statement's own `sorry`s (PutnamBench answer placeholders) are not the model's.
-    own = [
-        s for s in answer.sorries if s.pos is None or not assembled.in_statement(s.pos.line)
-    ]
+    own = [s for s in answer.sorries if s.pos is None or not assembled.in_statement(s.pos.line)]
     if own:
         s = own[0]
         where = f" at line {s.pos.line}:{s.pos.column}" if s.pos else ""
@@ -110,9 +108,7 @@ def judge_report(
     if report.status != "ok":
         return Verdict.reject(Reason.INFRA, f"checker: {report.status}: {report.detail}", **kw)
     if report.kind != report.ref_kind:  # the checker says ok only when they agree; be sure
-        return Verdict.reject(
-            Reason.STATEMENT_CHANGED, f"{attempt.name} is a {report.kind}", **kw
-        )
+        return Verdict.reject(Reason.STATEMENT_CHANGED, f"{attempt.name} is a {report.kind}", **kw)
     if SORRY_AXIOM in axioms:
         return Verdict.reject(Reason.SORRY, "depends on `sorry` (sorryAx)", **kw)
     native = [a for a in axioms if a in NATIVE_AXIOMS]

@@ -116,7 +116,9 @@ class OneShotChecker:
             src.write_text(head + asm.text, encoding="utf-8")
             r = await self._lean(src, ["-o", str(olean)], deadline, work)
             if r.timed_out:
-                return Verdict.reject(Reason.TIMEOUT, f"time limit of {self.timeout_s:g} s exceeded")
+                return Verdict.reject(
+                    Reason.TIMEOUT, f"time limit of {self.timeout_s:g} s exceeded"
+                )
             messages = shift(self._messages(r.out, src.name), offset)
             errors = [m for m in messages if m.severity == "error"]
             if r.code is not None and r.code < 0:
@@ -125,7 +127,9 @@ class OneShotChecker:
                 e = errors[0] if errors else Message(severity="error", data=r.out[-300:])
                 where = f" at line {e.pos.line}:{e.pos.column}" if e.pos else ""
                 first = e.data.strip().splitlines()[0] if e.data.strip() else "Lean failed"
-                return Verdict.reject(Reason.ERROR, f"Lean error{where}: {first}", messages=messages)
+                return Verdict.reject(
+                    Reason.ERROR, f"Lean error{where}: {first}", messages=messages
+                )
             if not olean.is_file():
                 return Verdict.reject(
                     Reason.INFRA, "Lean wrote no .olean for the attempt", messages=messages
@@ -151,7 +155,9 @@ class OneShotChecker:
             )
             r2 = await self._lean(check_src, [], deadline, work)
             if r2.timed_out:
-                return Verdict.reject(Reason.TIMEOUT, f"time limit of {self.timeout_s:g} s exceeded")
+                return Verdict.reject(
+                    Reason.TIMEOUT, f"time limit of {self.timeout_s:g} s exceeded"
+                )
             check_msgs = self._messages(r2.out, check_src.name)
             # Only the last line (the #eval) may speak; an error anywhere means the check broke.
             repl_like = [

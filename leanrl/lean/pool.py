@@ -19,8 +19,9 @@ import shutil
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -272,9 +273,9 @@ class ReplPool:
         self._starts.add(task)
         task.add_done_callback(self._starts.discard)
 
-    def _background(self, coro: object) -> None:
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a clean-up coroutine (closing a process) without waiting for it."""
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -392,4 +393,3 @@ class ReplPool:
         self._cond = None
         self._sem = None
         self._keys.clear()
-

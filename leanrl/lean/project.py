@@ -118,6 +118,12 @@ def _tool_missing(tool: str) -> LeanNotFoundError:
     )
 
 
+def _is_lake_project(project: Path | None) -> bool:
+    return project is not None and any(
+        (project / f).exists() for f in ("lakefile.lean", "lakefile.toml")
+    )
+
+
 def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
     """The command line that starts a REPL, and the folder to run it in."""
     repl = find_repl(project)
@@ -127,9 +133,7 @@ def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
             f"no Lean REPL found{where}. Run `leanrl setup --env <id>` to build one, or use "
             "--env.runtime.mode oneshot (slower, needs only `lean`)"
         )
-    if project is not None and (project / "lakefile.lean").exists() | (
-        project / "lakefile.toml"
-    ).exists():
+    if _is_lake_project(project):
         if shutil.which("lake") is None:
             raise _tool_missing("lake")
         return ["lake", "env", str(repl)], project
@@ -139,9 +143,7 @@ def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
 def lean_command(project: Path | None) -> tuple[list[str], Path | None]:
     """The command line that runs ``lean`` (inside the project's ``lake env`` when there is
     one), and the folder to run it in."""
-    if project is not None and (
-        (project / "lakefile.lean").exists() or (project / "lakefile.toml").exists()
-    ):
+    if _is_lake_project(project):
         if shutil.which("lake") is None:
             raise _tool_missing("lake")
         return ["lake", "env", "lean"], project
@@ -170,9 +172,7 @@ class Check(BaseModel):
 
 def _version(argv: list[str], cwd: Path | None = None) -> str | None:
     try:
-        out = subprocess.run(
-            argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False
-        )
+        out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -193,7 +193,9 @@ def doctor(
         path = shutil.which(tool)
         ver = _version([tool, "--version"]) if path else None
         fix = ELAN_INSTALL if tool == "elan" else f"{ELAN_INSTALL}  (elan provides {tool})"
-        checks.append(Check(name=tool, ok=bool(path), found=f"{path} ({ver})" if path else "", fix=fix))
+        checks.append(
+            Check(name=tool, ok=bool(path), found=f"{path} ({ver})" if path else "", fix=fix)
+        )
     try:
         project = find_project(configured)
     except LeanNotFoundError as e:

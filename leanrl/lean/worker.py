@@ -108,7 +108,9 @@ class ReplWorker:
     ) -> int:
         ans = await self.proc.request(CommandRequest(cmd=text, env=env), _left(deadline))
         if isinstance(ans, ReplError):
-            raise WorkerStartError(f"loading {what} failed: {ans.message}", header_fault=header_fault)
+            raise WorkerStartError(
+                f"loading {what} failed: {ans.message}", header_fault=header_fault
+            )
         if not isinstance(ans, CommandResponse):
             raise WorkerStartError(f"unexpected answer while loading {what}", header_fault=False)
         if ans.errors:
@@ -239,4 +241,3 @@ class ReplWorker:
 
 def _left(deadline: float) -> float:
     return max(0.001, deadline - time.monotonic())
-

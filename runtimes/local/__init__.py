@@ -9,10 +9,10 @@ Configured by :class:`~leanrl.RuntimeConfig` (``mode``, ``workers``, ``timeout_s
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from leanrl.errors import ConfigError, LeanNotFoundError, RuntimeUnavailable
 from leanrl.lean.checker import split_header
@@ -166,12 +166,12 @@ class LocalTacticSession(TacticSession):
         """Run ``tactic`` on ``proof_state``."""
         return await self._guard(self.worker.tactic_apply(proof_state, tactic, self.timeout_s))
 
-    async def _guard(self, coro: object) -> TacticState:
+    async def _guard(self, coro: Coroutine[Any, Any, TacticState]) -> TacticState:
         if self.broken:
-            coro.close()  # type: ignore[attr-defined]
+            coro.close()
             return TacticState(proof_state=None, error=f"session ended: {self.broken}")
         try:
-            return await coro  # type: ignore[misc,no-any-return]
+            return await coro
         except ReplTimeout as e:
             self.broken = f"timeout ({e})"
         except ReplMemory as e:
