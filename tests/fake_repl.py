@@ -22,7 +22,7 @@ Without directives a command succeeds; ``sorry`` in it yields a ``sorries`` entr
 "declaration uses `sorry`" warning, like real Lean. ``pickleTo`` writes the environment's text
 (JSON) to the path; ``#eval LeanrlCheck.run "<path>" "<name>" "<nonce>" ...`` reads it back and
 answers with a ``LEANRL-CHECK`` report (``status`` ``missing`` when ``theorem <name>`` is absent,
-``sorryAx`` among the axioms when the text says ``sorry``). Tactics: ``fail`` -> a ``Lean error``
+``sorryAx`` among the axioms when the text says ``sorry``, and every ``axiom NAME`` it declares). Tactics: ``fail`` -> a ``Lean error``
 answer, ``bad`` -> an error message, ``hang``/``crash`` as above, ``done``/``rfl``/``simp`` ->
 ``Completed``, anything else -> one more goal.
 
@@ -168,7 +168,9 @@ class Fake:
             "detail": "" if found else f"no declaration named {name}",
             "kind": "theorem" if found else "missing",
             "ref_kind": "theorem",
-            "axioms": ["propext"] + (["sorryAx"] if re.search(r"\bsorry\b", attempt) else []),
+            "axioms": ["propext"]
+            + (["sorryAx"] if re.search(r"\bsorry\b", attempt) else [])
+            + re.findall(r"^axiom\s+(\S+)", attempt, re.MULTILINE),
             "constants": [name] if found else [],
             "replayed": " true\n" in text or text.rstrip().endswith("true"),
         }

@@ -435,3 +435,5 @@ def test_header_split() -> None:
     assert imports == ["import Lean", "import Mathlib", "import Aesop"]
     assert rest == "set_option maxHeartbeats 400000\nopen BigOperators Real Nat"
     assert split_header("")[0] == ["import Lean"]
+    commented = "/- Copyright\n  2024 -/\n-- a note\nimport Mathlib\nimport Lean\n\nopen Nat\n"
+    assert split_header(commented) == (["import Mathlib", "import Lean"], "open Nat")

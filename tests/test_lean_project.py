@@ -150,3 +150,19 @@ def test_versions_and_lakefile() -> None:
     assert "mathlib" not in lakefile(None, "x", TOOLCHAIN)
     assert project_dir(TOOLCHAIN, REV) != project_dir("leanprover/lean4:v4.9.0", REV)
     assert os.fspath(project_dir(TOOLCHAIN, None)).count("core") == 1
+
+
+def test_doctor_smoke_runs_the_checker_through_a_repl(bare: Path, tmp_path: Path) -> None:
+    # A project whose `repl` is the stand-in REPL (tests/fake_repl.py, not Lean): doctor's smoke
+    # test drives the real pool and policy end to end (a valid proof, then an axiom cheat).
+    proj = tmp_path / "proj"
+    binp = proj / ".lake" / "packages" / "REPL" / ".lake" / "build" / "bin"
+    binp.mkdir(parents=True)
+    exe = binp / "repl"
+    fake = Path(__file__).with_name("fake_repl.py")
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
+    exe.chmod(0o755)
+    checks = {c.name: c for c in doctor(proj, None, None, "core", smoke=True)}
+    assert checks["REPL"].ok
+    assert checks["checker"].ok, checks["checker"].found
+    assert checks["checker"].found == "valid proof: ok; axiom cheat: axiom"

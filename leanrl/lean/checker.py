@@ -61,10 +61,16 @@ def split_header(header: str) -> tuple[list[str], str]:
     imports: list[str] = []
     rest: list[str] = []
     in_imports = True
+    in_comment = False
     for line in header.splitlines():
-        if in_imports and _IMPORT.match(line):
+        stripped = line.strip()
+        if in_imports and in_comment:
+            in_comment = "-/" not in stripped
+        elif in_imports and stripped.startswith("/-"):
+            in_comment = "-/" not in stripped[2:]
+        elif in_imports and _IMPORT.match(line):
             imports.extend("import " + m for m in line.split()[1:])
-        elif in_imports and (not line.strip() or line.strip().startswith("--")):
+        elif in_imports and (not stripped or stripped.startswith("--")):
             continue
         else:
             in_imports = False

@@ -180,12 +180,15 @@ class DoctorCommand(BaseModel):
     """The environment whose toolchain and Mathlib to check for (``--env ID``)."""
     print_json: bool = False
     """Print the report as JSON."""
+    smoke: bool = True
+    """When a REPL is found, also start it once and run leanrl's trusted checker on a valid
+    proof and on a cheat (proves the checker works with this Lean version)."""
 
     def cli_cmd(self) -> None:
         from leanrl.lean.project import doctor
 
         toolchain, rev, _ = _taskset_pins(self.env.id)
-        checks = doctor(self.env.runtime.lean_project, toolchain, rev, self.env.id)
+        checks = doctor(self.env.runtime.lean_project, toolchain, rev, self.env.id, self.smoke)
         if self.print_json:
             print(json.dumps([c.model_dump() for c in checks], indent=2))
             if not all(c.ok for c in checks):

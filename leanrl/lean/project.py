@@ -185,8 +185,10 @@ def doctor(
     toolchain: str | None = None,
     mathlib_rev: str | None = None,
     env_id: str = "<id>",
+    smoke: bool = False,
 ) -> list[Check]:
-    """What is installed and what is missing, each with the command that fixes it."""
+    """What is installed and what is missing, each with the command that fixes it. With
+    ``smoke``, also run the trusted checker once through a real REPL (:func:`smoke_test`)."""
     checks: list[Check] = []
     setup = f"leanrl setup --env {env_id}"
     for tool in ("elan", "lake", "lean"):
@@ -249,7 +251,45 @@ def doctor(
             fix="" if repl else f"{setup}   (or use --env.runtime.mode oneshot)",
         )
     )
+    if repl is not None and smoke:
+        checks.append(smoke_test(project))
     return checks
+
+
+def smoke_test(project: Path, timeout: float = 600.0) -> Check:
+    """Start one REPL process, load leanrl's trusted checker into it, and check a tiny proof and
+    a tiny cheat end to end (this is what proves the checker works with this Lean version)."""
+    import asyncio
+
+    from leanrl.lean.pool import PoolConfig, ReplPool
+    from leanrl.verdict import Attempt, Reason, VerificationPolicy
+
+    async def go() -> Check:
+        cmd, cwd = repl_command(project)
+        pool = ReplPool(
+            PoolConfig(command=cmd, cwd=cwd, workers=1, spares=0, startup_timeout_s=timeout)
+        )
+        stmt = "theorem leanrl_doctor (a b : Nat) (h : a = b) : b = a := by"
+        good = Attempt(name="leanrl_doctor", header="", formal_statement=stmt, proof="exact h.symm")
+        bad = good.model_copy(
+            update={"proof": "exact cheat.elim", "preamble": "axiom cheat : False"}
+        )
+        try:
+            v_good, v_bad = await pool.check([good, bad])
+        finally:
+            await pool.close()
+        ok = v_good.accepted and v_bad.reason is Reason.AXIOM
+        found = f"valid proof: {v_good.reason.value}; axiom cheat: {v_bad.reason.value}"
+        if not ok:
+            found += f" ({v_good.detail or v_bad.detail})"
+        return Check(
+            name="checker",
+            ok=ok,
+            found=found,
+            fix="" if ok else "report this with `leanrl doctor` output and your Lean version",
+        )
+
+    return asyncio.run(go())
 
 
 def _manifest_rev(manifest: Path, name: str) -> str | None:
