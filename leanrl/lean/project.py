@@ -271,8 +271,13 @@ def smoke_test(project: Path, timeout: float = 600.0) -> Check:
         )
         stmt = "theorem leanrl_doctor (a b : Nat) (h : a = b) : b = a := by"
         good = Attempt(name="leanrl_doctor", header="", formal_statement=stmt, proof="exact h.symm")
+        # The pre-scan is off for the cheat, so the trusted check itself must catch it.
         bad = good.model_copy(
-            update={"proof": "exact cheat.elim", "preamble": "axiom cheat : False"}
+            update={
+                "proof": "exact cheat.elim",
+                "preamble": "axiom cheat : False",
+                "policy": VerificationPolicy(forbid_tokens=False),
+            }
         )
         try:
             v_good, v_bad = await pool.check([good, bad])
