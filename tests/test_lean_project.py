@@ -22,6 +22,7 @@ from leanrl.lean.project import (
     project_dir,
     repl_command,
     repl_tag,
+    resolve_lake_env,
     setup_project,
 )
 
@@ -166,3 +167,7 @@ def test_doctor_smoke_runs_the_checker_through_a_repl(bare: Path, tmp_path: Path
     assert checks["REPL"].ok
     assert checks["checker"].ok, checks["checker"].found
     assert checks["checker"].found == "valid proof: ok; axiom cheat: axiom"
+
+
+def test_resolve_lake_env_passes_other_commands_through(bare: Path) -> None:
+    assert resolve_lake_env(["/opt/repl"], None) == (["/opt/repl"], None)

@@ -66,8 +66,10 @@ class OneShotChecker:
         memory_mb: int | None = None,
         isolate: bool = False,
         json_output: bool | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.lean = list(lean)
+        self.env = env
         self.cwd = cwd
         self.workers = workers
         self.timeout_s = timeout_s
@@ -192,7 +194,7 @@ class OneShotChecker:
     async def _lean(self, src: Path, extra: list[str], deadline: float, work: Path) -> _Run:
         argv = [*self.lean, *(["--json"] if self.json_output else []), *extra, str(src)]
         if self.isolate:
-            argv = bwrap_prefix([work] + ([self.cwd] if self.cwd else [])) + argv
+            argv = bwrap_prefix([work]) + argv
         return await self._run(argv, max(0.001, deadline - time.monotonic()), self.memory_mb)
 
     async def _run(self, argv: list[str], timeout: float, memory_mb: int | None) -> _Run:
@@ -202,6 +204,7 @@ class OneShotChecker:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             cwd=str(self.cwd) if self.cwd else None,
+            env=self.env,
             start_new_session=True,
             preexec_fn=(lambda: _limit_memory(memory_mb)) if memory_mb else None,
         )

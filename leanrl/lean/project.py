@@ -37,6 +37,7 @@ __all__ = [
     "project_dir",
     "repl_command",
     "repl_tag",
+    "resolve_lake_env",
     "setup_project",
 ]
 
@@ -150,6 +151,29 @@ def lean_command(project: Path | None) -> tuple[list[str], Path | None]:
     if shutil.which("lean") is None:
         raise _tool_missing("lean")
     return ["lean"], project
+
+
+def resolve_lake_env(argv: list[str], cwd: Path | None) -> tuple[list[str], dict[str, str] | None]:
+    """Turn ``lake env CMD...`` into ``CMD...`` plus the environment lake would set.
+
+    Used for sandboxed processes: ``lake`` may want to write to the project (lock files, a
+    re-elaborated lakefile), which a read-only sandbox forbids, so it runs once outside.
+    """
+    if argv[:2] != ["lake", "env"]:
+        return argv, None
+    res = subprocess.run(
+        ["lake", "env", "env", "-0"], cwd=cwd, capture_output=True, check=False, timeout=300
+    )
+    if res.returncode != 0:
+        raise LeanNotFoundError(
+            f"`lake env` failed in {cwd}: {res.stderr.decode(errors='replace')[-500:]}"
+        )
+    env: dict[str, str] = {}
+    for item in res.stdout.decode(errors="replace").split("\0"):
+        key, sep, value = item.partition("=")
+        if sep:
+            env[key] = value
+    return argv[2:], env
 
 
 # -- doctor ------------------------------------------------------------------------------------

@@ -93,7 +93,8 @@ class ReplProcess:
         """Spawn the child (does not wait for it to load anything)."""
         argv = self.argv
         if self.isolate:
-            argv = bwrap_prefix([p for p in (self.scratch, self.cwd) if p]) + argv
+            # Only the scratch folder (pickles) is writable; the project stays read-only.
+            argv = bwrap_prefix([self.scratch] if self.scratch else []) + argv
         mb = self.memory_mb
         self.proc = await asyncio.create_subprocess_exec(
             *argv,

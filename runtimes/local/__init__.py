@@ -18,7 +18,7 @@ from leanrl.errors import ConfigError, LeanNotFoundError, RuntimeUnavailable
 from leanrl.lean.checker import split_header
 from leanrl.lean.oneshot import OneShotChecker
 from leanrl.lean.pool import PoolConfig, PoolError, ReplPool
-from leanrl.lean.project import find_project, lean_command, repl_command
+from leanrl.lean.project import find_project, lean_command, repl_command, resolve_lake_env
 from leanrl.lean.protocol import ProtocolError
 from leanrl.lean.repl import ReplDied, ReplMemory, ReplTimeout
 from leanrl.lean.worker import ReplWorker
@@ -66,13 +66,17 @@ class LocalRuntime(Runtime):
         if cfg.mode == "repl":
             cmd = self._option_command("repl_command")
             cwd: Path | None = None
+            env: dict[str, str] | None = None
             if cmd is None:
                 cmd, cwd = repl_command(find_project(cfg.lean_project))
+            if cfg.isolate:
+                cmd, env = resolve_lake_env(cmd, cwd)
             spares = int(cfg.options.get("spares", 1))
             self.pool = ReplPool(
                 PoolConfig(
                     command=cmd,
                     cwd=self._cwd(cwd),
+                    env=env,
                     workers=self._workers(),
                     spares=spares,
                     timeout_s=cfg.timeout_s,
@@ -87,11 +91,15 @@ class LocalRuntime(Runtime):
         else:
             cmd = self._option_command("lean_command")
             cwd = None
+            env = None
             if cmd is None:
                 cmd, cwd = lean_command(find_project(cfg.lean_project))
+            if cfg.isolate:
+                cmd, env = resolve_lake_env(cmd, cwd)
             self.oneshot = OneShotChecker(
                 cmd,
                 cwd=self._cwd(cwd),
+                env=env,
                 workers=self._workers(),
                 timeout_s=cfg.timeout_s,
                 memory_mb=cfg.memory_mb,
