@@ -115,6 +115,10 @@ class TrainPolicy(Policy):
             attn[k, width - len(p) :] = 1
         ids, attn = ids.to(device), attn.to(device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, width]
+        # The mask only hides left padding. Rows that finished keep attending to what they are
+        # fed (their outputs are discarded; rows never see each other), and without padding no
+        # mask is passed at all, which spares the model building one every step.
+        mask: torch.Tensor | None = attn if bool((attn == 0).any()) else None
         temp = sampling.temperature
         steps = sampling.max_tokens
         out_tok = torch.full((n, steps), pad, dtype=torch.long)  # [n, max_tokens]
@@ -132,7 +136,7 @@ class TrainPolicy(Policy):
                 with _autocast(device, self.autocast_dtype):
                     res = model(
                         input_ids=step_ids,
-                        attention_mask=attn,
+                        attention_mask=mask,
                         position_ids=step_pos,
                         use_cache=True,
                         logits_to_keep=1,
@@ -158,9 +162,9 @@ class TrainPolicy(Policy):
                             stopped_by_text[k] = True
                 if not bool(alive.any()):
                     break
-                live = alive.to(device)
-                step_ids = torch.where(live, tok, torch.full_like(tok, pad)).unsqueeze(-1)
-                attn = torch.cat([attn, live.long().unsqueeze(-1)], dim=-1)
+                step_ids = tok.unsqueeze(-1)
+                if mask is not None:
+                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
                 step_pos = step_pos[:, -1:] + 1
         finally:
             if was_training:
