@@ -54,7 +54,9 @@ def make_model(out: Path) -> Path:
 # -- leanrl ---------------------------------------------------------------------------------------
 
 
-def run_leanrl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_leanrl(
+    model: Path, args: argparse.Namespace, out: Path, async_generation: bool = False
+) -> dict[str, Any]:
     from leanrl import Environment, Harness, Rollout, Runtime, Task, Taskset, Turn
     from leanrl.policy import Policy, PolicyConfig, SamplingConfig
     from leanrl.taskset import RawRow
@@ -131,6 +133,7 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, An
         mask_truncated=False,
         dynamic_sampling="off",  # TRL trains on every group
         seed=args.seed,
+        async_generation=async_generation,
     )
     t0 = time.perf_counter()
     trainer = GRPOTrainer(cfg, env=Env())
@@ -253,6 +256,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="seeds per trainer (alternating)")
+    ap.add_argument(
+        "--with-async",
+        action="store_true",
+        help="also run leanrl with async_generation (generation overlaps training)",
+    )
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of step times")
     ap.add_argument("--part", choices=["driver", "trl"], default="driver", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -271,6 +279,8 @@ def main() -> None:
         sys.exit(f"TRL venv python {args.trl_python} not found; see the module docstring")
     work = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
     runs: dict[str, list[dict[str, Any]]] = {"leanrl": [], "trl": []}
+    if args.with_async:
+        runs["leanrl-async"] = []
     try:
         model = make_model(work / "model")
         # Alternate the trainers seed by seed, so that load on a shared machine hits both alike.
@@ -278,6 +288,9 @@ def main() -> None:
             args.seed = seed
             shutil.rmtree(work / "leanrl-run", ignore_errors=True)
             runs["leanrl"].append(run_leanrl(model, args, work / "leanrl-run"))
+            if args.with_async:
+                shutil.rmtree(work / "leanrl-async", ignore_errors=True)
+                runs["leanrl-async"].append(run_leanrl(model, args, work / "leanrl-async", True))
             result = work / "trl.json"
             cmd = [args.trl_python, __file__, "--part", "trl", "--model", str(model)]
             cmd += ["--result", str(result), "--steps", str(args.steps)]
@@ -291,7 +304,10 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     a, b = summary("leanrl", runs["leanrl"], args.skip), summary("trl", runs["trl"], args.skip)
-    print(json.dumps({"leanrl": a, "trl": b}, indent=2))
+    report = {"leanrl": a, "trl": b}
+    if args.with_async:
+        report["leanrl-async"] = summary("leanrl-async", runs["leanrl-async"], args.skip)
+    print(json.dumps(report, indent=2))
     ratio = b["median_step_s"] / a["median_step_s"]
     tok_ratio = a["tokens_per_s"] / b["tokens_per_s"]
     print(
@@ -306,6 +322,14 @@ def main() -> None:
         f"TRL {b['reward_last5']:.3f}; first 5 steps: {a['reward_first5']:.3f} / "
         f"{b['reward_first5']:.3f}"
     )
+    if args.with_async:
+        c = report["leanrl-async"]
+        print(
+            f"leanrl async (generation of step s+1 overlaps training of step s): step "
+            f"{c['median_step_s'] * 1e3:.1f} ms -> TRL/leanrl-async = "
+            f"{b['median_step_s'] / c['median_step_s']:.2f}; reward last 5: "
+            f"{c['reward_last5']:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,10 @@ class VLLMTrainPolicy(VLLMPolicy):
         opts = dict(self.config.options)
         opts.setdefault("logprobs_mode", "processed_logprobs")
         opts.setdefault("enable_prefix_caching", True)
-        self.config = self.config.model_copy(update={"options": opts})
+        # vLLM's own "auto" serves fp32 checkpoints (what the trainer saves) in fp16; bf16 is
+        # what PolicyConfig promises for "auto" on a GPU, and what training autocasts to.
+        dtype = "bfloat16" if self.config.dtype == "auto" else self.config.dtype
+        self.config = self.config.model_copy(update={"options": opts, "dtype": dtype})
         await super().start()
 
     def push_weights(self, named_params: Iterator[tuple[str, Any]]) -> int:
