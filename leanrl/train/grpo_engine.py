@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["GRPOEngine"]
 
 OPTIMIZER_FILE = "optimizer.pt"
+#: GPU memory share of the vLLM engine when the config does not set one: the engine shares the
+#: GPU with the model being trained, its gradients and AdamW state.
+VLLM_SHARE = 0.3
 
 
 class GRPOEngine:
@@ -143,7 +146,10 @@ class GRPOEngine:
         elif backend == "vllm":
             from leanrl.train.vllm_sync import VLLMTrainPolicy
 
-            pol = VLLMTrainPolicy(cfg.policy.model_copy(update={"model": self.source}))
+            update: dict[str, Any] = {"model": self.source}
+            if "gpu_memory_utilization" not in cfg.policy.model_fields_set:
+                update["gpu_memory_utilization"] = VLLM_SHARE  # training needs the rest
+            pol = VLLMTrainPolicy(cfg.policy.model_copy(update=update))
             await pol.start()
             self.gen_policy = pol
         else:
