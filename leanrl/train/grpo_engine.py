@@ -223,8 +223,8 @@ class GRPOEngine:
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
             self.step += 1
-            return {"loss": None, "kl": None, "entropy": None, "clip_frac": None, "lr": lr,
-                    "grad_norm": None, "skipped": True}  # fmt: skip
+            return {"loss": None, "kl": None, "kl_behaviour": None, "entropy": None,
+                    "clip_frac": None, "lr": lr, "grad_norm": None, "skipped": True}  # fmt: skip
         need_old = cfg.old_logprobs == "recompute" or any(
             math.isnan(o) for s in samples for o, m in zip(s.old, s.mask, strict=True) if m
         )
@@ -241,7 +241,8 @@ class GRPOEngine:
         norm_len = cfg.norm_len or cfg.sampling.max_tokens * (
             cfg.env.harness.max_turns if cfg.env.harness.name == "tactic-loop" else 1
         )
-        acc = {"loss": 0.0, "kl": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0, "tok": 0.0}
+        acc = {"loss": 0.0, "kl": 0.0, "kl_mu": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0}
+        acc["tok"] = 0.0
         grad_norms: list[float] = []
         updates = 0
         for epoch in range(cfg.ppo_epochs):
@@ -269,6 +270,7 @@ class GRPOEngine:
         return {
             "loss": acc["loss"] / max(updates, 1),
             "kl": acc["kl"] / tok if cfg.beta > 0 else None,
+            "kl_behaviour": acc["kl_mu"] / tok,
             "entropy": acc["ent"] / max(acc["ent_n"], 1.0),
             "clip_frac": acc["clip"] / tok,
             "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else None,
@@ -305,6 +307,8 @@ class GRPOEngine:
             per_tok, mask, cfg.loss_agg, n_seqs=n_seqs, n_tokens=n_tokens, norm_len=norm_len
         )
         loss.backward()
+        with torch.no_grad():  # how far the update moved from the sampler (0 at ρ = 1)
+            acc["kl_mu"] += float((kl_k3(logp.detach(), old) * mask).sum())
         acc["clip"] += float((clipped * mask).sum())
         acc["tok"] += float(mask.sum())
         if want_entropy:
