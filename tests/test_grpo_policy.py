@@ -99,3 +99,16 @@ def test_chat_prompt_uses_the_template(loaded: tuple[Any, Any]) -> None:
     c = pol.generate_sync([msgs], SamplingConfig(max_tokens=3, seed=0))[0][0]
     assert tok.decode(list(c.prompt_token_ids)).startswith("<|im_start|>user\nprove it")
     assert pol.tokenize("omega") == tok.encode("omega", add_special_tokens=False)
+
+
+def test_sampler_draws_from_the_distribution_and_nucleus() -> None:
+    from leanrl.train.hf_policy import _sample
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logp = torch.log(probs).expand(20000, 4)
+    gen = torch.Generator().manual_seed(0)
+    freq = torch.bincount(_sample(logp, 1.0, gen), minlength=4).float() / 20000
+    assert torch.allclose(freq, probs, atol=0.012)  # 3.5 sigma of binomial noise at p = 0.5
+    # top-p 0.7 keeps the smallest prefix with >= 0.7 mass: {0.5, 0.3}, renormalised
+    freq = torch.bincount(_sample(logp, 0.7, gen), minlength=4).float() / 20000
+    assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.012)
