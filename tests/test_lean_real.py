@@ -134,6 +134,20 @@ CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
         NO_SCAN,
         {Reason.AXIOM},
     ),
+    *[
+        (f"prescan_{i}", FALSE, pre, "rfl", VerificationPolicy(), {Reason.FORBIDDEN})
+        for i, pre in enumerate(
+            [
+                "set_option debug.skipKernelTC true",
+                "@[implemented_by id] def g (n : Nat) : Nat := n",
+                "@[csimp] theorem c : @Nat.add = @Nat.add := rfl",
+                "run_cmd pure ()",
+                'elab "fake" : tactic => pure ()',
+                "unsafe def u : Nat := 0",
+                "initialize pure ()",
+            ]
+        )
+    ],
     (
         "prescan_forbids_eval",
         FALSE,
