@@ -437,3 +437,22 @@ def test_header_split() -> None:
     assert split_header("")[0] == ["import Lean"]
     commented = "/- Copyright\n  2024 -/\n-- a note\nimport Mathlib\nimport Lean\n\nopen Nat\n"
     assert split_header(commented) == (["import Mathlib", "import Lean"], "open Nat")
+
+
+def test_check_command_matches_the_checker_signature() -> None:
+    import re
+
+    from leanrl.lean.checker import check_command, checker_source
+
+    src = checker_source()
+    assert src.count("namespace LeanrlCheck") == 1 and src.rstrip().endswith("end LeanrlCheck")
+    sig = re.search(r"^def run \((.*?)\) : CoreM Unit", src, re.MULTILINE)
+    assert sig is not None
+    arity = sum(
+        len(group.split(":")[0].split()) for group in re.findall(r"\(([^)]*)\)", sig.group(0))
+    )
+    cmd = check_command('/tmp/a "b".olean', "t", "ab12", olean=True, replay=False)
+    assert cmd.startswith("#eval LeanrlCheck.run ")
+    args = re.findall(r'"(?:[^"\\]|\\.)*"|\btrue\b|\bfalse\b', cmd)
+    assert len(args) == arity == 5
+    assert args[0] == '"/tmp/a \\"b\\".olean"'

@@ -155,17 +155,21 @@ class ReplPool:
         return list(await asyncio.gather(*(self.check_one(a) for a in attempts)))
 
     async def check_one(self, attempt: Attempt) -> Verdict:
-        """Check one attempt; never raises for anything the attempt or Lean did."""
-        t0 = time.monotonic()
+        """Check one attempt; never raises for anything the attempt or Lean did.
+
+        ``time_s`` is the time a Lean process spent on the attempt (not the wait for one).
+        """
+        clock = [time.monotonic()]
         try:
-            verdict = await self._check(attempt)
+            verdict = await self._check(attempt, clock)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - an attempt must always get a verdict
             verdict = Verdict.reject(Reason.INFRA, f"internal error: {type(e).__name__}: {e}")
-        return verdict.model_copy(update={"id": attempt.id, "time_s": time.monotonic() - t0})
+        elapsed = time.monotonic() - clock[0]
+        return verdict.model_copy(update={"id": attempt.id, "time_s": elapsed})
 
-    async def _check(self, attempt: Attempt) -> Verdict:
+    async def _check(self, attempt: Attempt, clock: list[float]) -> Verdict:
         early = judge_prescan(attempt)
         if early is not None:
             return early
@@ -178,6 +182,7 @@ class ReplPool:
                 reason = Reason.ERROR if e.header_fault else Reason.INFRA
                 return Verdict.reject(reason, str(e))
             self.stats.checked += 1
+            clock[0] = time.monotonic()
             try:
                 verdict = await worker.check(attempt, self.config.timeout_s)
             except ReplTimeout as e:
@@ -206,7 +211,9 @@ class ReplPool:
 
     def _near_cap(self, w: ReplWorker) -> bool:
         cap = self.config.memory_mb
-        return cap is not None and w.proc.peak_rss_mb >= 0.8 * cap
+        if cap is None:
+            return False
+        return w.proc.out_of_memory() or w.proc.peak_rss_mb >= 0.8 * cap
 
     def _key_of(self, header: str) -> tuple[str, ...]:
         return tuple(split_header(header)[0])

@@ -11,11 +11,14 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -24,6 +27,7 @@ from leanrl.lean.protocol import ProtocolError, Request, Response, encode_reques
 __all__ = ["ReplDied", "ReplMemory", "ReplProcess", "ReplTimeout", "bwrap_prefix"]
 
 _LIMIT = 1 << 26  # longest line we accept from the REPL (64 MiB; goals can be long)
+_OOM = re.compile(r"out of memory|MemoryError|bad_alloc|Cannot allocate memory", re.IGNORECASE)
 
 
 class ReplDied(RuntimeError):
@@ -83,6 +87,7 @@ class ReplProcess:
         self.scratch = scratch
         self.proc: asyncio.subprocess.Process | None = None
         self.peak_rss_mb = 0.0
+        self._stderr: IO[bytes] | None = None
 
     @property
     def alive(self) -> bool:
@@ -96,11 +101,14 @@ class ReplProcess:
             # Only the scratch folder (pickles) is writable; the project stays read-only.
             argv = bwrap_prefix([self.scratch] if self.scratch else []) + argv
         mb = self.memory_mb
+        # stderr goes to an unlinked temporary file: it never blocks the child, and its tail
+        # says why a process died ("out of memory", an uncaught exception).
+        self._stderr = tempfile.TemporaryFile()
         self.proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
+            stderr=self._stderr,
             cwd=str(self.cwd) if self.cwd else None,
             env=self.env,
             limit=_LIMIT,
@@ -174,7 +182,9 @@ class ReplProcess:
             if not raw:
                 await self._reap()
                 code = self.proc.returncode
-                raise ReplDied(f"the REPL process exited (code {code}) before answering")
+                tail = self.stderr_tail(300).strip().replace("\n", " | ")
+                said = f": {tail}" if tail else ""
+                raise ReplDied(f"the REPL process exited (code {code}) before answering{said}")
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             if line.strip():
                 lines.append(line)
@@ -218,10 +228,30 @@ class ReplProcess:
                 await asyncio.wait_for(self.proc.wait(), 1.0)
         await self.kill()
 
+    def stderr_tail(self, n: int = 2000) -> str:
+        """The last ``n`` bytes the child wrote to stderr."""
+        if self._stderr is None:
+            return ""
+        try:
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - n))
+            return self._stderr.read().decode("utf-8", errors="replace")
+        except (OSError, ValueError):
+            return ""
+
+    def out_of_memory(self) -> bool:
+        """Whether the child's last words say it ran out of memory."""
+        return bool(_OOM.search(self.stderr_tail()))
+
     def _close_pipes(self) -> None:
         if self.proc is not None and self.proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
+        if self._stderr is not None:
+            with contextlib.suppress(OSError):
+                self._stderr.close()
+            self._stderr = None
 
 
 def _decode_block(lines: list[str]) -> object | None:
