@@ -136,3 +136,8 @@ def test_unrecognised_answers_raise_protocol_error(bad: object) -> None:
 def test_unknown_fields_are_ignored() -> None:
     ans = parse_response({"env": 4, "messages": [], "newField": {"x": 1}})
     assert isinstance(ans, CommandResponse) and ans.env == 4
+
+
+def test_unencodable_text_is_replaced_not_fatal() -> None:
+    wire = encode_request(CommandRequest(cmd="theorem x : True := by\n  trivial -- \ud800"))
+    assert json.loads(wire)["cmd"].endswith("-- ?")

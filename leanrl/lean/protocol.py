@@ -198,4 +198,5 @@ def encode_request(req: Request) -> bytes:
     request must not contain a raw newline outside strings; ``json.dumps`` escapes them.
     """
     body = json.dumps(req.model_dump(by_alias=True, exclude_none=True), ensure_ascii=False)
-    return (body + "\n\n").encode("utf-8")
+    # Model output can hold lone surrogates; they cannot be UTF-8, so they become "?".
+    return (body + "\n\n").encode("utf-8", errors="replace")
