@@ -132,7 +132,7 @@ def test_long_proof_is_accepted() -> None:
 
 def test_near_miss_identifiers_and_comments_are_not_flagged() -> None:
     proof = (
-        "-- no sorry here, and no admit either\n"
+        "-- no sorry here, and no admit either; by the axiom of choice; import nothing\n"
         "  /- we do not use native_decide -/\n"
         "  have h_elab := h\n  have syntax_ok : True := trivial\n"
         "  have macro' := h_elab\n  exact macro'.symm"

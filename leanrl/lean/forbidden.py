@@ -43,12 +43,9 @@ def _w(words: str) -> str:
     return rf"(?<![\w.'!?«])(?:{alts})(?![\w'!?»])"
 
 
+# Matched on the raw text: these run code or switch checks off, and nothing after them could
+# be trusted to catch them.
 _RULES: list[tuple[Reason, str, str]] = [
-    (
-        Reason.FORBIDDEN,
-        r"#exit\b",
-        "`#exit` stops elaboration, so later declarations (or checks) are silently skipped",
-    ),
     (
         Reason.FORBIDDEN,
         r"#eval\b|" + _w("run_cmd run_elab run_meta run_tac by_elab"),
@@ -88,6 +85,17 @@ _RULES: list[tuple[Reason, str, str]] = [
     ),
     (
         Reason.FORBIDDEN,
+        r"#exit\b",
+        "`#exit` stops elaboration, so later declarations (or checks) are silently skipped",
+    ),
+]
+
+# Matched with comments removed: Lean's own checks back these up (an `import` mid-file is an
+# error, `#exit` loses the theorem, an axiom shows in the axiom list), so a comment that merely
+# mentions them must not cost the attempt.
+_BACKED: list[tuple[Reason, str, str]] = [
+    (
+        Reason.FORBIDDEN,
         _w("import"),
         "imports can only come from the taskset's header",
     ),
@@ -114,8 +122,8 @@ _SORRY = (
     "the proof is left unfinished (`sorry`/`admit`)",
 )
 
-# Lean comments: `--` to end of line, `/- ... -/` nested. Only used for the sorry/native rules,
-# which Lean's own checks back up (so a lexing mismatch cannot let anything through).
+# Lean comments: `--` to end of line, `/- ... -/` nested. Only used for the rules that Lean's own
+# checks back up (so a lexing mismatch cannot let anything through).
 _LINE_COMMENT = re.compile(r"--[^\n]*")
 
 
@@ -146,7 +154,7 @@ def scan(text: str, policy: VerificationPolicy) -> list[Finding]:
         if m:
             found.append(_finding(plain, m, reason, why))
     stripped = _strip_comments(plain)
-    rules = [_SORRY] + ([] if policy.allow_native_decide else [_NATIVE])
+    rules = [*_BACKED, _SORRY] + ([] if policy.allow_native_decide else [_NATIVE])
     for reason, pattern, why in rules:
         m = re.search(pattern, stripped)
         if m:
