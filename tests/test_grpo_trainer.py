@@ -373,6 +373,12 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad.write_text("tasks_per_step = 3\ngroup_size = 3\nminibatches = 2\n")
     assert main(["train", "grpo", "--config", str(bad), "--model", "x", "--out", str(out)]) == 2
     assert "not divisible" in capsys.readouterr().err
+    # flags and file are checked together: 3 x 3 = 9 divides by 3 (alone, 8 x 16 would not)
+    good = tmp_path / "good.toml"
+    good.write_text("tasks_per_step = 3\ngroup_size = 3\n")
+    argv = ["train", "grpo", "--config", str(good), "--minibatches", "3", "--model", "/nope"]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert "model path '/nope' does not exist" in capsys.readouterr().err  # got past the check
     assert not out.exists()
 
 

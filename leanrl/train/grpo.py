@@ -452,7 +452,8 @@ class GRPOTrainer:
             "step": engine.step,
             "reward_mean": _mean(rewards),
             "reward_std": _std(rewards),
-            "pass_rate": (sum(v.accepted for v in verdicts) / len(verdicts) if verdicts else None),
+            # a rollout without a Verdict (no proof extracted) counts as not accepted
+            "pass_rate": (sum(v.accepted for v in verdicts) / len(own) if verdicts else None),
             "pass_at_group": (
                 _mean(
                     [

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import model_validator
+
 from leanrl.config import ConfigCommand, validate
 from leanrl.train.grpo import GRPOConfig
 
@@ -28,6 +30,12 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
     backend: Literal["hf", "vllm"] | None = None
     """Shortcut for --policy.backend (hf: transformers on CPU/GPU, vllm: in-process vLLM on a
     GPU, weights pushed into the engine after each step)."""
+
+    @model_validator(mode="after")
+    def _divisible(self) -> GRPOCommand:
+        # Cross-field checks wait for the TOML file: the flags alone are not the whole config.
+        # ``to_grpo_config`` validates the merged result as a GRPOConfig.
+        return self
 
     def to_grpo_config(self) -> GRPOConfig:
         """The GRPOConfig this command describes (TOML file < flags, shortcuts applied)."""
