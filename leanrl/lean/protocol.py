@@ -54,7 +54,9 @@ class ReplPos(_Wire):
     """A source position: 1-based line, 0-based column (codepoints)."""
 
     line: int
+    """1-based line."""
     column: int
+    """0-based column, in codepoints."""
 
 
 class ReplMessage(_Wire):
@@ -64,38 +66,56 @@ class ReplMessage(_Wire):
     """``error``, ``warning`` or ``info`` (the REPL's spelling; ``lean --json`` says
     ``information``)."""
     data: str
+    """The message text, verbatim."""
     pos: ReplPos | None = None
+    """Where the message starts (``pos``)."""
     end_pos: ReplPos | None = Field(default=None, alias="endPos")
+    """Where it ends (``endPos``)."""
 
 
 class Sorry(_Wire):
     """A ``sorry`` the REPL found, with the goal it stands for and a proof state to resume."""
 
     goal: str
+    """The goal the ``sorry`` stands for, pretty-printed."""
     pos: ReplPos | None = None
+    """Where the ``sorry`` starts."""
     end_pos: ReplPos | None = Field(default=None, alias="endPos")
+    """Where it ends."""
     proof_state: int | None = Field(default=None, alias="proofState")
+    """Proof state to continue from in tactic mode (``proofState``)."""
 
 
 class TacticInfo(_Wire):
     """One tactic reported with ``allTactics``."""
 
     tactic: str
+    """The tactic, pretty-printed."""
     goals: str
+    """The goals before it, pretty-printed."""
     pos: ReplPos | None = None
+    """Where the tactic starts."""
     end_pos: ReplPos | None = Field(default=None, alias="endPos")
+    """Where it ends."""
     proof_state: int | None = Field(default=None, alias="proofState")
+    """Proof state before the tactic."""
     used_constants: tuple[str, ...] = Field(default=(), alias="usedConstants")
+    """Constants the tactic's result uses."""
 
 
 class CommandResponse(_Wire):
     """Answer to ``cmd``, ``pickleTo`` and ``unpickleEnvFrom``."""
 
     env: int
+    """Id of the new environment (pass it as ``env`` to build on it)."""
     messages: tuple[ReplMessage, ...] = ()
+    """Lean's messages."""
     sorries: tuple[Sorry, ...] = ()
+    """The ``sorry``s in the command, each with its goal."""
     tactics: tuple[TacticInfo, ...] = ()
+    """Every tactic, when asked for with ``allTactics``."""
     infotree: Any = None
+    """The info tree, when asked for (kept as raw JSON)."""
 
     @property
     def errors(self) -> tuple[ReplMessage, ...]:
@@ -107,17 +127,24 @@ class TacticResponse(_Wire):
     """Answer to ``{"tactic": ..., "proofState": n}`` (and to proof-state pickling)."""
 
     proof_state: int = Field(alias="proofState")
+    """Id of the new proof state."""
     goals: tuple[str, ...] = ()
+    """The goals left, pretty-printed; empty when none."""
     messages: tuple[ReplMessage, ...] = ()
+    """Lean's messages for this step."""
     sorries: tuple[Sorry, ...] = ()
+    """``sorry``s the tactic introduced."""
     proof_status: str | None = Field(default=None, alias="proofStatus")
+    """``Completed``, ``Incomplete: ...`` or ``Error: ...`` (newer REPLs only)."""
     traces: tuple[str, ...] = ()
+    """Trace output, when tracing is on."""
 
 
 class ReplError(_Wire):
     """An error answer: ``{"message": "Unknown environment."}`` or ``"Lean error:\\n..."``."""
 
     message: str
+    """What went wrong, as the REPL says it."""
 
 
 Response = CommandResponse | TacticResponse | ReplError
@@ -163,29 +190,38 @@ class CommandRequest(_Wire):
     """``{"cmd": text, "env": n}``: elaborate ``text`` in environment ``n`` (fresh when None)."""
 
     cmd: str
+    """Lean source to elaborate (one or more commands)."""
     env: int | None = None
+    """Environment to run in; None starts fresh (only then may ``cmd`` import)."""
     all_tactics: bool | None = Field(default=None, alias="allTactics")
+    """Also report every tactic with its goals."""
     root_goals: bool | None = Field(default=None, alias="rootGoals")
+    """Also report the root goals as sorries."""
 
 
 class TacticRequest(_Wire):
     """``{"tactic": t, "proofState": n}``: run one tactic on a proof state."""
 
     tactic: str
+    """The tactic (or tactic block) to run."""
     proof_state: int = Field(alias="proofState")
+    """Proof state to run it on."""
 
 
 class PickleEnvRequest(_Wire):
     """``{"pickleTo": path, "env": n}``: write environment ``n`` to an ``.olean`` file."""
 
     pickle_to: str = Field(alias="pickleTo")
+    """Path of the ``.olean`` file to write."""
     env: int
+    """Environment to write."""
 
 
 class UnpickleEnvRequest(_Wire):
     """``{"unpickleEnvFrom": path}``: load a pickled environment (re-imports, replays)."""
 
     unpickle_env_from: str = Field(alias="unpickleEnvFrom")
+    """Path of a file written by ``pickleTo``."""
 
 
 Request = CommandRequest | TacticRequest | PickleEnvRequest | UnpickleEnvRequest
