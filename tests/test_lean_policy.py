@@ -11,6 +11,7 @@ off -- caught by the trusted checks after elaboration.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -456,3 +457,28 @@ def test_check_command_matches_the_checker_signature() -> None:
     args = re.findall(r'"(?:[^"\\]|\\.)*"|\btrue\b|\bfalse\b', cmd)
     assert len(args) == arity == 5
     assert args[0] == '"/tmp/a \\"b\\".olean"'
+
+
+def test_every_benchmark_row_splits_and_assembles(shared_data: Path) -> None:
+    files = ["minif2f.jsonl", "minif2f_deepseek.jsonl", "proofnet.jsonl", "putnambench.jsonl"]
+    n = 0
+    for name in files:
+        for line in (shared_data / name).read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            imports, rest = split_header(row["header"])
+            assert imports[0] == "import Lean" and all(i.startswith("import ") for i in imports)
+            assert "import" not in rest
+            a = Attempt(
+                name=row["name"],
+                header=row["header"],
+                formal_statement=row["formal_statement"],
+                proof="simp",
+                preamble="lemma helper : True := trivial",
+            )
+            asm = assemble(a)
+            first, last = asm.statement_lines
+            lines = asm.text.splitlines()
+            assert lines[first - 1 : last] == row["formal_statement"].rstrip().splitlines()
+            assert lines[asm.proof_line - 1] == "  simp"
+            n += 1
+    assert n > 1500
