@@ -346,6 +346,10 @@ def test_bad_configs_fail_early(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         trainer.train_sync()
     assert not (tmp_path / "r").exists()  # failed before touching the run folder
+    if not torch.cuda.is_available():
+        cpu_mixed = GRPOConfig(policy=PolicyConfig(model="org/model"), precision="bf16-mixed")
+        with pytest.raises(ConfigError, match="needs a CUDA device"):
+            GRPOTrainer(cpu_mixed.model_copy(update={"out": tmp_path / "r"})).check()
 
 
 def test_missing_logger_package_fails_early(tiny_model_dir: Path, tmp_path: Path) -> None:

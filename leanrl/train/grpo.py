@@ -275,6 +275,9 @@ class GRPOTrainer:
     def check(self) -> None:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
         check_model_path(self.config.policy.model)
+        from leanrl.train.grpo_engine import device_and_precision
+
+        device_and_precision(self.config)
         for target in self.config.log_to:
             if importlib.util.find_spec(target) is None:
                 raise ConfigError(

@@ -66,17 +66,7 @@ class GRPOEngine:
         cfg = self.config
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        dev = cfg.policy.device
-        if dev == "auto":
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(dev)
-        precision = cfg.precision
-        if precision == "auto":
-            precision = "bf16-mixed" if self.device.type == "cuda" else "fp32"
-        if precision in ("bf16-mixed",) and self.device.type != "cuda":
-            raise ConfigError(
-                "precision 'bf16-mixed' needs a CUDA device; use 'fp32' (or 'bf16') on the CPU"
-            )
+        self.device, precision = device_and_precision(cfg)
         self.autocast = torch.bfloat16 if precision == "bf16-mixed" else None
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
 
@@ -398,6 +388,24 @@ class GRPOEngine:
                 keep=self.config.keep_checkpoints,
                 extra=extra,
             )
+
+
+def device_and_precision(cfg: GRPOConfig) -> tuple[torch.device, str]:
+    """The training device and the resolved precision; a :class:`ConfigError` if they clash."""
+    dev = cfg.policy.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(dev)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"policy.device is {dev!r} but no CUDA device is available")
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16-mixed" if device.type == "cuda" else "fp32"
+    if precision == "bf16-mixed" and device.type != "cuda":
+        raise ConfigError(
+            "precision 'bf16-mixed' needs a CUDA device; use 'fp32' (or 'bf16') on the CPU"
+        )
+    return device, precision
 
 
 def _split(order: list[int], parts: int) -> list[list[int]]:
