@@ -117,7 +117,12 @@ class ReplProcess:
         )
 
     def rss_mb(self) -> float:
-        """Resident memory of the child and its descendants (bwrap, lake env), in MiB."""
+        """Private resident memory of the child and its descendants (bwrap, lake env), in MiB.
+
+        File-backed resident pages are left out: the memory-mapped ``.olean`` files of
+        ``import Mathlib`` are shared by every process and can be dropped by the kernel at any
+        time, so they say nothing about a runaway proof.
+        """
         if not self.alive or self.proc is None:
             return 0.0
         try:
@@ -126,7 +131,8 @@ class ReplProcess:
             total = 0
             for q in procs:
                 with contextlib.suppress(psutil.Error):
-                    total += q.memory_info().rss
+                    info = q.memory_info()
+                    total += info.rss - getattr(info, "shared", 0)
         except psutil.Error:
             return 0.0
         mb = total / (1024 * 1024)
