@@ -66,7 +66,7 @@ class WorkerStartError(RuntimeError):
 
 
 class ReplWorker:
-    """One REPL process, warmed for one header."""
+    """One REPL process, warmed for one set of imports (header variants share it)."""
 
     def __init__(self, proc: ReplProcess, imports: tuple[str, ...], scratch: Path) -> None:
         self.proc = proc
