@@ -32,7 +32,7 @@ from leanrl.lean.repl import ReplDied, ReplMemory, ReplProcess, ReplTimeout
 from leanrl.lean.worker import ReplWorker, WorkerStartError
 from leanrl.verdict import Attempt, Reason, Verdict
 
-__all__ = ["PoolConfig", "PoolStats", "ReplPool"]
+__all__ = ["PoolConfig", "PoolError", "PoolStats", "ReplPool"]
 
 
 class PoolConfig(BaseModel):
@@ -208,6 +208,21 @@ class ReplPool:
                 raise
             await self._release(key, worker, healthy=True)
             return verdict
+
+    # -- pinning a process (tactic sessions) ----------------------------------------------------
+
+    async def acquire(self, header: str) -> ReplWorker:
+        """Take a warm process for ``header`` for exclusive use (raises :class:`PoolError`)."""
+        await self.start()
+        return await self._acquire(self._key_of(header))
+
+    async def release(self, header: str, worker: ReplWorker, *, broken: bool = False) -> None:
+        """Give a process back; a ``broken`` one is killed and replaced."""
+        key = self._key_of(header)
+        if broken:
+            await self._discard(key, worker)
+        else:
+            await self._release(key, worker, healthy=True)
 
     def _near_cap(self, w: ReplWorker) -> bool:
         cap = self.config.memory_mb

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from leanrl.errors import ConfigError, LeanNotFoundError, RuntimeUnavailable
-from leanrl.lean.checker import split_header
 from leanrl.lean.oneshot import OneShotChecker
 from leanrl.lean.pool import PoolConfig, PoolError, ReplPool
 from leanrl.lean.project import find_project, lean_command, repl_command, resolve_lake_env
@@ -139,19 +138,15 @@ class LocalRuntime(Runtime):
         await self.start()
         pool = self.pool
         assert pool is not None
-        key = tuple(split_header(header)[0])
         try:
-            worker = await pool._acquire(key)
+            worker = await pool.acquire(header)
         except PoolError as e:
             raise RuntimeUnavailable(f"no Lean process for this header: {e}") from e
         session = LocalTacticSession(worker, header, self.config.timeout_s)
         try:
             yield session
         finally:
-            if session.broken:
-                await pool._discard(key, worker)
-            else:
-                await pool._release(key, worker, healthy=True)
+            await pool.release(header, worker, broken=session.broken is not None)
 
 
 class LocalTacticSession(TacticSession):
