@@ -299,9 +299,11 @@ class GRPOTrainer:
 
         engine = GRPOEngine(self.config, self.run)
         env = self.env or load_environment(self.config.env)
+        # The tasks load before the model: a bad taskset fails in seconds, not after a model load.
+        tasks = await asyncio.to_thread(env.tasks)
+        batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
         resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
         await asyncio.to_thread(engine.load, resumed)
-        tasks = await asyncio.to_thread(env.tasks)
         logger = MetricsLogger(
             self.run,
             self.config.log_to,
