@@ -65,7 +65,7 @@ import importlib.util
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -218,7 +218,6 @@ class _Batch:
     version: int  # weights version that generated it
     t_rollout: float
     t_generate: float
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 class _GenClock(Policy):
@@ -476,9 +475,8 @@ class GRPOTrainer:
             "adv_min": min(advs) if advs else None,
             "adv_max": max(advs) if advs else None,
             "truncated_frac": _mean([float(r.truncated) for r in own]),
-            "completion_len": _mean(
-                [len(r.turns[-1].completion_ids) if r.turns else 0 for r in own]
-            ),
+            # model tokens per rollout, all turns together
+            "completion_len": _mean([sum(len(t.completion_ids) for t in r.turns) for r in own]),
             "loss_tokens": model_tokens,
             "staleness": engine.step - 1 - batch.version,
             **train,
