@@ -412,3 +412,9 @@ def test_cli_trains_and_resumes(
     assert main([*argv, "--steps", "3"]) == 0  # extend the finished run by one step
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+def test_cli_module_imports_without_torch() -> None:
+    """`leanrl` lists every command at start-up: the GRPO command must not pull in torch."""
+    code = "import sys, leanrl.train.grpo_cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -76,9 +76,13 @@ from leanrl.policy import Policy, SamplingConfig
 from leanrl.rollout import Rollout
 from leanrl.task import Task
 from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, batch_for_step, check_model_path
-from leanrl.train.rl import LossAgg, RewardScale
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "train_grpo"]
+
+# The same literals as leanrl.train.rl's, spelled out here so that importing the config (the CLI
+# does, at start-up) does not import torch.
+LossAgg = Literal["grpo", "dr_grpo", "dapo"]
+RewardScale = Literal["group", "batch", "none"]
 
 log = logging.getLogger("leanrl.train.grpo")
 

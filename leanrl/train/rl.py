@@ -23,7 +23,9 @@ __all__ = [
 ]
 
 LossAgg = Literal["grpo", "dr_grpo", "dapo"]
+"""How token losses are reduced (see :func:`aggregate`). Mirrored in ``GRPOConfig.loss_agg``."""
 RewardScale = Literal["group", "batch", "none"]
+"""How advantages are scaled (see :func:`group_advantages`)."""
 
 
 def group_advantages(rewards: Tensor, scale: RewardScale = "group", eps: float = 1e-4) -> Tensor:
