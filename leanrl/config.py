@@ -153,7 +153,7 @@ def configuration_reference() -> str:
         PolicyConfig: "policy",
         SamplingConfig: "sampling",
     }
-    commands_shared = {**shared, RuntimeConfig: "env.runtime"}
+    commands_shared: dict[type[BaseModel], str] = {**shared, RuntimeConfig: "env.runtime"}
     head = [
         "# Configuration reference",
         "",
