@@ -325,3 +325,23 @@ def test_unix_socket_transport_and_container_healthcheck(tmp_path: Path) -> None
 def test_shared_http_client_cannot_use_a_unix_socket() -> None:
     with pytest.raises(ConfigError, match="unix socket"):
         ServiceClient("http://localhost", uds="/x.sock", http=httpx.AsyncClient())
+
+
+async def test_metrics_use_a_runtime_pools_counters_for_restarts() -> None:
+    from pydantic import BaseModel
+
+    class Stats(BaseModel):
+        killed: int = 2
+        recycled: int = 3
+        checked: int = 9
+
+    class Pooled(EchoRuntime):
+        metrics = None  # type: ignore[assignment]  # no metrics(): the pool's stats are used
+
+        def __init__(self) -> None:
+            super().__init__(RuntimeConfig(name="echo-test"))
+            self.pool = type("P", (), {"stats": Stats()})()
+
+    async with running_service(Pooled()) as url, httpx.AsyncClient() as http:
+        m = (await http.get(f"{url}/metrics")).json()
+    assert m["restarts"] == 5 and m["runtime"]["checked"] == 9.0

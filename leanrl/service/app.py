@@ -317,15 +317,7 @@ class VerificationService:
             self._window.popleft()
         recent = sum(n for _, n in self._window)
         span = min(60.0, max(now - self._started, 1e-3))
-        rt: dict[str, float] = {}
-        rt_metrics = getattr(self.runtime, "metrics", None)
-        if callable(rt_metrics):
-            with contextlib.suppress(Exception):
-                rt = {
-                    k: float(v)
-                    for k, v in dict(rt_metrics()).items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)
-                }
+        rt = _runtime_numbers(self.runtime)
         implied = sum(self.reasons[r.value] for r in _RESTART_REASONS)
         return ServiceMetrics(
             uptime_s=now - self._started,
@@ -343,6 +335,27 @@ class VerificationService:
             reasons=dict(self.reasons),
             runtime=rt,
         )
+
+
+def _runtime_numbers(runtime: Runtime) -> dict[str, float]:
+    """Numbers the runtime reports: its ``metrics()`` if it has one, else the counters of its
+    process pool (``runtime.pool.stats``, as the ``local`` runtime keeps them), where killed and
+    recycled processes add up to ``restarts``."""
+    raw: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        fn = getattr(runtime, "metrics", None)
+        if callable(fn):
+            raw = dict(fn())
+        else:
+            stats = getattr(getattr(runtime, "pool", None), "stats", None)
+            if isinstance(stats, BaseModel):
+                raw = stats.model_dump()
+                raw.setdefault("restarts", raw.get("killed", 0) + raw.get("recycled", 0))
+    return {
+        k: float(v)
+        for k, v in raw.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:
