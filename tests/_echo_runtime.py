@@ -14,7 +14,8 @@ contains ``sorry`` rejected, reason ``sorry``
 anything else      rejected, reason ``error``
 =================  =====================================================================
 
-``config.options``: ``startup_s`` (sleep in :meth:`start`, like loading Mathlib), ``log_path``
+``config.options``: ``startup_s`` (sleep in :meth:`start`, like loading Mathlib), ``start_error``
+(:meth:`start` raises it as ``RuntimeUnavailable``), ``log_path``
 (append ``pid id`` for every attempt checked, to count checks across processes), ``closed_path``
 (written by :meth:`close`, to see that a process shut its runtime down).
 """
@@ -29,6 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+from leanrl.errors import RuntimeUnavailable
 from leanrl.runtime import Runtime, TacticSession, TacticState
 from leanrl.verdict import Attempt, Message, Reason, Verdict
 
@@ -46,6 +48,8 @@ class EchoRuntime(Runtime):
         self.checked = 0
 
     async def start(self) -> None:
+        if self.config.options.get("start_error"):
+            raise RuntimeUnavailable(str(self.config.options["start_error"]))
         delay = float(self.config.options.get("startup_s", 0.0))
         if delay:
             await asyncio.sleep(delay)

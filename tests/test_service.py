@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -345,3 +346,16 @@ async def test_metrics_use_a_runtime_pools_counters_for_restarts() -> None:
     async with running_service(Pooled()) as url, httpx.AsyncClient() as http:
         m = (await http.get(f"{url}/metrics")).json()
     assert m["restarts"] == 5 and m["runtime"]["checked"] == 9.0
+
+
+def test_serve_reports_a_runtime_that_cannot_start_cleanly() -> None:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    opts = json.dumps({"start_error": "no Lean here: install it"})
+    r = subprocess.run(
+        [sys.executable, "-m", "leanrl.service", "--port", "0", "--runtime.name", ECHO,
+         "--runtime.options", opts],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "leanrl serve: error: no Lean here: install it" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -149,7 +149,9 @@ class VerificationService:
         self.reasons: Counter[str] = Counter()
 
     async def start(self) -> None:
-        """Start the runtime and the idle-session reaper."""
+        """Start the runtime and the idle-session reaper. Idempotent."""
+        if self._ready:
+            return
         self._started = time.monotonic()
         await self.runtime.start()
         self._reaper = asyncio.create_task(self._reap_loop())

@@ -68,6 +68,22 @@ def serve(cmd: ServeCommand) -> None:
             limit_concurrency=1000,
         )
     )
-    asyncio.run(server.serve(sockets=[sock]))
+
+    async def main() -> None:
+        # Start the runtime before serving, so a runtime that cannot start (no Lean, no
+        # Docker) is a clean error here, not a traceback from uvicorn's lifespan.
+        try:
+            await app.state.service.start()
+        except BaseException:
+            await app.state.service.close()
+            raise
+        await server.serve(sockets=[sock])
+
+    try:
+        asyncio.run(main())
+    finally:
+        sock.close()
+        if cmd.uds:
+            Path(cmd.uds).unlink(missing_ok=True)
     if not server.started:
         raise ConfigError("the service failed to start (see the log above)")
