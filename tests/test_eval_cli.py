@@ -219,3 +219,50 @@ def test_example_script_runs(tmp_path: Path, shared_data: Path, tiny_model_dir: 
     assert done.returncode == 0, done.stderr
     assert "pass@1=" in done.stdout and (out / "report.md").is_file()
     assert len((out / "results.jsonl").read_text().splitlines()) == 4
+
+
+def test_openai_backend_end_to_end(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, shared_data: Path
+) -> None:
+    from tests.test_policy_openai import Server
+
+    class Prover(Server):
+        def answer(self, path: str, body: dict) -> dict:
+            texts = ["\n  omega\n", "\n  simp\n"]
+            return {
+                "choices": [
+                    {"index": i, "text": texts[i % 2], "finish_reason": "stop"}
+                    for i in range(body["n"])
+                ]
+            }
+
+    with Prover(fail=1) as srv:
+        code = main(
+            [
+                "eval",
+                "--env",
+                "minif2f",
+                "--env.taskset.path",
+                str(shared_data),
+                "--limit",
+                "3",
+                "--backend",
+                "openai",
+                "--model",
+                "served-prover",
+                "--policy.base_url",
+                srv.url,
+                "--runtime",
+                RT,
+                "--samples",
+                "2",
+                "--k",
+                "1,2",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+    out = capsys.readouterr().out
+    assert code == 0 and "pass@1=50.0%" in out and "pass@2=100.0%" in out
+    assert all(b["model"] == "served-prover" and b["n"] == 2 for b in srv.bodies)
+    assert len((tmp_path / "o" / "results.jsonl").read_text().splitlines()) == 6
