@@ -57,7 +57,7 @@ def test_offline_machine_says_what_is_missing(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_model_dir: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))  # nothing cached
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))  # empty
     out = ["--out", str(tmp_path / "o")]
     code, err = run_cli(
         ["eval", "--env", "minif2f", "--model", "AI-MO/Kimina-Prover-Distill-1.7B", *out], capsys

@@ -115,7 +115,7 @@ async def test_bad_models_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match=r"no config\.json"):
         await make_policy(PolicyConfig(model=str(tmp_path / "empty"))).start()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))  # empty
     with pytest.raises(PolicyError, match=r"offline mode is on.*--local-dir"):
         await make_policy(PolicyConfig(model="someone/some-prover")).start()
     with pytest.raises(ConfigError, match="no model given"):
