@@ -91,6 +91,12 @@ class DockerConfig(_Config):
     service: ServiceLimits = Field(default_factory=ServiceLimits)
     """Limits of the service inside each container (``max_batch`` must be at least
     ``batch_size``)."""
+    warm_headers: list[str] = Field(default_factory=list)
+    """Headers (e.g. ``"import Mathlib"``) whose imports each container loads before it counts
+    as ready, so no batch waits for Lean to start."""
+    learn_warm_headers: int = Field(default=2, ge=0)
+    """Also warm new containers with the imports of the first this-many distinct headers seen
+    in batches (0: only ``warm_headers``)."""
     metrics_path: Path | None = None
     """Append one JSON line per batch and one run summary (container-seconds, CPU-seconds) to
     this file. The same figures are in ``runtime.metrics()``."""
@@ -147,6 +153,12 @@ class ModalConfig(_Config):
     service: ServiceLimits = Field(default_factory=ServiceLimits)
     """Limits of the service inside each Sandbox (``max_batch`` must be at least
     ``batch_size``)."""
+    warm_headers: list[str] = Field(default_factory=list)
+    """Headers (e.g. ``"import Mathlib"``) whose imports each Sandbox loads before it counts as
+    ready, so no batch waits for Lean to start."""
+    learn_warm_headers: int = Field(default=2, ge=0)
+    """Also warm new Sandboxes with the imports of the first this-many distinct headers seen in
+    batches (0: only ``warm_headers``)."""
     warm_sandboxes: int = Field(default=2, ge=0)
     """Sandboxes kept started and ready (the pool's ``target_ready``)."""
     pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16, max_uses=1))

@@ -46,6 +46,7 @@ class EchoRuntime(Runtime):
         self.started = False
         self.closed = False
         self.checked = 0
+        self.warmed: list[str] = []
 
     async def start(self) -> None:
         if self.config.options.get("start_error"):
@@ -62,7 +63,12 @@ class EchoRuntime(Runtime):
             Path(closed_path).write_text("closed")
 
     def metrics(self) -> dict[str, float]:
-        return {"checked": self.checked, "restarts": 0}
+        return {"checked": self.checked, "restarts": 0, "warmed": len(self.warmed)}
+
+    async def warm(self, header: str) -> None:
+        """Like loading a header's imports: takes ``warm_s`` seconds."""
+        await asyncio.sleep(float(self.config.options.get("warm_s", 0.0)))
+        self.warmed.append(header)
 
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         log_path = self.config.options.get("log_path")

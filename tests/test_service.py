@@ -18,7 +18,7 @@ from _service_testing import attempt, running_service
 from leanrl._sandbox_config import ClientConfig, ServiceLimits
 from leanrl.errors import ConfigError
 from leanrl.runtime import Runtime, RuntimeConfig
-from leanrl.service.app import ServiceConfig, create_app
+from leanrl.service.app import ServiceConfig, create_app, warm_runtime
 from leanrl.service.client import ServiceClient, ServiceError
 from leanrl.verdict import Reason, Verdict
 
@@ -359,3 +359,10 @@ def test_serve_reports_a_runtime_that_cannot_start_cleanly() -> None:
     assert r.returncode == 2
     assert "leanrl serve: error: no Lean here: install it" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+async def test_warm_headers_are_loaded_before_the_service_is_ready() -> None:
+    rt = echo()
+    async with running_service(rt, ServiceConfig(warm_headers=["import Mathlib", "import Foo"])):
+        assert rt.warmed == ["import Mathlib", "import Foo"]
+    assert not await warm_runtime(_Broken(), "import Mathlib")  # cannot warm: says so

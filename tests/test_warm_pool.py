@@ -192,3 +192,18 @@ async def test_tactic_session_through_a_pooled_sandbox(tmp_path: Path) -> None:
             done = await s.apply(st.proof_state or 0, "rfl")
         assert done.solved
         assert rt.metrics()["pool_retired_used"] == 1  # the session used up its sandbox
+
+
+async def test_new_sandboxes_load_the_imports_batches_use(tmp_path: Path) -> None:
+    rt = runtime(tmp_path, warm_headers=["import Init"], learn_warm_headers=1)
+    header = "import Mathlib\nimport Aesop\nset_option maxHeartbeats 400000\nopen Real"
+    a = attempt("ok").model_copy(update={"header": header})
+    async with rt:
+        assert rt.pool is not None
+        await rt.check([a, a.model_copy(update={"header": "import Other"})])
+        warm = rt.pool.backend.warm_headers
+        assert warm == ["import Init", "import Mathlib\nimport Aesop"]  # learned one (limit 1)
+        sb = await rt.pool.acquire()  # started after the first batch: loads all three imports
+        async with ServiceClient(sb.url, sb.token) as c:
+            assert (await c.metrics()).runtime["warmed"] == 2
+        await rt.pool.release(sb, ok=True)

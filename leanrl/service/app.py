@@ -25,7 +25,7 @@ import secrets
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,7 @@ from leanrl.service.protocol import (
 )
 from leanrl.verdict import Attempt, Reason, Verdict
 
-__all__ = ["ServiceConfig", "VerificationService", "create_app", "is_loopback"]
+__all__ = ["ServiceConfig", "VerificationService", "create_app", "is_loopback", "warm_runtime"]
 
 log = logging.getLogger("leanrl.service")
 
@@ -88,6 +88,9 @@ class ServiceConfig(BaseModel):
     socket."""
     limits: ServiceLimits = Field(default_factory=ServiceLimits)
     """Request size, batch length, timeouts, sessions, idempotency cache."""
+    warm_headers: list[str] = Field(default_factory=list)
+    """Headers whose Lean processes are started (imports loaded) before the service reports
+    healthy, so the first batch does not pay for ``import Mathlib``."""
 
     def effective_token(self) -> str | None:
         """The token from the config or the environment (None: no auth)."""
@@ -131,9 +134,15 @@ class _HTTPError(Exception):
 class VerificationService:
     """The state behind the HTTP endpoints: the runtime, sessions, cache and counters."""
 
-    def __init__(self, runtime: Runtime, limits: ServiceLimits | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        limits: ServiceLimits | None = None,
+        warm_headers: Sequence[str] = (),
+    ) -> None:
         self.runtime = runtime
         self.limits = limits or ServiceLimits()
+        self.warm_headers = list(warm_headers)
         self._started = time.monotonic()
         self._ready = False
         self._sessions: dict[str, _Session] = {}
@@ -154,6 +163,8 @@ class VerificationService:
             return
         self._started = time.monotonic()
         await self.runtime.start()
+        for header in self.warm_headers:
+            await warm_runtime(self.runtime, header)
         self._reaper = asyncio.create_task(self._reap_loop())
         self._ready = True
 
@@ -339,6 +350,19 @@ class VerificationService:
         )
 
 
+async def warm_runtime(runtime: Runtime, header: str) -> bool:
+    """Load ``header``'s imports in the runtime's processes now, if it can (``runtime.warm``,
+    or its process pool's ``warm``, as the ``local`` runtime has). False when it cannot."""
+    warm = getattr(runtime, "warm", None)
+    if not callable(warm):
+        warm = getattr(getattr(runtime, "pool", None), "warm", None)
+    if not callable(warm):
+        log.warning("runtime %s cannot be warmed up; its first batch starts Lean", runtime.name)
+        return False
+    await warm(header)
+    return True
+
+
 def _runtime_numbers(runtime: Runtime) -> dict[str, float]:
     """Numbers the runtime reports: its ``metrics()`` if it has one, else the counters of its
     process pool (``runtime.pool.stats``, as the ``local`` runtime keeps them), where killed and
@@ -476,7 +500,7 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
     """The FastAPI app serving ``runtime``. The runtime is started and closed with the app."""
     config = config or ServiceConfig()
     config.check_auth()
-    service = VerificationService(runtime, config.limits)
+    service = VerificationService(runtime, config.limits, config.warm_headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -37,6 +37,9 @@ class ServeCommand(ConfigCommand):
     """uvicorn's log level."""
     limits: ServiceLimits = Field(default_factory=ServiceLimits)
     """Request size, batch length, request timeout, sessions and idempotency cache."""
+    warm_headers: list[str] = Field(default_factory=list)
+    """Headers whose Lean processes start (imports loaded) before the service listens, e.g.
+    '["import Mathlib"]', so the first batch does not wait for them."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """The runtime the service wraps (default: the local Lean pool)."""
 

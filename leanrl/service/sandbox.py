@@ -9,7 +9,9 @@ Modal Sandboxes, local processes); only this interface differs.
 from __future__ import annotations
 
 import abc
+import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from leanrl.errors import RuntimeUnavailable
@@ -69,6 +71,18 @@ class SandboxBackend(abc.ABC):
 
     name: str = ""
     """Short name for messages and metrics (``docker``, ``modal``, ``local``)."""
+
+    def __init__(self, serve_args: Sequence[str] = ()) -> None:
+        self.serve_args = list(serve_args)
+        """``leanrl serve`` flags for the service in each sandbox (inner runtime, limits)."""
+        self.warm_headers: list[str] = []
+        """Headers each new sandbox loads before it counts as ready (the runtime adds to it)."""
+
+    def service_args(self) -> list[str]:
+        """The flags for the next sandbox: ``serve_args`` plus the current warm-up headers."""
+        if not self.warm_headers:
+            return list(self.serve_args)
+        return [*self.serve_args, "--warm_headers", json.dumps(self.warm_headers)]
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Prepare (check the engine, clean up leftovers). Raises

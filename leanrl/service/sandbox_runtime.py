@@ -89,6 +89,8 @@ class SandboxSettings:
     client: ClientConfig
     metrics_path: Path | None = None
     service_max_batch: int | None = None
+    warm_headers: tuple[str, ...] = ()
+    learn_warm_headers: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class SandboxRuntime(Runtime):
             "batch_cpu_used_s": 0.0,
         }
         self._start_lock: asyncio.Lock | None = None
+        self._learned = 0
 
     # -- what subclasses provide --------------------------------------------------------------
 
@@ -154,7 +157,10 @@ class SandboxRuntime(Runtime):
             if self.pool is not None:
                 return
             self._http = httpx.AsyncClient()
-            pool = WarmPool(self.make_backend(), s.pool, self._probe, self._forget)
+            backend = self.make_backend()
+            backend.warm_headers = list(s.warm_headers)
+            self._learned = 0
+            pool = WarmPool(backend, s.pool, self._probe, self._forget)
             try:
                 await pool.start(wait_ready=True)
             except BaseException:
@@ -183,6 +189,7 @@ class SandboxRuntime(Runtime):
         if not attempts:
             return []
         await self.start()
+        self._learn_headers(attempts)
         size = self.settings().batch_size
         chunks = [list(attempts[i : i + size]) for i in range(0, len(attempts), size)]
         results = await asyncio.gather(*(self._run_batch(c) for c in chunks))
@@ -293,6 +300,22 @@ class SandboxRuntime(Runtime):
             f.write(json.dumps({"runtime": self.name, "time": time.time(), **record}) + "\n")
 
     # -- internals --------------------------------------------------------------------------
+
+    def _learn_headers(self, attempts: Sequence[Attempt]) -> None:
+        # New sandboxes load the imports of the headers batches use, so that with a warm pool
+        # no batch waits for Lean to import Mathlib.
+        limit = self.settings().learn_warm_headers
+        pool = self.pool
+        if pool is None or self._learned >= limit:
+            return
+        warm = pool.backend.warm_headers
+        for a in attempts:
+            imports = "\n".join(
+                line.strip() for line in a.header.splitlines() if line.strip().startswith("import ")
+            )
+            if imports and imports not in warm and self._learned < limit:
+                warm.append(imports)
+                self._learned += 1
 
     def _need_pool(self) -> WarmPool:
         if self.pool is None:

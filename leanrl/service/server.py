@@ -50,7 +50,12 @@ def serve(cmd: ServeCommand) -> None:
     import uvicorn
 
     config = ServiceConfig(
-        host=cmd.host, port=cmd.port, uds=cmd.uds, token=cmd.token, limits=cmd.limits
+        host=cmd.host,
+        port=cmd.port,
+        uds=cmd.uds,
+        token=cmd.token,
+        limits=cmd.limits,
+        warm_headers=cmd.warm_headers,
     )
     config.check_auth()
     app = create_app(build_runtime(cmd.runtime), config)

@@ -39,6 +39,8 @@ class DockerRuntime(SandboxRuntime):
             client=d.client,
             metrics_path=d.metrics_path,
             service_max_batch=d.service.max_batch,
+            warm_headers=tuple(d.warm_headers),
+            learn_warm_headers=d.learn_warm_headers,
         )
 
     def make_backend(self) -> SandboxBackend:

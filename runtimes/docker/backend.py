@@ -137,8 +137,8 @@ class DockerBackend(SandboxBackend):
     name = "docker"
 
     def __init__(self, config: DockerConfig, serve_args: Sequence[str]) -> None:
+        super().__init__(serve_args)
         self.config = config
-        self.serve_args = list(serve_args)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.containers: dict[str, DockerSandbox] = {}
         self.removed_stale: list[str] = []
@@ -203,7 +203,7 @@ class DockerBackend(SandboxBackend):
             host_dir = self._socket_root / name
             host_dir.mkdir(mode=0o777)
             host_dir.chmod(0o777)  # the container's user may not be ours
-        args = docker_run_args(c, name, self.owner, token, self.serve_args, host_dir)
+        args = docker_run_args(c, name, self.owner, token, self.service_args(), host_dir)
         sb = DockerSandbox(
             id=name,
             url="http://localhost",

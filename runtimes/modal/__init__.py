@@ -45,6 +45,8 @@ class ModalRuntime(SandboxRuntime):
             client=m.client,
             metrics_path=m.metrics_path,
             service_max_batch=m.service.max_batch,
+            warm_headers=tuple(m.warm_headers),
+            learn_warm_headers=m.learn_warm_headers,
         )
 
     def make_backend(self) -> SandboxBackend:

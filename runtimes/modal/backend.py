@@ -59,8 +59,8 @@ class ModalBackend(SandboxBackend):
     name = "modal"
 
     def __init__(self, config: ModalConfig, serve_args: Sequence[str]) -> None:
+        super().__init__(serve_args)
         self.config = config
-        self.serve_args = list(serve_args)
         self._app: Any = None
         self._image: Any = None
 
@@ -89,7 +89,7 @@ class ModalBackend(SandboxBackend):
         token = secrets.token_urlsafe(24)
         try:
             sb = await modal.Sandbox.create.aio(
-                *sandbox_command(c, self.serve_args),
+                *sandbox_command(c, self.service_args()),
                 app=self._app,
                 image=self._image,
                 secrets=[modal.Secret.from_dict({"LEANRL_SERVICE_TOKEN": token})],

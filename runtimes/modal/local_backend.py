@@ -93,7 +93,7 @@ class LocalProcessBackend(SandboxBackend):
         python: str | None = None,
         start_timeout_s: float = 120.0,
     ) -> None:
-        self.serve_args = list(serve_args)
+        super().__init__(serve_args)
         self.cpu = cpu
         self.pythonpath = [str(p) for p in pythonpath]
         self.python = python or sys.executable
@@ -113,7 +113,7 @@ class LocalProcessBackend(SandboxBackend):
             )
         cmd = [
             self.python, "-m", "leanrl.service", "--host", "127.0.0.1", "--port", "0",
-            "--port_file", str(port_file), *self.serve_args,
+            "--port_file", str(port_file), *self.service_args(),
         ]  # fmt: skip
         with log_path.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
