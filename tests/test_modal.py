@@ -15,7 +15,7 @@ import modal
 import pytest
 
 from leanrl import registry
-from leanrl._sandbox_config import ModalConfig, PoolConfig, ServiceLimits
+from leanrl._sandbox_config import ClientConfig, ModalConfig, PoolConfig, ServiceLimits
 from leanrl.errors import ConfigError
 from leanrl.runtime import RuntimeConfig
 from leanrl.runtimes.modal import ModalRuntime
@@ -193,3 +193,17 @@ async def test_real_modal_sandbox_checks_a_proof() -> None:
         verdicts = await rt.check([a, b])
     assert verdicts[0].accepted and not verdicts[1].accepted
     assert rt.metrics()["pool_sandbox_s"] > 0
+
+
+def test_request_timeouts_cover_a_whole_batch() -> None:
+    rc = RuntimeConfig(name="modal", timeout_s=60, workers=4, startup_timeout_s=300)
+    s = ModalRuntime(rc).settings()
+    # 64 attempts on 4 workers: 16 rounds of (60 s + 5 s) plus one Lean start-up
+    assert s.service.request_timeout_s == 16 * 65 + 300
+    assert s.client.request_timeout_s == s.service.request_timeout_s + 60
+    # explicit settings are kept as given
+    m = ModalConfig(
+        service=ServiceLimits(request_timeout_s=10), client=ClientConfig(request_timeout_s=5)
+    )
+    s2 = ModalRuntime(rc.model_copy(update={"modal": m})).settings()
+    assert s2.service.request_timeout_s == 10 and s2.client.request_timeout_s == 5

@@ -38,7 +38,13 @@ from leanrl.service.pool import WarmPool
 from leanrl.service.sandbox import Sandbox, SandboxBackend
 from leanrl.verdict import Attempt, Reason, Verdict
 
-__all__ = ["BatchCost", "SandboxRuntime", "SandboxSettings", "inner_runtime_args"]
+__all__ = [
+    "BatchCost",
+    "SandboxRuntime",
+    "SandboxSettings",
+    "batch_timeouts",
+    "inner_runtime_args",
+]
 
 _PROBE_TIMEOUT_S = 5.0
 """A health probe that takes longer than this counts as a failed probe."""
@@ -80,6 +86,35 @@ def inner_runtime_args(
     return args
 
 
+def batch_timeouts(
+    config: RuntimeConfig,
+    batch_size: int,
+    cpus: float,
+    service: ServiceLimits,
+    client: ClientConfig,
+) -> tuple[ServiceLimits, ClientConfig]:
+    """Request timeouts long enough for a whole batch, unless set explicitly.
+
+    A batch can legitimately take ``ceil(batch_size / workers)`` per-attempt time limits, plus
+    one Lean start-up (a process killed mid-batch is replaced). The service's limit is raised to
+    that, and the client's to a minute more, so the service answers (504) before the client
+    gives up; a retried request then never races the first one.
+    """
+    workers = config.workers or max(1, int(cpus))
+    need = -(-batch_size // workers) * (config.timeout_s + 5.0) + config.startup_timeout_s
+    if "request_timeout_s" not in service.model_fields_set:
+        service = service.model_copy(
+            update={"request_timeout_s": max(service.request_timeout_s, need)}
+        )
+    if "request_timeout_s" not in client.model_fields_set:
+        client = client.model_copy(
+            update={
+                "request_timeout_s": max(client.request_timeout_s, service.request_timeout_s + 60)
+            }
+        )
+    return service, client
+
+
 @dataclass(frozen=True)
 class SandboxSettings:
     """What :class:`SandboxRuntime` needs from a runtime's config section."""
@@ -87,8 +122,8 @@ class SandboxSettings:
     pool: PoolConfig
     batch_size: int
     client: ClientConfig
+    service: ServiceLimits
     metrics_path: Path | None = None
-    service_max_batch: int | None = None
     warm_headers: tuple[str, ...] = ()
     learn_warm_headers: int = 0
 
@@ -146,10 +181,10 @@ class SandboxRuntime(Runtime):
 
     async def start(self) -> None:
         s = self.settings()
-        if s.service_max_batch is not None and s.batch_size > s.service_max_batch:
+        if s.batch_size > s.service.max_batch:
             raise ConfigError(
                 f"batch_size {s.batch_size} is over the sandbox service's max_batch "
-                f"{s.service_max_batch}: lower batch_size or raise service.max_batch"
+                f"{s.service.max_batch}: lower batch_size or raise service.max_batch"
             )
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
-from leanrl.service.sandbox_runtime import SandboxRuntime, SandboxSettings, inner_runtime_args
+from leanrl.service.sandbox_runtime import (
+    SandboxRuntime,
+    SandboxSettings,
+    batch_timeouts,
+    inner_runtime_args,
+)
 
 __all__ = ["DockerRuntime"]
 
@@ -33,12 +38,13 @@ class DockerRuntime(SandboxRuntime):
                 "max_sandboxes": max(d.pool.max_sandboxes, d.containers),
             }
         )
+        service, client = batch_timeouts(self.config, d.batch_size, d.cpus, d.service, d.client)
         return SandboxSettings(
             pool=pool,
             batch_size=d.batch_size,
-            client=d.client,
+            client=client,
+            service=service,
             metrics_path=d.metrics_path,
-            service_max_batch=d.service.max_batch,
             warm_headers=tuple(d.warm_headers),
             learn_warm_headers=d.learn_warm_headers,
         )
@@ -47,5 +53,6 @@ class DockerRuntime(SandboxRuntime):
         from leanrl.runtimes.docker.backend import DockerBackend
 
         d = self.config.docker
-        args = inner_runtime_args(self.config, d.inner_runtime, d.inner_options, d.service)
+        service = self.settings().service
+        args = inner_runtime_args(self.config, d.inner_runtime, d.inner_options, service)
         return DockerBackend(d, args)

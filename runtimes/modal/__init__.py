@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
-from leanrl.service.sandbox_runtime import SandboxRuntime, SandboxSettings, inner_runtime_args
+from leanrl.service.sandbox_runtime import (
+    SandboxRuntime,
+    SandboxSettings,
+    batch_timeouts,
+    inner_runtime_args,
+)
 
 __all__ = ["ModalRuntime"]
 
@@ -39,22 +44,24 @@ class ModalRuntime(SandboxRuntime):
                 "max_age_s": min(m.pool.max_age_s, 0.5 * m.sandbox_timeout_s),
             }
         )
+        service, client = batch_timeouts(self.config, m.batch_size, m.cpu, m.service, m.client)
         return SandboxSettings(
             pool=pool,
             batch_size=m.batch_size,
-            client=m.client,
+            client=client,
+            service=service,
             metrics_path=m.metrics_path,
-            service_max_batch=m.service.max_batch,
             warm_headers=tuple(m.warm_headers),
             learn_warm_headers=m.learn_warm_headers,
         )
 
     def make_backend(self) -> SandboxBackend:
         m = self.config.modal
+        service = self.settings().service
         if m.backend == "local":
             from leanrl.runtimes.modal.local_backend import LocalProcessBackend
 
-            args = inner_runtime_args(self.config, m.local_runtime, m.inner_options, m.service)
+            args = inner_runtime_args(self.config, m.local_runtime, m.inner_options, service)
             return LocalProcessBackend(
                 args,
                 cpu=m.cpu,
@@ -63,5 +70,5 @@ class ModalRuntime(SandboxRuntime):
             )
         from leanrl.runtimes.modal.backend import ModalBackend
 
-        args = inner_runtime_args(self.config, "local", m.inner_options, m.service)
+        args = inner_runtime_args(self.config, "local", m.inner_options, service)
         return ModalBackend(m, args)
