@@ -68,6 +68,8 @@ class EchoRuntime(Runtime):
     async def warm(self, header: str) -> None:
         """Like loading a header's imports: takes ``warm_s`` seconds."""
         await asyncio.sleep(float(self.config.options.get("warm_s", 0.0)))
+        if "import Broken" in header:
+            raise RuntimeUnavailable("unknown module Broken")
         self.warmed.append(header)
 
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:

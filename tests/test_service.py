@@ -363,6 +363,9 @@ def test_serve_reports_a_runtime_that_cannot_start_cleanly() -> None:
 
 async def test_warm_headers_are_loaded_before_the_service_is_ready() -> None:
     rt = echo()
-    async with running_service(rt, ServiceConfig(warm_headers=["import Mathlib", "import Foo"])):
+    cfg = ServiceConfig(warm_headers=["import Mathlib", "import Broken", "import Foo"])
+    async with running_service(rt, cfg) as url, httpx.AsyncClient() as http:
         assert rt.warmed == ["import Mathlib", "import Foo"]
+        # a header that cannot load is logged and counted, and the service runs on
+        assert (await http.get(f"{url}/metrics")).json()["warm_failures"] == 1
     assert not await warm_runtime(_Broken(), "import Mathlib")  # cannot warm: says so

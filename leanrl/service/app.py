@@ -155,6 +155,7 @@ class VerificationService:
         self.rejected_requests = 0
         self.request_timeouts = 0
         self.cache_hits = 0
+        self.warm_failures = 0
         self.reasons: Counter[str] = Counter()
 
     async def start(self) -> None:
@@ -164,7 +165,13 @@ class VerificationService:
         self._started = time.monotonic()
         await self.runtime.start()
         for header in self.warm_headers:
-            await warm_runtime(self.runtime, header)
+            # Best effort: a header that cannot load (a bad import in a dataset) must not stop
+            # the service; its attempts get their Verdicts when they are checked.
+            try:
+                await warm_runtime(self.runtime, header)
+            except Exception as e:  # noqa: BLE001
+                self.warm_failures += 1
+                log.warning("warming up %r failed: %s", header[:200], e)
         self._reaper = asyncio.create_task(self._reap_loop())
         self._ready = True
 
@@ -344,6 +351,7 @@ class VerificationService:
             restarts=int(rt.get("restarts", implied)),
             cache_hits=self.cache_hits,
             sessions_open=len(self._sessions),
+            warm_failures=self.warm_failures,
             memory_rss_mb=_rss_mb(),
             reasons=dict(self.reasons),
             runtime=rt,

@@ -135,6 +135,8 @@ class ServiceMetrics(_Wire):
     """Requests answered from the idempotency cache."""
     sessions_open: int
     """Tactic sessions open now."""
+    warm_failures: int = 0
+    """Warm-up headers that failed to load at start (the service runs on, colder)."""
     memory_rss_mb: float
     """Resident memory of the service and its child processes, in MiB."""
     reasons: dict[str, int] = Field(default_factory=dict)
