@@ -122,8 +122,8 @@ class DockerConfig(_Config):
     tmpfs_mb: int = Field(default=1024, ge=16)
     """Size of the ``/tmp`` tmpfs, in MiB."""
     command: list[str] = Field(default_factory=lambda: ["python", "-m", "leanrl.service"])
-    """Command that starts the service in the container; the runtime appends ``--host``,
-    ``--port``/``--uds`` and the inner runtime settings."""
+    """Command that starts the service in the container (it replaces the image's entrypoint);
+    the runtime appends ``--host``, ``--port``/``--uds`` and the inner runtime settings."""
     inner_runtime: str = "local"
     """Runtime the service wraps inside the container (``local`` for the Lean pool)."""
     inner_options: dict[str, str | int | float | bool] = Field(default_factory=dict)

@@ -95,13 +95,21 @@ def docker_run_args(
             raise SandboxStartError("unix transport needs a socket folder")
         sock = f"{_IN_SOCKET_DIR}/service.sock"
         args += ["--network", "none", "--volume", f"{host_socket_dir}:{_IN_SOCKET_DIR}:rw"]
-        args += ["--env", f"LEANRL_SERVICE_UDS={sock}", c.image, *c.command, "--uds", sock]
+        args += ["--env", f"LEANRL_SERVICE_UDS={sock}", *_image_and_command(c), "--uds", sock]
     else:
         port = str(c.service_port)
         args += ["--network", c.network, "--publish", f"127.0.0.1::{port}"]
-        args += ["--env", f"LEANRL_SERVICE_PORT={port}", c.image, *c.command]
+        args += ["--env", f"LEANRL_SERVICE_PORT={port}", *_image_and_command(c)]
         args += ["--host", "0.0.0.0", "--port", port]
     return [*args, *serve_args]
+
+
+def _image_and_command(c: DockerConfig) -> list[str]:
+    # The command replaces the image's ENTRYPOINT (the Dockerfile's is the service itself), so
+    # it is never appended to it.
+    if not c.command:
+        return [c.image]
+    return ["--entrypoint", c.command[0], c.image, *c.command[1:]]
 
 
 @dataclass(eq=False)
