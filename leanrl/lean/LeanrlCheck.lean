@@ -90,6 +90,16 @@ partial def walk (look : Name → Option ConstantInfo) (typeOnly : Name → Bool
       modify fun s => { s with axioms := s.axioms.push n }
     for d in depsOf ci (!typeOnly n) do
       walk look typeOnly d
+    -- The kernel checks an inductive block together with its constructors, so what their types
+    -- mention must come first in `order`, also when the walk reached the block from a constructor
+    -- (whose own frame has not finished yet: `node : T → D → T` would put `T` before `D`).
+    if let .inductInfo v := ci then
+      for i in v.all do
+        if let some (.inductInfo iv) := look i then
+          for c in iv.ctors do
+            if let some cc := look c then
+              for d in cc.type.getUsedConstants do
+                walk look typeOnly d
     modify fun s => { s with order := s.order.push n }
 
 def toDecl (ci : ConstantInfo) (name : Name) : Option Declaration :=
@@ -145,7 +155,12 @@ def strs (xs : Array Name) : Json := Json.arr (xs.map fun n => Json.str n.toStri
 
 /-- The check. `path`: the attempt's constants (REPL pickle, or `.olean` when `olean`);
 `target`: the theorem name; `nonce`: echoed back; `kernelReplay`: also replay through the
-kernel. The reference declaration `target` must already exist in the current environment. -/
+kernel. The reference declaration `target` must already exist in the current environment.
+
+Run it as `#eval LeanrlCheck.run ... |> Lean.Elab.Command.liftCoreM`: before Lean's `#eval`
+rewrite (lean4#5627, after v4.9), `#eval` of a `CoreM` action ran it through
+`MetaEval (CoreM α)` on a fresh `Core.State` and dropped the messages it logged, so the report
+would be lost; a `CommandElabM` action logs into the command's own messages in every version. -/
 def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit := do
   let tgt := target.toName
   let env ← getEnv

@@ -125,11 +125,17 @@ def reference_command(formal_statement: str) -> str:
 
 
 def check_command(path: str, name: str, nonce: str, *, olean: bool, replay: bool) -> str:
-    """The ``#eval`` that runs the trusted check (in the clean environment)."""
+    """The ``#eval`` that runs the trusted check (in the clean environment).
+
+    ``LeanrlCheck.run`` is a ``CoreM`` action; it is lifted to ``CommandElabM`` because before
+    Lean's ``#eval`` rewrite (lean4#5627) ``#eval`` ran a ``CoreM`` action on a fresh message log
+    and dropped the report it logs, while a ``CommandElabM`` action logs into the command's own
+    messages in every Lean version.
+    """
     flag = {True: "true", False: "false"}
     return (
         f"#eval LeanrlCheck.run {lean_string(path)} {lean_string(name)} {lean_string(nonce)} "
-        f"{flag[olean]} {flag[replay]}\n"
+        f"{flag[olean]} {flag[replay]} |> Lean.Elab.Command.liftCoreM\n"
     )
 
 
