@@ -84,7 +84,8 @@ def docker_run_args(
         "--env", f"LEANRL_SERVICE_TOKEN={token}",
     ]  # fmt: skip
     if c.read_only:
-        args.append("--read-only")
+        # Anything that writes under $HOME (lake, elan caches) goes to the private tmpfs.
+        args += ["--read-only", "--env", "HOME=/tmp"]
     for spec in c.mounts:
         parts = spec.split(":")
         args += ["--volume", spec if len(parts) >= 3 else f"{spec}:ro"]
