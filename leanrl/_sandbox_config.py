@@ -189,9 +189,10 @@ class ModalConfig(_Config):
     """Hard lifetime of a Sandbox; Modal kills it after this many seconds."""
     service_port: int = Field(default=8000, ge=1, le=65535)
     """Port of the service inside the Sandbox, exposed through an encrypted tunnel."""
-    block_network: bool = True
-    """Block all outbound network from the Sandbox (``block_network`` on ``Sandbox.create``);
-    the tunnel to the service port still works because it goes through Modal."""
+    outbound_cidr_allowlist: list[str] = Field(default_factory=list)
+    """Outbound destinations (CIDR ranges) the Sandbox may reach; empty (the default) blocks all
+    outbound traffic. (Modal's ``block_network`` cannot be combined with the tunnel the service
+    needs, so an empty allow-list is how the network is closed.)"""
     region: str | None = None
     """Modal region to run in (None: Modal picks)."""
     inner_options: dict[str, str | int | float | bool] = Field(default_factory=dict)

@@ -123,6 +123,21 @@ async def test_batch_size_over_the_service_limit_is_a_config_error() -> None:
         await ModalRuntime(RuntimeConfig(name="modal", modal=m)).start()
 
 
+def _modal_accepts(kw: dict[str, Any], args: tuple[Any, ...]) -> None:
+    """Run the installed modal's own offline validation of Sandbox.create arguments."""
+    try:
+        from modal.sandbox._common import SandboxCreateArgs, SandboxCreateCommon
+    except ImportError:  # pragma: no cover - modal moved its internals
+        pytest.skip("this modal version has no offline Sandbox argument validation to call")
+    known = {k: v for k, v in kw.items() if k not in ("app", "secrets")}
+    create_args = SandboxCreateArgs(args=args, **known)
+    SandboxCreateCommon(create_args, secrets=list(kw["secrets"]))  # raises InvalidError if bad
+    with pytest.raises(modal.exception.InvalidError, match="block_network"):
+        SandboxCreateCommon(
+            SandboxCreateArgs(args=args, **{**known, "block_network": True}), secrets=[]
+        )
+
+
 class _FakeTunnel:
     url = "https://example.modal.host"
 
@@ -176,7 +191,9 @@ async def test_modal_backend_asks_for_limits_tunnel_and_secret(
         ((args, kw),) = rec.calls
         assert list(args) == sandbox_command(cfg, ["--runtime.name", "local"])
         assert kw["cpu"] == 2.5 and kw["memory"] == 8192 and kw["timeout"] == 600
-        assert kw["encrypted_ports"] == [8000] and kw["block_network"] is True
+        assert kw["encrypted_ports"] == [8000] and kw["outbound_cidr_allowlist"] == []
+        assert "block_network" not in kw  # Modal refuses it together with a tunnel
+        _modal_accepts(kw, args)
         assert kw["region"] == "us-east" and len(kw["secrets"]) == 1
         assert sb.url == "https://example.modal.host" and sb.token and sb.cpu == 2.5
         await sb.terminate()

@@ -2,7 +2,7 @@
 
 Each Sandbox runs ``leanrl serve`` on ``service_port``, reachable only through Modal's encrypted
 tunnel (TLS) and guarded by a random bearer token passed as a Modal secret. Outbound network is
-blocked by default. Every call here contacts Modal; none of it runs in the default tests.
+closed by default (an empty ``outbound_cidr_allowlist``). Every call here contacts Modal; none of it runs in the default tests.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ class ModalBackend(SandboxBackend):
                 memory=c.memory_mb,
                 timeout=c.sandbox_timeout_s,
                 encrypted_ports=[c.service_port],
-                block_network=c.block_network,
+                # Closed to the outside: block_network would also forbid the tunnel.
+                outbound_cidr_allowlist=list(c.outbound_cidr_allowlist),
                 region=c.region,
             )
         except Exception as e:
