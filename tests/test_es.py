@@ -12,8 +12,9 @@ from torch import nn
 from leanrl.errors import ConfigError
 from leanrl.train.es import ESConfig, es_coefficients, population, shape_rewards
 from leanrl.train.es_history import (
-    MAGIC,
+    MAGIC_V1,
     ESHistory,
+    HistoryMeta,
     HistoryRecord,
     draw_seeds,
     f32,
@@ -187,40 +188,109 @@ def test_config_defaults_and_validation() -> None:
 # -- history file ----------------------------------------------------------------------------------
 
 
-def test_history_roundtrip_size_and_torn_tail(tmp_path: Path) -> None:
-    h = ESHistory(tmp_path / "h.bin")
-    assert h.open() == []
+META = HistoryMeta(run_seed=0, device_type="cpu", dtype="float32")
+
+
+def _recs() -> list[HistoryRecord]:
     seeds = draw_seeds(0, 1, 30)
-    recs = [
+    return [
         HistoryRecord(1, tuple((s, f32(0.001 * i)) for i, s in enumerate(seeds))),
         HistoryRecord(2, (), skipped=True),
-        HistoryRecord(3, ((5, f32(-0.25)),)),
+        HistoryRecord(3, ((draw_seeds(0, 3, 1)[0], f32(-0.25)),)),
     ]
+
+
+def test_history_roundtrip_size_and_torn_tail(tmp_path: Path) -> None:
+    h = ESHistory(tmp_path / "h.bin")
+    assert h.open(META) == []
+    header = (tmp_path / "h.bin").stat().st_size
+    recs = _recs()
     for r in recs:
         h.append(r)
     size = (tmp_path / "h.bin").stat().st_size
-    assert size == len(MAGIC) + 256 + 16 + 24  # 256 bytes for an iteration of N = 30
-    assert ESHistory(tmp_path / "h.bin").open() == recs
-    # a crash mid-append leaves a torn record: it is cut off, and appends continue
+    # seeds are regenerated from (run seed, iteration): 16 + 4·K bytes, 136 for N = 30
+    assert size == header + 136 + 16 + 20
+    again = ESHistory(tmp_path / "h.bin")
+    assert again.open() == recs and again.meta == META
+    # a crash mid-append leaves a torn record (shorter than one record): it is cut off
     with (tmp_path / "h.bin").open("ab") as f:
-        f.write(recs[0].encode()[:40])
+        f.write(recs[0].encode(run_seed=0)[:40])
     h2 = ESHistory(tmp_path / "h.bin")
     assert h2.open() == recs
     assert (tmp_path / "h.bin").stat().st_size == size
-    h2.append(HistoryRecord(4, ((1, 1.0),)))
+    h2.append(HistoryRecord(4, ((draw_seeds(0, 4, 1)[0], 1.0),)))
     assert len(ESHistory(tmp_path / "h.bin").open()) == 4
-    # a flipped bit in the last record fails its CRC: that record is dropped, the rest kept
-    data = bytearray((tmp_path / "h.bin").read_bytes())
-    data[-6] ^= 0x01
-    (tmp_path / "h.bin").write_bytes(bytes(data))
-    assert ESHistory(tmp_path / "h.bin").open() == recs
     with pytest.raises(ValueError, match="expects iteration"):
         h2.append(HistoryRecord(9, ()))
+    with pytest.raises(ValueError, match="draw_seeds"):  # seeds the file could not regenerate
+        h2.append(HistoryRecord(5, ((5, 1.0),)))
+
+
+def _corrupt(path: Path, offset: int) -> bytes:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_corrupt_record_mid_file_is_refused_not_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "h.bin"
+    h = ESHistory(path)
+    h.open(META)
+    for r in _recs():
+        h.append(r)
+    # flip a bit inside the coefficients of iteration 1: records 2 and 3 follow it
+    first = len(path.read_bytes()) - 136 - 16 - 20
+    data = _corrupt(path, first + 30)
+    with pytest.raises(ConfigError, match=rf"corrupt at byte offset {first}\b.*truncate -s {first}"):
+        ESHistory(path).open()
+    with pytest.raises(ConfigError, match="CRC mismatch"):
+        ESHistory(path).open(read_only=True)
+    assert path.read_bytes() == data  # nothing was cut off
+
+
+def test_corrupt_whole_last_record_is_refused(tmp_path: Path) -> None:
+    """A whole-length last record with a bad CRC is corruption, not a torn write."""
+    path = tmp_path / "h.bin"
+    h = ESHistory(path)
+    h.open(META)
+    for r in _recs():
+        h.append(r)
+    data = _corrupt(path, len(path.read_bytes()) - 6)
+    with pytest.raises(ConfigError, match="iteration 3"):
+        ESHistory(path).open()
+    assert path.read_bytes() == data
+
+
+def test_read_only_open_never_writes(tmp_path: Path) -> None:
+    path = tmp_path / "h.bin"
+    with pytest.raises(ConfigError, match="does not exist"):
+        ESHistory(path).open(read_only=True)
+    assert not path.exists()
+    h = ESHistory(path)
+    h.open(META)
+    for r in _recs():
+        h.append(r)
+    with path.open("ab") as f:
+        f.write(b"ESIT\x04\x00")
+    torn = path.read_bytes()
+    assert ESHistory(path).open(read_only=True) == _recs()
+    assert path.read_bytes() == torn  # the torn tail is ignored, not cut
+
+
+def test_format_1_history_still_reads_and_appends(tmp_path: Path) -> None:
+    path = tmp_path / "h.bin"
+    recs = [HistoryRecord(1, ((5, 0.5), (6, -0.5))), HistoryRecord(2, (), skipped=True)]
+    path.write_bytes(MAGIC_V1 + b"".join(r.encode(version=1) for r in recs))
+    h = ESHistory(path)
+    assert h.open() == recs and h.version == 1 and h.meta is None
+    h.append(HistoryRecord(3, ((7, 0.25),)))
+    assert ESHistory(path).open()[-1] == HistoryRecord(3, ((7, 0.25),))
 
 
 def test_history_rejects_foreign_file(tmp_path: Path) -> None:
     (tmp_path / "h.bin").write_bytes(b"not a history file at all")
-    with pytest.raises(ConfigError, match="not an ES history"):
+    with pytest.raises(ConfigError, match="not an ES history.*--out"):
         ESHistory(tmp_path / "h.bin").open()
 
 
