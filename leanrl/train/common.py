@@ -196,6 +196,10 @@ class RunDir:
         made visible, so they appear together with the model or not at all.
         """
         final = self.checkpoint_path(step)
+        # Leftovers of saves a crash interrupted (never published): one trainer per run folder,
+        # so no other save is in progress here.
+        for leftover in self.path.glob(".tmp-checkpoint-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-checkpoint-{step}-", dir=self.path))
         model.save_pretrained(tmp)
         if tokenizer is not None:

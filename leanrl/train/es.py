@@ -38,7 +38,9 @@ The run state is the base model + the history (``es_history.py``); full checkpoi
 from __future__ import annotations
 
 import json
+import math
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,9 +56,11 @@ from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, batch_for_st
 from leanrl.train.es_history import (
     HISTORY_FILE,
     ESHistory,
+    HistoryMeta,
     HistoryRecord,
     WeightsSource,
     checkpoint_usable,
+    device_kind,
     draw_seeds,
     f32,
     load_weights,
@@ -73,6 +77,9 @@ from leanrl.train.es_workers import (
 )
 
 __all__ = ["ESConfig", "ESScorerConfig", "ESTrainer", "es_coefficients", "shape_rewards"]
+
+_ENGINE_TMP = ".tmp-es-engine-master-"
+"""Prefix of the folder the vLLM scorer's master is saved to while a checkpoint is built."""
 
 
 class ESScorerConfig(BaseModel):
@@ -128,6 +135,20 @@ class ESConfig(TrainConfig):
                 f"mirrored pairs need an even population, got {self.population}: use "
                 f"{self.population + 1} or mirrored = false"
             )
+        backend = self.policy.backend
+        if self.scorer.backend == "vllm" and backend == "openai":
+            raise ValueError(
+                "policy.backend = 'openai' cannot be trained: ES perturbs the weights, so it "
+                "needs them in-process. Use policy.backend = 'vllm' (or 'hf') with "
+                "scorer.backend = 'vllm'"
+            )
+        if self.scorer.backend != "vllm" and backend != "hf":
+            raise ValueError(
+                f"policy.backend = {backend!r} is not used by scorer.backend = "
+                f"{self.scorer.backend!r}: ES perturbs the weights in-process, so members are "
+                "scored with a transformers model. Set policy.backend = 'hf', or "
+                "scorer.backend = 'vllm' for vLLM on a GPU"
+            )
         return self
 
     @property
@@ -155,8 +176,18 @@ def _centered_ranks(x: Sequence[float]) -> list[float]:
 
 
 def shape_rewards(rewards: Sequence[float], shaping: str = "zscore") -> list[float] | None:
-    """Normalised rewards z (population std), or None when all rewards are equal (no signal)."""
+    """Normalised rewards z (population std), or None when all rewards are equal (no signal).
+
+    Raises ConfigError on a NaN or infinite reward: it would turn every coefficient, and so
+    every weight, into NaN (or hide the signal: [0, -inf, 1] has no finite spread).
+    """
     r = [float(v) for v in rewards]
+    bad = [i for i, v in enumerate(r) if not math.isfinite(v)]
+    if bad:
+        raise ConfigError(
+            f"non-finite member rewards {[r[i] for i in bad]} (members {bad}): the "
+            "Environment must return finite rewards"
+        )
     if max(r) - min(r) <= 1e-12 * max(1.0, max(abs(v) for v in r)):
         return None
     if shaping == "rank":
@@ -234,7 +265,10 @@ class ESTrainer:
         cfg = self.config
         check_model_path(cfg.policy.model)  # before anything heavy
         self.run.bind_config(cfg, ignore=self.RESUMABLE)
-        records = self.history.open()
+        for leftover in self.run.path.glob(f"{_ENGINE_TMP}*"):  # from a kill mid-checkpoint
+            shutil.rmtree(leftover, ignore_errors=True)
+        records = self.history.open(self._meta())
+        self._check_meta()
         self.iteration = len(records)
         self.tasks = self.env.tasks()
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
@@ -252,12 +286,45 @@ class ESTrainer:
         self._logger.start()
         self._started = True
 
+    def _meta(self) -> HistoryMeta:
+        """What this run's history records: run seed, and the noise device kind and dtype."""
+        from leanrl.train.es_policy import resolve_device_dtype
+
+        device, dtype = resolve_device_dtype(self.config.policy)
+        # the vLLM scorer draws the noise inside the engine, on its GPU, whatever policy.device
+        kind = "cuda" if self.config.scorer.backend == "vllm" else device_kind(device)
+        return HistoryMeta(self.config.seed, kind, dtype)
+
+    def _check_meta(self) -> None:
+        """Refuse to continue a run whose noise was drawn on another kind of device / dtype."""
+        old, new = self.history.meta, self._meta()
+        if old is None:  # a format 1 history: it did not record them
+            return
+        if (old.device_type, old.dtype) != (new.device_type, new.dtype):
+            raise ConfigError(
+                f"{self.run.path} was trained with noise drawn on {old.device_type!r} in "
+                f"{old.dtype}, but this resume would use {new.device_type!r} in {new.dtype} "
+                f"(scorer {self.config.scorer.backend!r}). The same seeds give different noise "
+                "there, so the history's updates would not mean what they meant. Resume on a "
+                f"{old.device_type} machine with policy.device and policy.dtype = "
+                f"{old.dtype!r} set explicitly (the vLLM scorer counts as 'cuda'), or start a "
+                "new --out folder."
+            )
+        if old.run_seed != new.run_seed:  # config.json already pins seed; belt and braces
+            raise ConfigError(
+                f"{self.history.path} belongs to a run with seed {old.run_seed}, not "
+                f"{new.run_seed}: use the seed of the run, or a new --out folder"
+            )
+
     def _source(self) -> WeightsSource:
         """Base model, or the newest complete checkpoint the history reaches."""
         from leanrl.train.es_policy import resolve_device_dtype
 
         device, dtype = resolve_device_dtype(self.config.policy)
-        base = WeightsSource(self.config.policy.model, dtype, device)
+        opts = dict(self.config.policy.options)
+        if self.config.scorer.backend == "vllm":
+            opts = {}  # policy.options go to vllm.LLM(...), not to from_pretrained
+        base = WeightsSource(self.config.policy.model, dtype, device, options=opts)
         for step, path in reversed(self.run.checkpoints()):
             if step > self.iteration:
                 raise ConfigError(
@@ -266,7 +333,7 @@ class ESTrainer:
                     "or replaced. Restore it, or start a new run folder."
                 )
             if checkpoint_usable(path):
-                return WeightsSource(base.model, dtype, device, str(path), step)
+                return WeightsSource(base.model, dtype, device, str(path), step, opts)
         return base
 
     def _make_scorer(self, source: WeightsSource, records: list[HistoryRecord]) -> MemberScorer:
@@ -311,10 +378,15 @@ class ESTrainer:
         )
         scores: list[MemberScore] = await self.scorer.score(state, members)
         t_scored = time.perf_counter()
+        _check_finite(scores, members, it)
         rewards = [s.reward for s in scores]
         z = shape_rewards(rewards, cfg.shaping)
         coeffs = [] if z is None else es_coefficients(members, z, cfg.lr)
-        norm = 0.0
+        # mirrored pairs whose twins score the same give c = 0 for every seed: no update either
+        skipped = not any(c != 0.0 for _, c in coeffs)
+        if skipped:
+            coeffs = []
+        norm: float | None = None  # vllm: the trainer holds no weights to measure the step on
         if self.weights is not None:
             norm = self.weights.apply_update(coeffs) if coeffs else 0.0
         t_updated = time.perf_counter()
@@ -330,7 +402,7 @@ class ESTrainer:
             "reward_max": max(rewards),
             "reward_min": min(rewards),
             "pass_rate": sum(s.pass_rate for s in scores) / n,
-            "skipped": z is None,
+            "skipped": skipped,
             "update_norm": norm,
             "time_perturb_s": perturb_s,
             "time_score_s": score_s,
@@ -343,7 +415,7 @@ class ESTrainer:
         # history, which the resume drops (truncate_metrics) before redoing that iteration.
         if self._logger is not None:
             self._logger.log(row)
-        self.history.append(HistoryRecord(it, tuple(coeffs), skipped=z is None))
+        self.history.append(HistoryRecord(it, tuple(coeffs), skipped=skipped))
         self.iteration = it
         if it % cfg.save_every == 0 or it == cfg.steps:
             self.save_checkpoint()
@@ -357,12 +429,17 @@ class ESTrainer:
             return self._save_checkpoint_from_engine(it, state)
         need_master = any(str(p.dtype) != "torch.float32" for p in self.weights.params.values())
         state["es_master"] = need_master
-        path = self.run.save_checkpoint(
-            it, self.model, self.tokenizer, state, keep=self.config.keep_checkpoints
+        weights = self.weights
+        # The master goes into the folder *before* it is published (and before older
+        # checkpoints are pruned): a kill mid-write leaves no half-usable checkpoint.
+        return self.run.save_checkpoint(
+            it,
+            self.model,
+            self.tokenizer,
+            state,
+            keep=self.config.keep_checkpoints,
+            extra=(lambda p: weights.save_master(p / MASTER_FILE)) if need_master else None,
         )
-        if need_master:
-            _write_master_atomic(self.weights, path / MASTER_FILE)
-        return path
 
     def _save_checkpoint_from_engine(self, it: int, state: dict[str, Any]) -> Path:
         import tempfile
@@ -372,19 +449,26 @@ class ESTrainer:
 
         assert isinstance(self._scorer, VLLMScorer)
         self._scorer.sync(self.history.records)  # the engine applies updates lazily
-        with tempfile.TemporaryDirectory(dir=self.run.path) as tmp:
-            master = Path(tmp) / MASTER_FILE
+        # in the run folder (the master can be tens of GB); start() removes it if we die here
+        tmp = Path(tempfile.mkdtemp(prefix=_ENGINE_TMP, dir=self.run.path))
+        try:
+            master = tmp / MASTER_FILE
             self._scorer.save_master(str(master))
             src = self._scorer.source
             model, tok = load_model(src.checkpoint or src.model, src.dtype, "cpu")
             w = ESWeights.from_model(model)
             w.load_master(load_master_file(master))
             state["es_master"] = True
-            path = self.run.save_checkpoint(
-                it, model, tok, state, keep=self.config.keep_checkpoints
+            return self.run.save_checkpoint(
+                it,
+                model,
+                tok,
+                state,
+                keep=self.config.keep_checkpoints,
+                extra=lambda p: _copy(master, p / MASTER_FILE),
             )
-            _write_master_atomic(w, path / MASTER_FILE)
-        return path
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     async def train(self) -> list[dict[str, Any]]:
         """Run iterations until ``steps``; returns this call's metrics rows."""
@@ -421,7 +505,25 @@ class ESTrainer:
         return run_sync(go())  # type: ignore[no-any-return]
 
 
-def _write_master_atomic(weights: Any, final: Path) -> None:
-    tmp = final.with_name(f".{final.name}.tmp")
-    weights.save_master(tmp)
-    tmp.replace(final)
+def _copy(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)
+
+
+def _check_finite(scores: Sequence[MemberScore], members: Sequence[Member], it: int) -> None:
+    """Raise, naming member and task, when the environment returned a NaN or infinite reward."""
+    for i, (score, m) in enumerate(zip(scores, members, strict=True)):
+        values = score.rewards or [score.reward]
+        for j, r in enumerate(values):
+            if not math.isfinite(r):
+                task = score.task_ids[j] if j < len(score.task_ids) else "?"
+                raise ConfigError(
+                    f"iteration {it}, member {i} (seed {m.seed}, sign {m.sign:+d}): task "
+                    f"{task!r} got reward {r}. The Environment must return finite rewards "
+                    "(a NaN or inf would make every weight NaN): fix its reward function, e.g. "
+                    "clamp log-probabilities or map failures to a finite penalty"
+                )
+        if not math.isfinite(score.reward):
+            raise ConfigError(
+                f"iteration {it}, member {i} (seed {m.seed}): mean reward {score.reward}: the "
+                "Environment must return finite rewards"
+            )

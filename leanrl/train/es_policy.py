@@ -10,10 +10,10 @@ is deterministic, which is what ES wants by default.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from leanrl.errors import PolicyError
+from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 
 __all__ = ["TorchPolicy", "load_model", "resolve_device_dtype"]
@@ -32,16 +32,40 @@ def resolve_device_dtype(config: PolicyConfig) -> tuple[str, str]:
     return device, dtype
 
 
-def load_model(path: str, dtype: str, device: str) -> tuple[Any, Any]:
-    """A causal LM and its tokenizer, in eval mode on ``device`` (raises PolicyError)."""
+#: ``from_pretrained`` arguments ES sets itself from ``policy.dtype`` / ``policy.device``.
+_OWN_KWARGS = {
+    "dtype": "policy.dtype",
+    "torch_dtype": "policy.dtype",
+    "device_map": "policy.device",
+}
+
+
+def load_model(
+    path: str, dtype: str, device: str, options: Mapping[str, Any] | None = None
+) -> tuple[Any, Any]:
+    """A causal LM and its tokenizer, in eval mode on ``device`` (raises PolicyError).
+
+    ``options`` (``policy.options``) are passed to the model's ``from_pretrained``, e.g.
+    ``{"attn_implementation": "sdpa", "revision": "main"}``.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    opts = dict(options or {})
+    clash = sorted(k for k in opts if k in _OWN_KWARGS)
+    if clash:
+        raise ConfigError(
+            f"policy.options sets {clash}, which ES derives itself: use "
+            f"{sorted({_OWN_KWARGS[k] for k in clash})} instead"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    except (OSError, ValueError) as e:
-        raise PolicyError(f"cannot load model {path!r}: {e}") from e
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **opts)
+    except (OSError, ValueError, TypeError) as e:
+        raise PolicyError(
+            f"cannot load model {path!r}: {e} (check policy.model, and policy.options, which are "
+            "passed to from_pretrained)"
+        ) from e
     model.to(device)  # type: ignore[arg-type]
     model.eval()
     if tokenizer.pad_token_id is None:

@@ -24,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from leanrl.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -142,14 +144,20 @@ class ESWeights:
 
         missing = set(self.params) - set(tensors)
         if missing:
-            raise KeyError(f"master weights lack tensors {sorted(missing)[:5]}")
+            raise ConfigError(
+                f"the fp32 master weights lack {len(missing)} of the model's tensors (e.g. "
+                f"{sorted(missing)[:5]}): they were saved from a different model. Check that "
+                "policy.model is the model this run was trained from, or delete the checkpoint "
+                "folder holding them so the weights are rebuilt from the history."
+            )
         with torch.no_grad():
             for name, p in self.params.items():
                 src = tensors[name]
                 if tuple(src.shape) != tuple(p.shape):
-                    raise ValueError(
-                        f"tensor {name!r}: checkpoint shape {tuple(src.shape)} != model "
-                        f"shape {tuple(p.shape)}"
+                    raise ConfigError(
+                        f"tensor {name!r}: master shape {tuple(src.shape)} != model shape "
+                        f"{tuple(p.shape)}: the master was saved from a different model (check "
+                        "policy.model, or delete that checkpoint folder)"
                     )
                 self.master[name] = src.to(device=p.device, dtype=torch.float32, copy=True)
                 p.copy_(self.master[name])

@@ -23,6 +23,7 @@ the loaded weights per container.
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing as mp
 import time
 import traceback
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from leanrl.environment import EnvironmentConfig, load_environment
-from leanrl.errors import PolicyError
+from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 from leanrl.task import Task
 from leanrl.train.es_history import HistoryRecord, WeightsSource
@@ -92,6 +93,8 @@ class MemberScore:
     """Seconds spent on rollouts (generation + verification)."""
     rewards: list[float] = field(default_factory=list)
     """Every rollout's reward, task-major."""
+    task_ids: list[str] = field(default_factory=list)
+    """The task of each entry of ``rewards`` (to name the task in error messages)."""
 
 
 @runtime_checkable
@@ -115,7 +118,11 @@ async def score_rollouts(
     groups = await env.rollout(tasks, policy, sampling)
     rollouts = [r for g in groups for r in g]
     if not rollouts:
-        raise PolicyError("the environment returned no rollouts for the batch")
+        raise ConfigError(
+            f"the environment returned no rollouts for a batch of {len(tasks)} task(s) "
+            f"(n = {sampling.n}): its harness must return one group of rollouts per task. Check "
+            "the harness (and that tasks_per_step and sampling.n are at least 1)"
+        )
     rewards = [float(r.reward) for r in rollouts]
     passed = sum(1 for r in rollouts if r.verdict is not None and r.verdict.accepted)
     tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
@@ -125,6 +132,7 @@ async def score_rollouts(
         tokens=tokens,
         score_s=time.perf_counter() - t0,
         rewards=rewards,
+        task_ids=[str(r.task_id) for r in rollouts],
     )
 
 
@@ -290,15 +298,42 @@ class ProcessPoolScorer:
             child.close()
             self._procs.append(proc)
             self._conns.append(parent)
-        replies = await asyncio.gather(*(self._recv(i) for i in range(self.workers)))
+        replies = await self._gather(range(self.workers))
         self._applied = [int(r) for r in replies]
+
+    async def _gather(self, workers: Sequence[int]) -> list[Any]:
+        """One reply from each of ``workers``. If any fails, every other reply is still read
+        (no stale answer is left in a pipe) and then the pool is shut down and the first error
+        raised: a pool with a failed worker is not reused."""
+        replies = await asyncio.gather(*(self._recv(w) for w in workers), return_exceptions=True)
+        errors = [r for r in replies if isinstance(r, BaseException)]
+        if errors:
+            await self.close()
+            raise errors[0]
+        return list(replies)
+
+    def _died(self, i: int) -> PolicyError:
+        proc = self._procs[i]
+        proc.join(5)  # the pipe closes a moment before the exit code is known
+        code = proc.exitcode
+        hint = ""
+        if code == -9:
+            hint = (
+                " Exit code -9 (SIGKILL) is usually the out-of-memory killer: every worker holds "
+                "a full copy of the model, so lower scorer.workers (or use a smaller model)."
+            )
+        elif code is not None and code < 0:
+            hint = f" It was killed by signal {-code}."
+        return PolicyError(
+            f"ES worker {i} died (exit code {code}).{hint} The run can be resumed: rerun the "
+            "same command (the history keeps every finished iteration)."
+        )
 
     async def _recv(self, i: int) -> Any:
         try:
             kind, payload = await asyncio.to_thread(self._conns[i].recv)
-        except EOFError:
-            code = self._procs[i].exitcode
-            raise PolicyError(f"ES worker {i} died (exit code {code})") from None
+        except (EOFError, OSError):
+            raise self._died(i) from None
         if kind == "error":
             raise PolicyError(f"ES worker {i} failed:\n{payload}")
         return payload
@@ -307,18 +342,24 @@ class ProcessPoolScorer:
         if not self._procs:
             raise PolicyError("ProcessPoolScorer.score called before start()")
         assign = [list(range(len(members)))[i :: self.workers] for i in range(self.workers)]
-        busy = []
+        busy: list[int] = []
         for w, idx in enumerate(assign):
             if not idx:
                 continue
             new = tuple(r for r in state.records if r.iteration > self._applied[w])
             payload = [(members[i].seed, members[i].sign) for i in idx]
-            self._conns[w].send(
-                ("score", new, tuple(state.tasks), state.sampling, state.sigma, payload)
-            )
+            try:
+                self._conns[w].send(
+                    ("score", new, tuple(state.tasks), state.sampling, state.sigma, payload)
+                )
+            except OSError:  # BrokenPipeError: the worker is gone
+                await self._gather(busy)  # read what the others were sent, then
+                err = self._died(w)
+                await self.close()
+                raise err from None
             self._applied[w] = state.iteration - 1
             busy.append(w)
-        results = await asyncio.gather(*(self._recv(w) for w in busy))
+        results = await self._gather(busy)
         out: list[MemberScore | None] = [None] * len(members)
         for w, res in zip(busy, results, strict=True):
             for i, r in zip(assign[w], res, strict=True):
@@ -335,6 +376,7 @@ class ProcessPoolScorer:
             await asyncio.to_thread(proc.join, 30)
             if proc.is_alive():
                 proc.kill()
+                await asyncio.to_thread(proc.join, 5)
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
@@ -406,10 +448,109 @@ class ESVLLMWorkerExtension:
             self.es_master[n].copy_(t)
         self.es_restore()
 
-    def es_save_master(self, path: str) -> None:
+    def es_save_master(self, path: str) -> bool:
+        """Write the fp32 master to ``path`` on rank 0 only (every rank holds the same full
+        master; several ranks writing one path would race). Returns whether this rank wrote."""
         from safetensors.torch import save_file
 
+        if _worker_rank(self) != 0:
+            return False
         save_file({k: v.contiguous().cpu() for k, v in self.es_master.items()}, path)
+        return True
+
+
+def _worker_rank(worker: Any) -> int:
+    """The global rank of a vLLM worker (its ``rank`` attribute, else torch.distributed's)."""
+    rank = getattr(worker, "rank", None)
+    if isinstance(rank, int):
+        return rank
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+#: ``vllm.LLM`` arguments the ES scorer sets itself, and the field to use instead.
+_ENGINE_OWN = {
+    "model": "policy.model",
+    "dtype": "policy.dtype",
+    "worker_extension_cls": "(none: the ES scorer needs its own)",
+    "gpu_memory_utilization": "policy.gpu_memory_utilization",
+}
+
+
+def vllm_engine_kwargs(
+    source: WeightsSource, policy: PolicyConfig, gpu_memory_utilization: float
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for the ES scorer: ``policy.options`` merged with
+    the ones ES needs. Options may override defaults (``enable_prefix_caching``: the scorer
+    resets the prefix cache after every weight change anyway) but not what ES depends on."""
+    clash = sorted(k for k in policy.options if k in _ENGINE_OWN)
+    if clash:
+        raise ConfigError(
+            f"policy.options sets {clash}, which the ES vLLM scorer sets itself: use "
+            f"{[_ENGINE_OWN[k] for k in clash]} instead"
+        )
+    return {
+        "enable_prefix_caching": False,
+        **policy.options,
+        "model": source.checkpoint or source.model,
+        "dtype": source.dtype,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "worker_extension_cls": "leanrl.train.es_workers.ESVLLMWorkerExtension",
+    }
+
+
+def engine_memory_fraction(
+    *,
+    total_bytes: int,
+    free_bytes: int,
+    n_params: int,
+    largest_tensor: int,
+    requested: float | None,
+    default: float = 0.85,
+) -> float:
+    """The ``gpu_memory_utilization`` to start the engine with, leaving room for ES's own buffers.
+
+    vLLM reserves ``fraction x total`` of the GPU for weights + KV cache when it starts; the ES
+    worker extension then allocates, *outside* that reservation, an fp32 master of the whole
+    model (4 bytes/parameter on every GPU) plus two fp32 buffers of the largest tensor (noise and
+    update). ``requested`` (an explicit ``policy.gpu_memory_utilization``) is checked against
+    that; ``None`` picks the largest fraction up to ``default`` that fits. Raises PolicyError
+    early, with the fraction that would fit, instead of an out-of-memory error after loading.
+    """
+    need = 4 * n_params + 2 * 4 * largest_tensor + 512 * 2**20  # + CUDA context / allocator slack
+    already_used = total_bytes - free_bytes  # other processes, this process's CUDA context
+    fits = (total_bytes - already_used - need) / total_bytes  # the most the engine may reserve
+    gib = need / 2**30
+    if requested is None:
+        if fits < 0.1:
+            raise PolicyError(
+                f"the ES vLLM scorer needs {gib:.1f} GiB of GPU memory outside the engine for the "
+                f"fp32 master of {n_params / 1e9:.2f}B parameters, leaving under 10% of this "
+                f"GPU ({total_bytes / 2**30:.0f} GiB, {free_bytes / 2**30:.0f} GiB free) for the "
+                "engine: use a GPU with more memory, or a smaller model"
+            )
+        return math.floor(min(default, fits) * 100) / 100
+    if requested > fits:
+        raise PolicyError(
+            f"policy.gpu_memory_utilization = {requested} leaves too little GPU memory for the "
+            f"ES fp32 master ({gib:.1f} GiB for {n_params / 1e9:.2f}B parameters, allocated "
+            f"after the engine reserves its share): set policy.gpu_memory_utilization <= "
+            f"{math.floor(fits * 100) / 100:.2f}, or leave it unset to have it chosen"
+        )
+    return requested
+
+
+def _count_params(path: str) -> tuple[int, int]:
+    """(parameters, largest tensor's size) of a HF model, from its config: nothing is loaded."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    sizes = [p.numel() for p in model.parameters()]
+    return sum(sizes), max(sizes)
 
 
 class VLLMScorer:
@@ -439,15 +580,21 @@ class VLLMScorer:
             raise PolicyError(
                 "scorer 'vllm' needs vLLM on a GPU machine: pip install 'leanrl[vllm]'"
             ) from None
+        import torch
+
         path = self.source.checkpoint or self.source.model
-        self.llm = LLM(
-            model=path,
-            dtype=self.source.dtype,
-            enable_prefix_caching=False,
-            gpu_memory_utilization=self.policy_config.gpu_memory_utilization,
-            worker_extension_cls="leanrl.train.es_workers.ESVLLMWorkerExtension",
-            **self.policy_config.options,
+        n_params, largest = _count_params(path)
+        free, total = torch.cuda.mem_get_info()
+        explicit = "gpu_memory_utilization" in self.policy_config.model_fields_set
+        fraction = engine_memory_fraction(
+            total_bytes=total,
+            free_bytes=free,
+            n_params=n_params,
+            largest_tensor=largest,
+            requested=self.policy_config.gpu_memory_utilization if explicit else None,
+            default=self.policy_config.gpu_memory_utilization,
         )
+        self.llm = LLM(**vllm_engine_kwargs(self.source, self.policy_config, fraction))
         self.llm.collective_rpc("es_init", args=(path, self.source.dtype))
         if self.master_path:  # a checkpoint's exact fp32 master (bf16 runs)
             self.llm.collective_rpc("es_load_master", args=(self.master_path,))
@@ -482,10 +629,29 @@ class VLLMScorer:
 
     def save_master(self, path: str) -> None:
         """Write the engine's fp32 master (rank 0) to ``path`` for a checkpoint."""
-        self.llm.collective_rpc("es_save_master", args=(path,))
+        wrote = self.llm.collective_rpc("es_save_master", args=(path,))
+        if sum(bool(w) for w in wrote) != 1:
+            raise PolicyError(f"expected exactly one engine worker (rank 0) to write {path}")
 
     async def close(self) -> None:
-        self.llm = None
+        """Shut the engine down (its worker processes and GPU memory), not just drop it."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        shutdown = getattr(llm, "shutdown", None)  # newer vLLM
+        if shutdown is None:  # older V1 engines: shut the engine core down directly
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            shutdown = getattr(core, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 class _EnginePolicy(Policy):
