@@ -236,19 +236,13 @@ def test_build_scripts_parse_and_check_their_inputs(tmp_path: Path) -> None:
     for script in ("install-lean.sh", "build-local.sh"):
         r = subprocess.run(["bash", "-n", str(docker_dir / script)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-    # build-local.sh refuses a folder that is no Lean project before touching Docker
-    (tmp_path / "repl").mkdir()
-    r = subprocess.run(
-        ["bash", str(docker_dir / "build-local.sh"), str(tmp_path), str(tmp_path / "repl")],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    # build-local.sh refuses a folder that is no built Lean project before touching Docker
+    build = ["bash", str(docker_dir / "build-local.sh"), str(tmp_path)]
+    r = subprocess.run(build, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "no lean-toolchain" in r.stderr
     (tmp_path / "lean-toolchain").write_text("leanprover/lean4:v4.15.0\n")
-    r = subprocess.run(
-        ["bash", str(docker_dir / "build-local.sh"), str(tmp_path), str(tmp_path / "repl")],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert r.returncode == 2 and "REPL not built" in r.stderr
+    r = subprocess.run(build, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "REPL not built" in r.stderr and "leanrl setup" in r.stderr
     r = subprocess.run(
         ["bash", str(docker_dir / "install-lean.sh")], capture_output=True, text=True, timeout=30
     )

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the verifier image with no network access during `docker build`, from a Lean project
-# and REPL already built on this machine (see Dockerfile.local).
+# already built on this machine (see Dockerfile.local).
 #
-#   runtimes/docker/build-local.sh PROJECT_DIR REPL_DIR [TAG]
+#   runtimes/docker/build-local.sh PROJECT_DIR [TAG]
 #
-#   PROJECT_DIR  a Lean project whose `lake build` is done (Mathlib's .olean files in .lake)
-#   REPL_DIR     a checkout of leanprover-community/repl built with the same toolchain
+#   PROJECT_DIR  a Lean project with Mathlib's .olean files and the REPL built in its .lake
+#                (what `leanrl setup` makes: the REPL is a dependency, .lake/packages/REPL)
 #   TAG          image tag (default leanrl-verifier:local)
 #
 # Environment: ELAN_HOME (default ~/.elan) holds the toolchain; WHEELS, a folder of wheels for
@@ -13,16 +13,16 @@
 # pip's cache -- this happens before the build, not during it); PYTHON_IMAGE, a local base image.
 set -euo pipefail
 
-PROJECT="$(cd "${1:?usage: build-local.sh PROJECT_DIR REPL_DIR [TAG]}" && pwd)"
-REPL="$(cd "${2:?missing REPL_DIR}" && pwd)"
-TAG="${3:-leanrl-verifier:local}"
+PROJECT="$(cd "${1:?usage: build-local.sh PROJECT_DIR [TAG]}" && pwd)"
+TAG="${2:-leanrl-verifier:local}"
 ELAN="${ELAN_HOME:-$HOME/.elan}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SRC="$(cd "$HERE/../.." && pwd)"
 PY="${PYTHON:-python3}"
 
 test -f "$PROJECT/lean-toolchain" || { echo "no lean-toolchain in $PROJECT" >&2; exit 2; }
-test -x "$REPL/.lake/build/bin/repl" || { echo "REPL not built: run 'lake build repl' in $REPL" >&2; exit 2; }
+test -x "$PROJECT/.lake/packages/REPL/.lake/build/bin/repl" || test -x "$PROJECT/.lake/build/bin/repl" \
+  || { echo "REPL not built in $PROJECT: run 'leanrl setup' or 'lake build repl' there" >&2; exit 2; }
 test -d "$ELAN/toolchains" || { echo "no elan toolchains in $ELAN (set ELAN_HOME)" >&2; exit 2; }
 
 CTX="$(mktemp -d)"
@@ -37,7 +37,6 @@ cp -a "$ELAN/toolchains/$TCDIR" "$CTX/elan/toolchains/" 2>/dev/null \
   || cp -a "$ELAN/toolchains/." "$CTX/elan/toolchains/"
 [ -f "$ELAN/settings.toml" ] && cp "$ELAN/settings.toml" "$CTX/elan/"
 cp -a "$PROJECT" "$CTX/project"
-cp -a "$REPL" "$CTX/repl"
 mkdir -p "$CTX/wheels"
 if [ -n "${WHEELS:-}" ]; then
   cp "$WHEELS"/*.whl "$CTX/wheels/"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Install the Lean toolchain (elan), a Lean project with Mathlib at a given revision, and the
-# Lean REPL, under $LEAN_HOME (default /opt/lean). Used by runtimes/docker/Dockerfile and by the
-# Modal image defined in runtimes/modal/image.py, so both contain the same thing.
+# Install the Lean toolchain (elan) and a Lean project with Mathlib at a given revision and the
+# Lean REPL as a dependency, under $LEAN_HOME/project (default /opt/lean/project). The layout is
+# the one `leanrl setup` makes, so the local runtime finds the REPL in it
+# (.lake/packages/REPL/.lake/build/bin/repl). Used by runtimes/docker/Dockerfile and by the Modal
+# image defined in runtimes/modal/image.py, so both contain the same thing.
 #
 #   install-lean.sh TOOLCHAIN MATHLIB_REV REPL_REV
 #   install-lean.sh leanprover/lean4:v4.15.0 v4.15.0 v4.15.0
@@ -25,35 +27,25 @@ fi
 elan toolchain install "$TOOLCHAIN"
 elan default "$TOOLCHAIN"
 
-# The project the checks run in: Mathlib's prebuilt .olean files come from its cache.
 PROJECT="$LEAN_HOME/project"
 mkdir -p "$PROJECT"
 cd "$PROJECT"
 echo "$TOOLCHAIN" > lean-toolchain
-if [ "$MATHLIB_REV" = "none" ]; then
-  printf 'name = "leanrl_verifier"\n' > lakefile.toml
-else
-  cat > lakefile.toml <<TOML
-name = "leanrl_verifier"
-
-[[require]]
-name = "mathlib"
-git = "https://github.com/leanprover-community/mathlib4"
-rev = "$MATHLIB_REV"
-TOML
-  lake update
-  lake exe cache get
+{
+  echo 'import Lake'
+  echo 'open Lake DSL'
+  echo
+  echo 'package leanrl_project'
+  echo
+  if [ "$MATHLIB_REV" != "none" ]; then
+    echo "require mathlib from git \"https://github.com/leanprover-community/mathlib4\" @ \"$MATHLIB_REV\""
+  fi
+  echo "require REPL from git \"https://github.com/leanprover-community/repl\" @ \"$REPL_REV\""
+} > lakefile.lean
+lake update
+if [ "$MATHLIB_REV" != "none" ]; then
+  lake exe cache get   # Mathlib's prebuilt .olean files
 fi
-lake build
-
-# The REPL, built with the same toolchain.
-if [ ! -d "$LEAN_HOME/repl" ]; then
-  git clone --quiet https://github.com/leanprover-community/repl "$LEAN_HOME/repl"
-fi
-cd "$LEAN_HOME/repl"
-git fetch --quiet --tags origin
-git checkout --quiet "$REPL_REV"
-echo "$TOOLCHAIN" > lean-toolchain
 lake build repl
-test -x "$LEAN_HOME/repl/.lake/build/bin/repl"
-echo "installed $TOOLCHAIN, mathlib $MATHLIB_REV, repl $REPL_REV under $LEAN_HOME"
+test -x "$PROJECT/.lake/packages/REPL/.lake/build/bin/repl"
+echo "installed $TOOLCHAIN, mathlib $MATHLIB_REV, repl $REPL_REV in $PROJECT"

@@ -91,7 +91,6 @@ def image_recipe(config: ModalConfig) -> ImageRecipe:
             "PATH": "/opt/elan/bin:/usr/local/bin:/usr/bin:/bin",
             "ELAN_HOME": "/opt/elan",
             "LEANRL_LEAN_PROJECT": f"{LEAN_HOME}/project",
-            "LEANRL_REPL": f"{LEAN_HOME}/repl/.lake/build/bin/repl",
             **src_env,
         },
     )
