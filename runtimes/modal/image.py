@@ -74,6 +74,12 @@ def _leanrl_source() -> tuple[Path, str, tuple[str, ...], dict[str, str]]:
 
 def image_recipe(config: ModalConfig) -> ImageRecipe:
     """The in-code image for ``config`` (toolchain, Mathlib and REPL revisions)."""
+    for needed in (INSTALL_SCRIPT, REQUIREMENTS):
+        if not needed.is_file():
+            raise ConfigError(
+                f"{needed} is missing from this leanrl installation; install leanrl from a "
+                "source checkout, or use modal.image_source = 'registry' with a pushed image"
+            )
     src, remote, src_cmds, src_env = _leanrl_source()
     script = "/opt/leanrl/install-lean.sh"
     return ImageRecipe(
