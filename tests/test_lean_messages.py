@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from leanrl.lean.messages import (
+    cut_tagged,
     from_repl,
     normalize_severity,
     parse_json_output,
@@ -128,3 +129,17 @@ def test_shift_and_repl_offsets(shared_data: Path) -> None:
 def test_normalize_severity() -> None:
     assert normalize_severity("information") == "info"
     assert normalize_severity("ERROR") == "error"
+
+
+def test_cut_tagged_finds_reports_glued_anywhere() -> None:
+    out = (
+        'C.lean:3:8: warning: declaration uses \'sorry\'LEANRL-CHECK {"nonce":"ab","s":"}"}'
+        "\nLEANRL-CHECK {broken\nC.lean:4:0: error: boom\n"
+    )
+    found, rest = cut_tagged(out, "LEANRL-CHECK ")
+    assert found == ['LEANRL-CHECK {"nonce":"ab","s":"}"}', "LEANRL-CHECK {broken"]
+    msgs = parse_plain_output(rest, "C.lean")
+    assert [(m.severity, m.data) for m in msgs] == [
+        ("warning", "declaration uses 'sorry'"),
+        ("error", "boom"),
+    ]

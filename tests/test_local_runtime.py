@@ -193,3 +193,35 @@ async def test_oneshot_timeout_and_crash_are_verdicts(tmp_path: Path) -> None:
     assert v.reason is Reason.CRASH and "signal" in v.detail
     (pre,) = await crasher.check([att("sorry")])
     assert pre.reason is Reason.SORRY  # the pre-scan runs before any process
+
+
+# A stand-in for an OLD `lean` binary (not Lean: it proves nothing). With `-o` it "compiles" the
+# attempt (writes the .olean); on Check.lean it prints what old Lean prints: the `sorry` warning of
+# the reference statement, then the checker's info message with no position and no newline of its
+# own, so the report is glued to the warning (LAYOUT=glued) or starts the output (LAYOUT=first).
+_OLD_LEAN = r"""
+import json, re, sys
+args = sys.argv[1:]
+src = args[-1]
+if "-o" in args:
+    open(args[args.index("-o") + 1], "wb").close()
+    sys.exit(0)
+nonce = re.search(r'"([0-9a-f]{32})"', open(src).read()).group(1)
+report = {"nonce": nonce, "status": "ok", "kind": "theorem", "ref_kind": "theorem",
+          "axioms": ["propext"], "constants": ["t"]}
+tagged = "LEANRL-CHECK " + json.dumps(report, separators=(",", ":"))
+warn = src + ":40:8: warning: declaration uses 'sorry'"
+sys.stdout.write(warn + tagged if LAYOUT == "glued" else tagged + warn + "\n")
+"""
+
+
+@pytest.mark.parametrize("layout", ["glued", "first"])
+async def test_oneshot_plain_output_finds_a_report_without_position(
+    tmp_path: Path, layout: str
+) -> None:
+    script = tmp_path / "old_lean.py"
+    script.write_text(f"LAYOUT = {layout!r}\n" + _OLD_LEAN)
+    checker = OneShotChecker([sys.executable, str(script)], timeout_s=20, json_output=False)
+    await checker.start()
+    (v,) = await checker.check([att("rfl")])
+    assert v.accepted, v.detail

@@ -20,6 +20,7 @@ from leanrl.lean.protocol import ReplMessage, ReplPos
 from leanrl.verdict import Message, Position
 
 __all__ = [
+    "cut_tagged",
     "from_repl",
     "normalize_severity",
     "parse_json_output",
@@ -150,3 +151,30 @@ def parse_plain_output(text: str, file_name: str | None = None) -> tuple[Message
 
 def _same_file(a: str, b: str) -> bool:
     return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def cut_tagged(text: str, tag: str) -> tuple[list[str], str]:
+    """Every ``tag`` + one-line JSON object found anywhere in ``text``, and the text without them.
+
+    Old Lean prints info messages with no ``file:line:col:`` head and no newline of their own, so
+    a tagged report can start a line by itself (where the plain parser would take it for an
+    error) or be glued to the end of the previous message's text. Each report is returned as
+    ``tag + json`` (the JSON exactly as printed); an occurrence whose JSON does not decode keeps
+    the rest of its line, so the caller can say the report is unreadable instead of missing.
+    """
+    found: list[str] = []
+    kept: list[str] = []
+    decoder = json.JSONDecoder()
+    i = 0
+    while (j := text.find(tag, i)) >= 0:
+        kept.append(text[i:j])
+        start = j + len(tag)
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            nl = text.find("\n", start)
+            end = len(text) if nl < 0 else nl
+        found.append(tag + text[start:end])
+        i = end
+    kept.append(text[i:])
+    return found, "".join(kept)

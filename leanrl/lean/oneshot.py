@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from leanrl.lean.checker import (
+    CHECK_TAG,
     assemble,
     check_command,
     checker_source,
@@ -38,7 +39,7 @@ from leanrl.lean.checker import (
     split_header,
 )
 from leanrl.lean.judge import judge_prescan, judge_report
-from leanrl.lean.messages import parse_json_output, parse_plain_output, shift
+from leanrl.lean.messages import cut_tagged, parse_json_output, parse_plain_output, shift
 from leanrl.lean.protocol import ReplMessage, ReplPos
 from leanrl.lean.repl import _limit_memory, bwrap_prefix
 from leanrl.verdict import Attempt, Message, Reason, Verdict
@@ -160,17 +161,7 @@ class OneShotChecker:
                 return Verdict.reject(
                     Reason.TIMEOUT, f"time limit of {self.timeout_s:g} s exceeded"
                 )
-            check_msgs = self._messages(r2.out, check_src.name)
-            # Only the last line (the #eval) may speak; an error anywhere means the check broke.
-            repl_like = [
-                ReplMessage(
-                    severity=m.severity,
-                    data=m.data,
-                    pos=ReplPos(line=m.pos.line, column=m.pos.column) if m.pos else None,
-                )
-                for m in check_msgs
-                if m.severity == "error" or m.data.startswith("LEANRL-CHECK")
-            ]
+            repl_like = self._check_messages(r2.out, check_src.name)
             return judge_report(attempt, parse_report(repl_like, nonce), messages)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -181,6 +172,28 @@ class OneShotChecker:
             if msgs or not out.strip():
                 return msgs
         return parse_plain_output(out, file_name)
+
+    def _check_messages(self, out: str, file_name: str) -> list[ReplMessage]:
+        """The check step's errors and tagged reports (nothing else in Check.lean may speak).
+
+        With ``--json`` every message is a whole object, so the report is one message's data.
+        Plain output from older Lean prints the report (an info message) without a position
+        and without a newline before it, so it can be glued to the previous message's text or
+        stand alone where the plain parser would take it for an error: there the report is cut
+        out of the raw output wherever it is (it carries the check's nonce), and only the rest
+        is parsed for errors.
+        """
+        if self.json_output:
+            msgs = parse_json_output(out)
+            if msgs or not out.strip():
+                return [
+                    _as_repl(m)
+                    for m in msgs
+                    if m.severity == "error" or m.data.startswith(CHECK_TAG)
+                ]
+        reports, rest = cut_tagged(out, CHECK_TAG)
+        errors = [_as_repl(m) for m in parse_plain_output(rest, file_name) if m.severity == "error"]
+        return errors + [ReplMessage(severity="info", data=r) for r in reports]
 
     def _died(self, code: int, messages: tuple[Message, ...]) -> Verdict:
         if code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGABRT) and self.memory_mb:
@@ -223,3 +236,8 @@ class OneShotChecker:
 
     async def close(self) -> None:
         """Nothing persistent to stop."""
+
+
+def _as_repl(m: Message) -> ReplMessage:
+    pos = ReplPos(line=m.pos.line, column=m.pos.column) if m.pos else None
+    return ReplMessage(severity=m.severity, data=m.data, pos=pos)
