@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 
@@ -152,7 +153,39 @@ def test_update_survives_in_bf16_model() -> None:
     assert float(moved.abs().gt(0).float().mean()) > 0.99
 
 
+def test_update_of_many_members_is_accumulated_in_fp32() -> None:
+    """30 small coefficients on a bf16 model: the fp32 master matches a float64 reference to
+    fp32 precision, which accumulating Σ c_k ε_k (or θ) in bf16 misses by orders of magnitude."""
+    m = two_layer(torch.bfloat16)
+    w = ESWeights.from_model(m)
+    base = {n: t.double() for n, t in w.master.items()}
+    seeds = draw_seeds(1, 1, 30)
+    coeffs = [(s, f32((-1) ** i * 1e-4 * (1 + i / 30))) for i, s in enumerate(seeds)]
+    w.apply_update(coeffs)
+    worst = 0.0
+    for name, theta in w.master.items():
+        ref = base[name].clone()
+        for s, c in coeffs:
+            ref += c * noise(s, name, theta.shape, "cpu").double()
+        worst = max(worst, float((theta.double() - ref).abs().max()))
+        # what a bf16 accumulator gives, for scale: the same sum, rounded to bf16 as it goes
+        delta16 = torch.zeros(theta.shape, dtype=torch.bfloat16)
+        for s, c in coeffs:
+            delta16 += (c * noise(s, name, theta.shape, "cpu")).bfloat16()
+        bf16_err = float((base[name] + delta16.double() - ref).abs().max())
+        assert bf16_err > 1e-6, name  # bf16 accumulation is visibly wrong at this tolerance
+    assert worst < 1e-7  # fp32: rounding of θ (|θ| < 0.3) and of the sum, nothing more
+
+
 # -- shaping ---------------------------------------------------------------------------------------
+
+
+def test_non_finite_rewards_are_refused() -> None:
+    for bad in ([-math.inf] * 3, [0.0, math.nan, 1.0], [0.0, -math.inf, 1.0]):
+        with pytest.raises(ConfigError, match="must return finite rewards"):
+            shape_rewards(bad)
+        with pytest.raises(ConfigError, match="finite"):
+            shape_rewards(bad, "rank")
 
 
 def test_equal_scores_give_no_update_signal() -> None:
@@ -242,7 +275,9 @@ def test_corrupt_record_mid_file_is_refused_not_truncated(tmp_path: Path) -> Non
     # flip a bit inside the coefficients of iteration 1: records 2 and 3 follow it
     first = len(path.read_bytes()) - 136 - 16 - 20
     data = _corrupt(path, first + 30)
-    with pytest.raises(ConfigError, match=rf"corrupt at byte offset {first}\b.*truncate -s {first}"):
+    with pytest.raises(
+        ConfigError, match=rf"corrupt at byte offset {first}\b.*truncate -s {first}"
+    ):
         ESHistory(path).open()
     with pytest.raises(ConfigError, match="CRC mismatch"):
         ESHistory(path).open(read_only=True)
@@ -290,7 +325,7 @@ def test_format_1_history_still_reads_and_appends(tmp_path: Path) -> None:
 
 def test_history_rejects_foreign_file(tmp_path: Path) -> None:
     (tmp_path / "h.bin").write_bytes(b"not a history file at all")
-    with pytest.raises(ConfigError, match="not an ES history.*--out"):
+    with pytest.raises(ConfigError, match=r"not an ES history.*--out"):
         ESHistory(tmp_path / "h.bin").open()
 
 

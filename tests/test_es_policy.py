@@ -61,3 +61,34 @@ def test_continuation_logprob_follows_the_weights(policy: TorchPolicy) -> None:
     assert policy.continuation_logprob("theorem a : True := by", " omega") == base
     with pytest.raises(PolicyError):
         policy.continuation_logprob("", " omega")
+
+
+def test_policy_options_reach_from_pretrained(tiny_model_dir: Path) -> None:
+    from leanrl.errors import ConfigError
+
+    eager, _ = load_model(str(tiny_model_dir), "float32", "cpu", {"attn_implementation": "eager"})
+    sdpa, _ = load_model(str(tiny_model_dir), "float32", "cpu", {"attn_implementation": "sdpa"})
+    assert eager.config._attn_implementation == "eager"
+    assert sdpa.config._attn_implementation == "sdpa"
+    with pytest.raises(ConfigError, match=r"policy\.dtype"):
+        load_model(str(tiny_model_dir), "float32", "cpu", {"torch_dtype": "bfloat16"})
+
+
+def test_trainer_passes_policy_options(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from test_es_learning import toy_config
+
+    from leanrl.runtime import run_sync
+    from leanrl.train.es import ESTrainer
+
+    cfg = toy_config(tiny_model_dir, tmp_path / "o")
+    cfg = cfg.model_copy(
+        update={
+            "policy": cfg.policy.model_copy(update={"options": {"attn_implementation": "eager"}})
+        }
+    )
+    tr = ESTrainer(cfg)
+    run_sync(tr.start())
+    try:
+        assert tr.model.config._attn_implementation == "eager"
+    finally:
+        run_sync(tr.close())

@@ -11,7 +11,7 @@ from test_es_learning import toy_config
 
 from leanrl.errors import ConfigError
 from leanrl.train.es import ESTrainer
-from leanrl.train.es_history import ESHistory, master_equal, replay
+from leanrl.train.es_history import ESHistory, HistoryMeta, master_equal, replay
 from leanrl.train.es_weights import MASTER_FILE
 
 
@@ -120,9 +120,70 @@ def test_resume_needs_same_config(tiny_model_dir: Path, tmp_path: Path) -> None:
     run_steps(toy_config(tiny_model_dir, out, steps=2), 1)
     with pytest.raises(ConfigError, match="different config"):
         ESTrainer(toy_config(tiny_model_dir, out, sigma=0.5)).train_sync()
-    # a longer run (steps) or another scorer may resume
-    tr = ESTrainer(toy_config(tiny_model_dir, out, steps=2))
-    assert [r["step"] for r in tr.train_sync()] == [2]
+
+
+@pytest.mark.slow
+def test_resume_with_more_steps_and_another_scorer(
+    full_run: ESTrainer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A run of 2 steps, extended to 3 and continued by worker processes instead of in-process,
+    ends with exactly the weights and rewards of the uninterrupted in-process run."""
+    out = tmp_path / "longer"
+    ESTrainer(toy_config(tiny_model_dir, out, steps=2, save_every=2)).train_sync()
+    more = toy_config(
+        tiny_model_dir, out, steps=3, save_every=2, scorer={"backend": "processes", "workers": 2}
+    )
+    tr = ESTrainer(more)
+    assert [r["step"] for r in tr.train_sync()] == [3]
+    _, _, ref = replay(full_run.run.path, upto=3, use_checkpoints=False)
+    assert master_equal(ref.master, tr.weights.master)
+    a = [r["reward_mean"] for r in full_run.run.metrics()[:3]]
+    assert [r["reward_mean"] for r in tr.run.metrics()] == a
+
+
+def test_replay_never_changes_the_run_folder(full_run: ESTrainer, tmp_path: Path) -> None:
+    out = tmp_path / "ro"
+    shutil.copytree(full_run.run.path, out)
+    with (out / "es_history.bin").open("ab") as f:
+        f.write(b"ESIT\x06\x00")  # a torn record, as a kill mid-append leaves it
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    _, _, w = replay(out)
+    assert master_equal(full_run.weights.master, w.master)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # no history: an error, and replay does not create one
+    (out / "es_history.bin").unlink()
+    with pytest.raises(ConfigError, match="does not exist"):
+        replay(out)
+    assert not (out / "es_history.bin").exists()
+
+
+def _relabel_device(run: Path, device_type: str) -> None:
+    """Rewrite a run's history as if its noise had been drawn on ``device_type``."""
+    old = ESHistory(run / "es_history.bin")
+    records = old.open(read_only=True)
+    assert old.meta is not None
+    (run / "es_history.bin").unlink()
+    new = ESHistory(run / "es_history.bin")
+    new.open(HistoryMeta(old.meta.run_seed, device_type, old.meta.dtype))
+    for r in records:
+        new.append(r)
+
+
+def test_other_device_kind_is_refused(full_run: ESTrainer, tmp_path: Path) -> None:
+    """A history drawn with CUDA noise must not be resumed or replayed with CPU noise."""
+    out = tmp_path / "gpu-run"
+    shutil.copytree(full_run.run.path, out)
+    meta = ESHistory(out / "es_history.bin")
+    meta.open(read_only=True)
+    assert meta.meta == HistoryMeta(0, "cpu", "float32")  # what the CPU run recorded
+    _relabel_device(out, "cuda")
+    cfg = full_run.config.model_copy(update={"out": out, "steps": 6})
+    with pytest.raises(ConfigError, match=r"noise drawn on 'cuda'.*'cpu'"):
+        ESTrainer(cfg).train_sync()
+    with pytest.raises(ConfigError, match="allow_other_device"):
+        replay(out, device="cpu")
+    _, _, w = replay(out, device="cpu", allow_other_device=True, use_checkpoints=False)
+    assert master_equal(full_run.weights.master, w.master)  # (only because it *was* CPU noise)
 
 
 def test_checkpoint_without_history_is_refused(full_run: ESTrainer, tmp_path: Path) -> None:

@@ -1,0 +1,173 @@
+"""ES trainer behaviour around its inputs: rewards, sampling seeds, skipped updates, checkpoints.
+
+A scripted scorer (rewards given by the test) drives the trainer where the rewards themselves are
+the point; the toy environment of ``test_es_learning`` is used where the real scoring path is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_es_learning import toy_config
+
+from leanrl.errors import ConfigError
+from leanrl.runtime import run_sync
+from leanrl.train.es import ESConfig, ESTrainer
+from leanrl.train.es_history import ESHistory, checkpoint_usable, replay
+from leanrl.train.es_weights import MASTER_FILE, ESWeights
+from leanrl.train.es_workers import IterationState, Member, MemberScore
+
+
+class ScriptedScorer:
+    """Answers each iteration with the next list of member rewards (one task per rollout)."""
+
+    def __init__(self, rewards: list[list[float]]) -> None:
+        self.rewards = list(rewards)
+        self.states: list[IterationState] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
+        self.states.append(state)
+        row = self.rewards.pop(0)
+        assert len(row) == len(members)
+        tid = str(state.tasks[0].id)
+        return [MemberScore(reward=r, pass_rate=0.0, rewards=[r], task_ids=[tid]) for r in row]
+
+    async def close(self) -> None:
+        return None
+
+
+def run_steps(cfg: ESConfig, scorer: Any, n: int) -> tuple[ESTrainer, list[dict[str, Any]]]:
+    tr = ESTrainer(cfg, scorer=scorer)
+
+    async def go() -> list[dict[str, Any]]:
+        await tr.start()
+        try:
+            return [await tr.step() for _ in range(n)]
+        finally:
+            await tr.close()
+
+    return tr, run_sync(go())
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [[-math.inf] * 4, [0.0, math.nan, 1.0, 0.5], [0.0, -math.inf, 1.0, 0.5]],
+)
+def test_non_finite_reward_is_an_error_naming_member_and_task(
+    tiny_model_dir: Path, tmp_path: Path, rewards: list[float]
+) -> None:
+    cfg = toy_config(tiny_model_dir, tmp_path / "r", population=4, save_every=100)
+    bad = next(i for i, r in enumerate(rewards) if not math.isfinite(r))
+    with pytest.raises(ConfigError, match=rf"member {bad} .*task .*must return finite rewards"):
+        run_steps(cfg, ScriptedScorer([rewards]), 1)
+    # nothing was recorded: the history has no iteration, the run can be fixed and resumed
+    assert ESHistory(tmp_path / "r" / "es_history.bin").open(read_only=True) == []
+
+
+def test_mirrored_pairs_scoring_alike_are_a_skipped_update(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    cfg = toy_config(tiny_model_dir, tmp_path / "m", population=4, mirrored=True, save_every=100)
+    # each seed's +σε and -σε twins score the same: every coefficient is exactly 0
+    _, rows = run_steps(cfg, ScriptedScorer([[1.0, 1.0, 0.0, 0.0]]), 1)
+    assert rows[0]["skipped"] is True and rows[0]["update_norm"] == 0.0
+    rec = ESHistory(tmp_path / "m" / "es_history.bin").open(read_only=True)
+    assert [(r.skipped, r.coeffs) for r in rec] == [(True, ())]
+
+
+def test_update_norm_is_none_without_trainer_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With the vLLM scorer the trainer holds no weights: the norm is unknown, not 0."""
+    cfg = toy_config(
+        tiny_model_dir, tmp_path / "v", population=4, save_every=100, scorer={"backend": "vllm"}
+    )
+    tr, rows = run_steps(cfg, ScriptedScorer([[0.0, 1.0, 2.0, 3.0]]), 1)
+    assert tr.weights is None
+    assert rows[0]["update_norm"] is None and rows[0]["skipped"] is False
+    assert tr.run.metrics()[0]["update_norm"] is None
+    assert ESHistory(tmp_path / "v" / "es_history.bin").open(read_only=True)[0].coeffs
+
+
+def test_sampling_uses_one_seed_per_iteration(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """greedy = false: every member of an iteration samples with the same seed (common random
+    numbers), at the configured temperature; the seed changes between iterations."""
+    from leanrl.train.es_policy import TorchPolicy
+
+    calls: list[tuple[int | None, float]] = []
+    real = TorchPolicy.generate_sync
+
+    def spy(self: TorchPolicy, prompts: Any, sampling: Any) -> Any:
+        calls.append((sampling.seed, sampling.temperature))
+        return real(self, prompts, sampling)
+
+    monkeypatch.setattr(TorchPolicy, "generate_sync", spy)
+    cfg = toy_config(
+        tiny_model_dir,
+        tmp_path / "s",
+        population=4,
+        steps=2,
+        greedy=False,
+        sampling={"temperature": 0.7, "max_tokens": 3},
+    )
+    ESTrainer(cfg).train_sync()
+    assert len(calls) == 8  # 2 iterations x 4 members, one generate call each
+    it1, it2 = calls[:4], calls[4:]
+    assert len(set(it1)) == 1 and len(set(it2)) == 1
+    assert it1[0][1] == 0.7 and it1[0][0] is not None
+    assert it1[0][0] != it2[0][0]
+
+
+def test_master_is_written_before_the_checkpoint_is_published(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill while the fp32 master is written must leave the previous checkpoint usable and no
+    new, master-less checkpoint folder."""
+    cfg = toy_config(tiny_model_dir, tmp_path / "bf", steps=3, save_every=1, keep_checkpoints=1)
+    cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"dtype": "bfloat16"})})
+    tr = ESTrainer(cfg)
+    real = ESWeights.save_master
+    n = {"calls": 0}
+
+    def dies_on_second(self: ESWeights, path: Path) -> None:
+        n["calls"] += 1
+        if n["calls"] == 2:
+            real(self, path.with_name("partial"))  # a half-written master...
+            raise KeyboardInterrupt("killed while writing the master")  # ...and the kill
+        real(self, path)
+
+    monkeypatch.setattr(ESWeights, "save_master", dies_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        tr.train_sync()
+    cks = tr.run.checkpoints()
+    assert [s for s, _ in cks] == [1]  # checkpoint-2 never appeared, checkpoint-1 kept
+    assert checkpoint_usable(cks[0][1]) and (cks[0][1] / MASTER_FILE).is_file()
+    assert list(tr.run.path.glob(".tmp-checkpoint-*"))  # the interrupted save's leftover
+    # the resumed run finishes, and the leftover of the crashed save is cleaned up
+    monkeypatch.setattr(ESWeights, "save_master", real)
+    resumed = ESTrainer(cfg)
+    resumed.train_sync()
+    assert not list(tr.run.path.glob(".tmp-checkpoint-*"))
+    assert [s for s, _ in resumed.run.checkpoints()] == [3]
+    _, _, w = replay(tr.run.path, use_checkpoints=False)
+    assert all(w.master[k].equal(resumed.weights.master[k]) for k in w.master)
+
+
+def test_config_rejects_a_policy_backend_es_cannot_train(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"policy\.backend = 'hf'"):
+        ESConfig(policy={"model": str(tiny_model_dir), "backend": "openai"})
+    with pytest.raises(ValueError, match=r"policy\.backend = 'hf'"):
+        ESConfig(
+            policy={"model": str(tiny_model_dir), "backend": "vllm"},
+            scorer={"backend": "processes"},
+        )
+    with pytest.raises(ValueError, match="cannot be trained"):
+        ESConfig(policy={"backend": "openai"}, scorer={"backend": "vllm"})
+    ESConfig(policy={"backend": "vllm"}, scorer={"backend": "vllm"})  # the engine runs it
