@@ -25,15 +25,41 @@ def ex(text: str, finish: str = "stop", completion: bool = False):
 
 
 def test_deepseek_prompt_opens_a_block_with_header_comment_and_statement() -> None:
+    # DeepSeek-Prover-V1.5's quick_start.py: the code prefix ends in ":= by" and a newline.
     p = build_prompt(TASK, HarnessConfig(prompt_format="deepseek"))
     assert p == (
         "Complete the following Lean 4 code:\n\n```lean4\nimport Mathlib\n\nopen Real Nat\n\n"
-        "/-- Show x = 1. -/\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by"
+        "/-- Show x = 1. -/\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by\n"
     )
 
 
+def test_kimina_prompt_is_the_model_card_layout() -> None:
+    msgs = build_prompt(TASK, HarnessConfig(prompt_format="kimina"))
+    assert [m.role for m in msgs] == ["system", "user"]
+    assert msgs[0].content == "You are an expert in mathematics and Lean 4."
+    assert msgs[1].content == (
+        "Think about and solve the following problem step by step in Lean 4.\n"
+        f"# Problem:Show x = 1.\n# Formal statement:\n```lean4\n{HEADER}{STMT}\n```\n"
+    )
+
+
+def test_goedel_prompt_is_the_v2_readme_layout() -> None:
+    # Goedel-Prover-V2 README: one user turn, the statement ends in `sorry`, then the plan request.
+    msgs = build_prompt(TASK, HarnessConfig(prompt_format="goedel"))
+    assert [m.role for m in msgs] == ["user"]
+    assert msgs[0].content == (
+        f"Complete the following Lean 4 code:\n\n```lean4\n{HEADER}{STMT}\n  sorry```\n\n"
+        "Before producing the Lean 4 code to formally prove the given theorem, provide a "
+        "detailed proof plan outlining the main proof steps and strategies.\nThe plan should "
+        "highlight key ideas, intermediate lemmas, and proof structures that will guide the "
+        "construction of the final formal proof."
+    )
+    sys = build_prompt(TASK, HarnessConfig(prompt_format="goedel", system_prompt="S"))
+    assert [m.role for m in sys] == ["system", "user"] and sys[0].content == "S"
+
+
 def test_chat_prompts_have_system_and_user_with_the_statement() -> None:
-    for fmt in ("chat", "kimina", "goedel"):
+    for fmt in ("chat", "kimina"):
         msgs = build_prompt(TASK, HarnessConfig(prompt_format=fmt))
         assert isinstance(msgs, list) and [m.role for m in msgs] == ["system", "user"]
         assert f"```lean4\n{HEADER}{STMT}\n```" in msgs[1].content
@@ -70,6 +96,75 @@ def test_completion_style_takes_the_continuation_until_the_fence() -> None:
     assert ex("   \n", completion=True).reason == Reason.NO_PROOF
     # a declaration after the proof is not part of it
     assert ex("\n  omega\n\ntheorem other : True := trivial", completion=True).proof == "\n  omega"
+
+
+def test_completion_after_a_prompt_ending_in_a_newline_keeps_its_indentation() -> None:
+    # The deepseek prompt ends in ":= by\n": the model starts with the indented first tactic.
+    e = ex("    intro\n    simp\n```", completion=True)
+    assert e.proof == "\n    intro\n    simp"  # one block, not `intro` applied to `simp`
+    assert TASK.lean_text(e.proof).endswith(":= by\n    intro\n    simp\n")
+
+
+def test_completion_proof_followed_by_a_restated_theorem_keeps_the_proof() -> None:
+    # The continuation is the proof; whatever the model writes after it is not, and nothing of
+    # it may end up in the preamble above the reference statement.
+    text = "  omega\n\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  simp\n```"
+    e = ex(text, completion=True)
+    assert (e.reason, e.proof, e.preamble) == (None, "\n  omega", "")
+    changed = "  sorry\ntheorem t1 : True := by\n  trivial"
+    assert ex(changed, completion=True).preamble == ""
+    # starting over with the header and theorem: the restated theorem is checked
+    restart = "\nimport Mathlib\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```"
+    assert (ex(restart, completion=True).proof, ex(restart, completion=True).preamble) == (
+        "\n  omega",
+        "",
+    )
+    other = "\nimport Mathlib\ntheorem t1 : True := by\n  trivial\n```"
+    assert ex(other, completion=True).reason == Reason.STATEMENT_CHANGED
+
+
+def test_a_theorem_inside_a_comment_is_not_the_answer() -> None:
+    # The last `theorem t1` sits in a comment; taking it would put the model's own theorem (with
+    # another statement) plus an open comment above the reference statement, hiding it.
+    text = (
+        "```lean4\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : True := by trivial\n/-\n"
+        "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by\n  omega -/\n```"
+    )
+    e = ex(text)
+    assert e.reason == Reason.STATEMENT_CHANGED and e.preamble == ""
+    commented_draft = (
+        "```lean4\n/- draft:\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  simp\n-/\n"
+        "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```"
+    )
+    e = ex(commented_draft)
+    assert e.reason is None and e.proof == "\n  omega"
+    assert e.preamble.startswith("/- draft:") and e.preamble.rstrip().endswith("-/")
+
+
+def test_two_theorems_with_the_reference_name_are_rejected() -> None:
+    text = (
+        "```lean4\ntheorem t1 : True := trivial\n\n"
+        "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```"
+    )
+    e = ex(text)
+    assert e.reason == Reason.STATEMENT_CHANGED and "2 times" in e.detail
+
+
+def test_preamble_cannot_wrap_or_modify_the_reference_statement() -> None:
+    ns = (
+        "```lean4\nnamespace Foo\nlemma aux : True := trivial\n"
+        "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\nend Foo\n```"
+    )
+    e = ex(ns)
+    # the namespace is closed before the reference statement, which stays top-level `t1`
+    assert e.preamble == "namespace Foo\nlemma aux : True := trivial\nend Foo\nopen Foo"
+    assert e.proof == "\n  omega"
+    opened = (
+        "```lean4\nopen Foo in\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```"
+    )
+    assert ex(opened).preamble == ""  # `open ... in` would apply to the reference statement
+    sec = "```lean4\nnoncomputable section\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
+    assert ex(sec).preamble == "noncomputable section\nend"
 
 
 def test_chat_takes_the_last_block_ignores_reasoning_and_strips_the_header() -> None:

@@ -37,12 +37,58 @@ class Extracted(BaseModel):
 _FENCE_OPEN = re.compile(r"```[ \t]*([\w+\-]*)[^\n]*\n")
 _DECL_LINE = re.compile(
     r"^(?:@\[|theorem\b|lemma\b|def\b|example\b|abbrev\b|instance\b|structure\b|inductive\b|"
-    r"noncomputable\b|private\b|protected\b|namespace\b|section\b|end\b|open\b|#)"
+    r"noncomputable\b|private\b|protected\b|namespace\b|section\b|end\b|open\b|import\b|#)"
 )
 _ANY_THEOREM = re.compile(
     r"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(theorem|lemma|example)\b"
     r"[ \t]*([^\s(:{\[]*)"
 )
+
+
+def _mask_comments(code: str) -> str:
+    """``code`` with every comment character (``--`` lines, nested ``/- -/``) replaced by a space,
+    newlines kept, so positions still line up. Declarations are only looked for outside comments:
+    a theorem written inside a comment must never be taken for the model's answer (its text
+    before it would become a preamble that leaves the comment open and hides the reference
+    statement)."""
+    out = list(code)
+    i, depth, n = 0, 0, len(code)
+    while i < n:
+        if code.startswith("/-", i):
+            depth += 1
+            out[i] = out[i + 1] = " "
+            i += 2
+        elif depth and code.startswith("-/", i):
+            depth -= 1
+            out[i] = out[i + 1] = " "
+            i += 2
+        elif depth:
+            if code[i] != "\n":
+                out[i] = " "
+            i += 1
+        elif code.startswith("--", i):
+            while i < n and code[i] != "\n":
+                out[i] = " "
+                i += 1
+        else:
+            i += 1
+    return "".join(out)
+
+
+def _depth(text: str) -> int:
+    """How many ``/-`` block comments are still open at the end of ``text``."""
+    depth, i = 0, 0
+    while i < len(text):
+        if text.startswith("--", i) and depth == 0:
+            j = text.find("\n", i)
+            i = len(text) if j < 0 else j
+        elif text.startswith("/-", i):
+            depth, i = depth + 1, i + 2
+        elif depth and text.startswith("-/", i):
+            depth, i = depth - 1, i + 2
+        else:
+            i += 1
+    return depth
 
 
 def strip_reasoning(text: str) -> tuple[str, str | None]:
@@ -122,6 +168,10 @@ def _as_block(proof: str) -> str:
 
 
 def _clean_preamble(before: str, header: str) -> str:
+    """The model's text before its theorem, made safe to put above the reference statement:
+    imports and header lines dropped, modifiers meant for the theorem (doc comment,
+    ``set_option ... in``, ``open ... in``) dropped, and namespaces/sections left open closed, so
+    the reference statement is elaborated as a top-level declaration under its own name."""
     head = {ln.strip() for ln in header.splitlines() if ln.strip()}
     keep = [
         ln
@@ -129,14 +179,38 @@ def _clean_preamble(before: str, header: str) -> str:
         if not ln.lstrip().startswith("import ") and ln.strip() not in head
     ]
     text = "\n".join(keep).strip()
-    # A doc comment or `set_option ... in` written for the theorem would dangle without it.
     while True:
         new = re.sub(
-            r"(/--(?:(?!-/).)*-/|set_option\s+\S+\s+\S+\s+in)\s*$", "", text, flags=re.S
+            r"(/--(?:(?!-/).)*-/|set_option\s+\S+\s+\S+\s+in|open\s[^\n]*?\sin)\s*$",
+            "",
+            text,
+            flags=re.S,
         ).strip()
         if new == text:
-            return text
+            break
         text = new
+    return _close_scopes(text)
+
+
+_SCOPE = re.compile(r"(?m)^[ \t]*(?:noncomputable[ \t]+)?(namespace|section|end)\b[ \t]*([^\s-]*)")
+
+
+def _close_scopes(text: str) -> str:
+    """``text`` plus an ``end`` for every namespace/section it leaves open (a namespace is opened
+    again with ``open`` so the proof still sees the helper lemmas by their short names)."""
+    stack: list[tuple[str, str]] = []
+    for m in _SCOPE.finditer(_mask_comments(text)):
+        kind, name = m.group(1), m.group(2)
+        if kind == "end":
+            if stack:
+                stack.pop()
+        else:
+            stack.append((kind, name))
+    for kind, name in reversed(stack):
+        text += f"\nend{' ' + name if name else ''}"
+        if kind == "namespace" and name:
+            text += f"\nopen {name}"
+    return text
 
 
 def extract_proof(
@@ -163,11 +237,21 @@ def extract_proof(
         if idx < 0 and truncated:
             return Extracted(reason=Reason.TRUNCATED, detail="cut off before the code block closed")
         code = body if idx < 0 else body[:idx]
-        if not re.search(rf"(theorem|lemma)\s+{re.escape(task.name)}(?![\w'.])", code):
-            proof = _cut_after_proof(code).rstrip()
-            if not proof.strip():
-                return Extracted(reason=Reason.NO_PROOF, detail="the completion is empty")
-            return Extracted(proof=proof if proof.startswith("\n") else proof.strip())
+        # The text up to the first new command is the continuation of the statement the prompt
+        # ended with: the proof. Only when the model starts over with its own declarations
+        # (a restated header/theorem) is the code searched for the theorem.
+        lead = _cut_after_proof(code).rstrip()
+        first = next((ln for ln in lead.split("\n") if ln.strip()), "")
+        if first and not _DECL_LINE.match(first.lstrip()):
+            if lead.startswith("\n"):
+                return Extracted(proof=lead)
+            if lead[:1] in (" ", "\t"):
+                # Indented first tactic (the prompt ended in a newline): keep every line's own
+                # indentation, so the block stays one tactic block.
+                return Extracted(proof="\n" + lead)
+            return Extracted(proof=lead.strip())
+        if not _ANY_THEOREM.search(_mask_comments(code)):
+            return Extracted(reason=Reason.NO_PROOF, detail="the completion is empty")
     else:
         found, unclosed = _fenced(body)
         if unclosed and truncated:
@@ -189,9 +273,10 @@ def _from_code(code: str, task: Task) -> Extracted:
         rf"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(?:theorem|lemma)\s+"
         rf"{name}(?![\w'.])"
     )
-    matches = list(decl.finditer(code))
+    masked = _mask_comments(code)
+    matches = list(decl.finditer(masked))
     if not matches:
-        others = [m.group(2) or m.group(1) for m in _ANY_THEOREM.finditer(code)]
+        others = [m.group(2) or m.group(1) for m in _ANY_THEOREM.finditer(masked)]
         if others:
             return Extracted(
                 reason=Reason.STATEMENT_CHANGED,
@@ -205,6 +290,13 @@ def _from_code(code: str, task: Task) -> Extracted:
         if not proof.strip():
             return Extracted(reason=Reason.NO_PROOF, detail="the code block is empty")
         return Extracted(proof=_as_block(proof))
+    if len(matches) > 1:
+        # Lean would reject the redeclaration anyway; say why instead of letting an earlier copy
+        # (perhaps of a different statement) sit in the preamble above the reference.
+        return Extracted(
+            reason=Reason.STATEMENT_CHANGED,
+            detail=f"the code declares the theorem {task.name!r} {len(matches)} times",
+        )
     m = matches[-1]
     before, after = code[: m.start()], code[m.start() :]
     ref = normalize_statement(task.formal_statement)

@@ -1,13 +1,16 @@
 """Prompt formats for whole-proof generation.
 
-- ``deepseek``: DeepSeek-Prover completion style. The prompt opens a ```lean4 block with the
-  header, the informal statement as a doc comment and the statement; the model continues with
-  the proof and closes the block (so ``"```"`` is the natural stop string).
+- ``deepseek``: DeepSeek-Prover-V1.5 completion style (its ``quick_start.py``). The prompt opens
+  a ```lean4 block with the header, the informal statement as a doc comment and the statement,
+  ending in ``:= by`` and a newline; the model continues with the indented proof and closes the
+  block (so ``"```"`` is the natural stop string).
 - ``chat``: a chat prompt (system + user) asking to reason step by step and then give the
   complete Lean 4 code in a ```lean4 block. Suits reasoning provers (Kimina, Goedel-V2 style).
-- ``kimina``: the chat layout Kimina-Prover models were trained on (problem, then the formal
-  statement in a code block).
-- ``goedel``: the Goedel-Prover chat layout (complete the code, with a proof plan first).
+- ``kimina``: the chat layout of the Kimina-Prover model cards: system prompt "You are an expert
+  in mathematics and Lean 4.", a user turn with the instruction, ``# Problem:`` and
+  ``# Formal statement:`` with the code in a ```lean4 block.
+- ``goedel``: the Goedel-Prover-V2 README layout: one user turn (no system prompt) asking to
+  complete the code, whose statement ends in ``sorry``, with a detailed proof plan first.
 - ``custom``: ``HarnessConfig.template`` (``str.format`` fields ``{header}``,
   ``{formal_statement}``, ``{informal_statement}``, ``{informal_comment}``, ``{name}``). A text
   prompt, or a chat prompt (system + user) when ``system_prompt`` is set.
@@ -30,6 +33,13 @@ DEFAULT_SYSTEM = (
     "Your proofs are checked by the Lean compiler."
 )
 KIMINA_SYSTEM = "You are an expert in mathematics and Lean 4."
+# Goedel-Prover-V2's README prompt, word for word (the model was trained on it).
+GOEDEL_PLAN = (
+    "Before producing the Lean 4 code to formally prove the given theorem, provide a detailed "
+    "proof plan outlining the main proof steps and strategies.\nThe plan should highlight key "
+    "ideas, intermediate lemmas, and proof structures that will guide the construction of the "
+    "final formal proof."
+)
 
 
 def informal_comment(task: Task) -> str:
@@ -73,9 +83,11 @@ def build_prompt(task: Task, config: HarnessConfig) -> Prompt:
     statement = task.formal_statement
     informal = (task.informal_statement or "").strip()
     if fmt == "deepseek":
+        # Ends in a newline after `:= by`, as in DeepSeek-Prover-V1.5's own prompt: the model
+        # then starts with the indented first tactic, the way it was trained.
         return (
             "Complete the following Lean 4 code:\n\n```lean4\n"
-            f"{task.header}{informal_comment(task)}{statement}"
+            f"{task.header}{informal_comment(task)}{statement.rstrip()}\n"
         )
     if fmt == "custom":
         assert config.template is not None
@@ -100,19 +112,19 @@ def build_prompt(task: Task, config: HarnessConfig) -> Prompt:
         ]
     code = f"```lean4\n{task.header}{statement}\n```"
     if fmt == "kimina":
-        problem = f"# Problem: {informal}\n" if informal else ""
         user = (
             "Think about and solve the following problem step by step in Lean 4.\n"
-            f"{problem}# Formal statement:\n{code}\n"
+            f"# Problem:{informal}\n# Formal statement:\n{code}\n"
         )
         system = config.system_prompt or KIMINA_SYSTEM
     elif fmt == "goedel":
         user = (
-            f"Complete the following Lean 4 code:\n\n{code}\n\n"
-            "Before writing the Lean 4 code, give a detailed proof plan: the main steps, the key "
-            "ideas and any intermediate lemmas. Then give the complete Lean 4 code."
+            "Complete the following Lean 4 code:\n\n```lean4\n"
+            f"{task.header}{statement.rstrip()}\n  sorry```\n\n{GOEDEL_PLAN}"
         )
-        system = config.system_prompt or DEFAULT_SYSTEM
+        if config.system_prompt is None:  # Goedel-Prover-V2 is prompted with a user turn only
+            return [ChatMessage(role="user", content=user)]
+        system = config.system_prompt
     else:
         problem = f"Problem (informal): {informal}\n\n" if informal else ""
         user = (
