@@ -22,9 +22,11 @@ Without directives a command succeeds; ``sorry`` in it yields a ``sorries`` entr
 "declaration uses `sorry`" warning, like real Lean. ``pickleTo`` writes the environment's text
 (JSON) to the path; ``#eval LeanrlCheck.run "<path>" "<name>" "<nonce>" ...`` reads it back and
 answers with a ``LEANRL-CHECK`` report (``status`` ``missing`` when ``theorem <name>`` is absent,
-``sorryAx`` among the axioms when the text says ``sorry``, and every ``axiom NAME`` it declares). Tactics: ``fail`` -> a ``Lean error``
-answer, ``bad`` -> an error message, ``hang``/``crash`` as above, ``done``/``rfl``/``simp`` ->
-``Completed``, anything else -> one more goal.
+``sorryAx`` among the axioms when the text says ``sorry``, and every ``axiom NAME`` it declares). Tactics: a request must hold ONE tactic, as
+for the real REPL's parser (several lines at one column, or ``a; b``, answer "expected end of
+input"; the parenthesised sequence ``(`` / tactics / ``)`` is one tactic). Then ``fail`` among
+them -> a ``Lean error`` answer, ``bad`` -> an error message, ``hang``/``crash`` as above, a last
+tactic ``done``/``rfl``/``simp`` -> ``Completed``, anything else -> one more goal.
 
 Options: ``--load-time S`` seconds to sleep on the first (import) command, modelling
 ``import Mathlib``; ``--pid-file F`` appends this process's pid to F.
@@ -63,6 +65,50 @@ def eat_memory() -> None:
         for i in range(0, len(b), 4096):
             b[i] = 1
         _hoard.append(b)
+
+
+_SEMI = re.compile(r"(?<!<);(?!>)")  # a tactic separator, not the `<;>` combinator
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def split_tactics(t: str) -> list[str] | str:
+    """The tactics of a tactic request, or the parse error the real REPL gives.
+
+    Like the REPL (``Parser.runParserCategory env `tactic``), the input must be ONE tactic: a
+    second tactic on a later line at the first one's column or left of it, or after a `;`, is
+    "expected end of input" at its position (REPL issue #43). More-indented lines continue the
+    tactic (``have h : p := by`` + a nested block). One tactic may be the parenthesised sequence
+    ``(`` newline, tactics at one column, newline ``)``; its tactics are returned in order.
+    """
+    lines = t.split("\n")
+    code = [(i, ln) for i, ln in enumerate(lines) if ln.strip() and not ln.strip().startswith("--")]
+    if not code:
+        return "<input>:1:0: expected tactic"
+    if code[0][1].strip() == "(" and code[-1][1].strip() == ")" and len(code) > 2:
+        inner = code[1:-1]
+        col = _indent(inner[0][1])
+        seq: list[str] = []
+        for i, ln in inner:
+            if _indent(ln) == col:
+                seq.append(ln.strip())
+            elif _indent(ln) < col:
+                return f"<input>:{i + 1}:{_indent(ln)}: expected ')'"
+        return [p.strip() for x in seq for p in _SEMI.split(x.split("--")[0]) if p.strip()]
+    first, col = code[0][0], _indent(code[0][1])
+    for i, ln in code[1:]:
+        if _indent(ln) <= col:
+            return f"<input>:{i + 1}:{_indent(ln)}: expected end of input"
+    one = lines[first].strip()
+    if one.startswith("(") and one.endswith(")"):
+        return [p.strip() for p in _SEMI.split(one[1:-1]) if p.strip()]
+    for i, ln in code:
+        m = _SEMI.search(ln.split("--")[0])
+        if m:
+            return f"<input>:{i + 1}:{m.start()}: expected end of input"
+    return [one]
 
 
 def behave(d: dict) -> dict | None:
@@ -189,11 +235,14 @@ class Fake:
         if "hang" in t:
             while True:
                 time.sleep(3600)
-        if t.strip() == "fail":
+        tactics = split_tactics(t)
+        if isinstance(tactics, str):
+            return {"message": f"Lean error:\n{tactics}"}
+        if "fail" in tactics:
             return {"message": "Lean error:\n<input>:1:1: unknown tactic"}
         new = self.states
         self.states += 1
-        if t.strip() == "bad":
+        if "bad" in tactics:
             p = {"line": 0, "column": 0}
             err = {"severity": "error", "pos": p, "endPos": p, "data": "Unknown identifier `x`"}
             return {
@@ -202,7 +251,7 @@ class Fake:
                 "messages": [err],
                 "goals": [],
             }
-        if t.strip() in {"done", "rfl", "simp"}:
+        if tactics[-1] in {"done", "rfl", "simp"}:
             return {"proofStatus": "Completed", "proofState": new, "goals": []}
         return {"proofStatus": "Incomplete: open goals remain", "proofState": new, "goals": ["⊢ Q"]}
 

@@ -49,6 +49,7 @@ from leanrl.lean.protocol import (
     TacticResponse,
 )
 from leanrl.lean.repl import ReplProcess
+from leanrl.lean.tactic_input import as_one_tactic
 from leanrl.runtime import TacticState
 from leanrl.verdict import Attempt, Reason, Verdict
 
@@ -191,6 +192,7 @@ class ReplWorker:
     ) -> TacticState:
         """Elaborate the statement with a ``sorry`` hole; return the hole's proof state."""
         deadline = time.monotonic() + timeout
+        self.attempts += 1  # a proof started counts towards ``recycle_after`` like a check
         try:
             env0, _ = await self._envs(split_header(header)[1], deadline)
         except WorkerStartError as e:
@@ -215,9 +217,14 @@ class ReplWorker:
         return TacticState(proof_state=hole.proof_state, goals=(hole.goal,), messages=messages)
 
     async def tactic_apply(self, proof_state: int, tactic: str, timeout: float) -> TacticState:
-        """Run one tactic on a proof state."""
+        """Run a tactic block on a proof state (several tactics go as one ``(tacticSeq)``)."""
         deadline = time.monotonic() + timeout
-        ans = await self._ask(TacticRequest(tactic=tactic, proofState=proof_state), deadline)
+        one = as_one_tactic(tactic)
+        if not one:
+            return TacticState(
+                proof_state=None, error="no tactic to run (only blank lines or comments)"
+            )
+        ans = await self._ask(TacticRequest(tactic=one, proofState=proof_state), deadline)
         if isinstance(ans, ReplError):
             return TacticState(proof_state=None, error=ans.message)
         if not isinstance(ans, TacticResponse):
