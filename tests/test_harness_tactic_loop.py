@@ -144,3 +144,39 @@ async def test_tiny_model_turns_keep_model_and_environment_tokens_apart(tiny_mod
         assert sum(mask) == sum(len(t.completion_ids) for t in r.turns)
         assert len(ids) - sum(mask) == sum(len(t.feedback_ids) for t in r.turns) > 0
         assert [lp is not None for lp in lps] == [m == 1 for m in mask]
+
+
+@pytest.mark.parametrize("allow_native", [False, True])
+async def test_tactics_are_prescanned_under_the_taskset_rules(allow_native: bool) -> None:
+    # The local runtime on the stand-in REPL (tests/fake_repl.py parses one tactic per request).
+    import sys
+    from pathlib import Path
+
+    from leanrl import RuntimeConfig, VerificationPolicy
+    from leanrl.runtimes.local import LocalRuntime
+
+    fake = [sys.executable, str(Path(__file__).with_name("fake_repl.py"))]
+    rt = LocalRuntime(
+        RuntimeConfig(workers=1, timeout_s=5.0, options={"repl_command": fake, "spares": 0})
+    )
+    policy = ScriptedPolicy(
+        [],
+        per_turn=[
+            "```lean4\nrun_tac Lean.Elab.Tactic.evalTactic (← `(tactic| rfl))\n```",
+            "```lean4\nintro x\nnative_decide\n```",
+            "```lean4\nsimp\n```",
+        ],
+    )
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=3))
+    rules = VerificationPolicy(allow_native_decide=allow_native)
+    async with rt:
+        groups = await h.run(
+            [TASK], policy, rt, SamplingConfig(n=1), Taskset(TasksetConfig(policy=rules))
+        )
+    t = groups[0][0].turns
+    assert t[0].feedback.startswith("Error: pre-scan") and "run_tac" in t[0].feedback
+    if allow_native:  # the taskset's rules reached the session; the two lines ran as one tactic
+        assert t[1].feedback.startswith("Goals:")
+        assert t[2].feedback.startswith("No goals remain")
+    else:
+        assert t[1].feedback.startswith("Error: pre-scan") and "native_decide" in t[1].feedback

@@ -16,9 +16,9 @@ from leanrl.errors import ConfigError, DatasetError, LeanNotFoundError
 from leanrl.lean.commands import verify_file
 from leanrl.lean.oneshot import OneShotChecker
 from leanrl.runtime import RuntimeConfig
-from leanrl.runtimes.local import LocalRuntime
+from leanrl.runtimes.local import LocalRuntime, LocalTacticSession
 from leanrl.taskset import TasksetConfig
-from leanrl.verdict import Attempt, Reason
+from leanrl.verdict import Attempt, Reason, VerificationPolicy
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_repl.py"))]
 
@@ -79,6 +79,69 @@ async def test_tactic_session() -> None:
         # the broken process was replaced; the runtime still works
         (v,) = await rt.check([att("rfl")])
         assert v.accepted
+
+
+async def test_tactic_session_sends_a_block_of_tactics_as_one() -> None:
+    # The stand-in parses like the REPL: one tactic per request (REPL issue #43).
+    rt = runtime()
+    async with rt:
+        async with rt.tactic_session("import Mathlib\n") as s:
+            st = await s.start("theorem t (p : Prop) (hp : p) : p := by")
+            assert st.proof_state is not None
+            for block in ["intro x\nsimp\n\n-- done", "ext1 x; simp", "  intro x\n  simp"]:
+                done = await s.apply(st.proof_state, block)
+                assert done.error is None and done.solved, (block, done.error)
+            part = await s.apply(st.proof_state, "intro x\nintro y")
+            assert part.error is None and part.goals == ("⊢ Q",)
+            empty = await s.apply(st.proof_state, "-- just a comment\n")
+            assert empty.error and "no tactic" in empty.error
+
+
+@pytest.mark.parametrize(
+    "tactic", ['run_tac do IO.FS.writeFile "/tmp/x" ""', "intro x\nby_elab pure ()"]
+)
+async def test_tactic_session_prescans_model_tactics(tactic: str) -> None:
+    rt = runtime()
+    async with rt:
+        async with rt.tactic_session("import Mathlib\n") as s:
+            st = await s.start("theorem t (p : Prop) (hp : p) : p := by")
+            assert st.proof_state is not None
+            bad = await s.apply(st.proof_state, tactic)
+            # The stand-in would answer such a tactic with one more goal: it was never sent.
+            assert bad.error and "pre-scan" in bad.error and "arbitrary code" in bad.error
+            assert bad.proof_state is None
+            ok = await s.apply(st.proof_state, "simp")
+            assert ok.solved  # the session goes on: a rejected tactic costs one turn
+        lenient = rt.tactic_session(
+            "import Mathlib\n", VerificationPolicy(allow_native_decide=True)
+        )
+        async with lenient as s:
+            st = await s.start("theorem t (p : Prop) (hp : p) : p := by")
+            nd = await s.apply(st.proof_state or 0, "native_decide")
+            assert nd.error is None
+            pre = await s.start("theorem u : True := by", preamble="#eval IO.println 1")
+            assert pre.error and "pre-scan" in pre.error
+
+
+async def test_a_process_that_ran_tactics_never_checks_proofs() -> None:
+    rt = runtime(workers=1)  # room for ONE process: before the fix it served both
+    async with rt:
+        async with rt.tactic_session("import Mathlib\n") as s:
+            assert isinstance(s, LocalTacticSession)
+            st = await s.start("theorem t (p : Prop) (hp : p) : p := by")
+            assert (await s.apply(st.proof_state or 0, "simp")).solved
+            tactic_pid = s.worker.proc.proc.pid if s.worker.proc.proc else -1
+        assert rt.pool is not None
+        seen = len(rt.pool.events)
+        vs = await rt.check([att("rfl", i) for i in range(3)])
+        assert all(v.accepted for v in vs)
+        check_pids = {pid for what, pid in list(rt.pool.events)[seen:] if what == "acquire"}
+        assert check_pids and tactic_pid not in check_pids
+        # ...and a later session gets a tactic process again, never one that checked proofs.
+        async with rt.tactic_session("import Mathlib\n") as s2:
+            assert isinstance(s2, LocalTacticSession)
+            assert s2.worker.proc.proc is not None
+            assert s2.worker.proc.proc.pid not in check_pids
 
 
 def test_oneshot_mode_refuses_tactic_sessions() -> None:

@@ -11,11 +11,12 @@ rules, so the reward never rests on tactic mode alone.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import textwrap
 import time
 from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from leanrl.rollout import ChatMessage, Rollout, Turn
 from leanrl.runtime import Runtime, TacticSession, TacticState
 from leanrl.task import Task
 from leanrl.taskset import Taskset
-from leanrl.verdict import Reason, Verdict
+from leanrl.verdict import Reason, Verdict, VerificationPolicy
 
 from ..whole_proof.extract import strip_reasoning
 from ..whole_proof.harness import check_and_reward
@@ -148,7 +149,13 @@ class TacticLoopHarness(Harness):
     ) -> list[list[Rollout]]:
         episodes = [_Episode(t, i, "", "") for t in tasks for i in range(sampling.n)]
         for start in range(0, len(episodes), self.wave_size):
-            await self._wave(episodes[start : start + self.wave_size], policy, runtime, sampling)
+            await self._wave(
+                episodes[start : start + self.wave_size],
+                policy,
+                runtime,
+                sampling,
+                taskset.config.policy,
+            )
         groups: list[list[Rollout]] = []
         for k, _task in enumerate(tasks):
             group = []
@@ -171,7 +178,12 @@ class TacticLoopHarness(Harness):
         return groups
 
     async def _wave(
-        self, eps: list[_Episode], policy: Policy, runtime: Runtime, sampling: SamplingConfig
+        self,
+        eps: list[_Episode],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        rules: VerificationPolicy,
     ) -> None:
         cfg = self.config
         turn_sampling = sampling.model_copy(update={"n": 1})
@@ -181,7 +193,7 @@ class TacticLoopHarness(Harness):
             for ep in eps:
                 try:
                     ep.session = await stack.enter_async_context(
-                        runtime.tactic_session(ep.task.header)
+                        _open_session(runtime, ep.task.header, rules)
                     )
                 except Exception as e:  # noqa: BLE001 - one lost session costs one attempt
                     self._end(ep, Reason.INFRA, f"could not open a tactic session: {e}")
@@ -281,6 +293,20 @@ class TacticLoopHarness(Harness):
     def _end(self, ep: _Episode, reason: Reason, detail: str) -> None:
         ep.done = True
         ep.verdict = Verdict.reject(reason, detail)
+
+
+def _open_session(
+    runtime: Runtime, header: str, rules: VerificationPolicy
+) -> AbstractAsyncContextManager[TacticSession]:
+    """A tactic session that pre-scans tactics under the taskset's rules where the runtime takes
+    them (``local``); other runtimes scan under their own defaults."""
+    try:
+        takes_policy = "policy" in inspect.signature(runtime.tactic_session).parameters
+    except (TypeError, ValueError):
+        takes_policy = False
+    if takes_policy:
+        return runtime.tactic_session(header, policy=rules)  # type: ignore[call-arg]
+    return runtime.tactic_session(header)
 
 
 def _extend(context: Prompt, completion: str, feedback: str) -> Any:

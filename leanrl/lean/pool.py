@@ -10,6 +10,14 @@
   ``RLIMIT_DATA``), recycling after ``recycle_after`` attempts or above ``recycle_memory_mb``.
 - Every attempt gets exactly one verdict: a dead, hung or memory-hungry process costs the attempt
   it was working on (``crash``/``timeout``/``memory``), never the others.
+- Tactic sessions (:meth:`ReplPool.acquire`) get processes of their own: a process that ran model
+  tactics never checks a proof. Tactic mode elaborates the model's text in the process itself, so
+  a construct the pre-scan missed could leave state behind (swap a scratch pickle, change an
+  option) that a later check would trust. Those processes form a separate warm sub-pool (key
+  ``("tactic", *imports)`` beside ``("check", *imports)``) instead of being retired after each
+  session, so a session still starts on a warm process without re-loading the imports. Both
+  kinds share the ``workers + spares`` cap; an idle process of one kind is evicted when the
+  other needs room.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -135,7 +143,7 @@ class ReplPool:
         """Start ``n`` processes for ``header`` now (default: workers), plus the spares, and wait
         until they are all ready."""
         await self.start()
-        key = self._key_of(header)
+        key = self._key_of(header, "check")
         n = n or self.config.workers
         ws = [await self._acquire(key) for _ in range(n)]
         for w in ws:
@@ -174,7 +182,7 @@ class ReplPool:
         if early is not None:
             return early
         assert self._sem is not None
-        key = self._key_of(attempt.header)
+        key = self._key_of(attempt.header, "check")
         async with self._sem:
             try:
                 worker = await self._acquire(key)
@@ -212,13 +220,15 @@ class ReplPool:
     # -- pinning a process (tactic sessions) ----------------------------------------------------
 
     async def acquire(self, header: str) -> ReplWorker:
-        """Take a warm process for ``header`` for exclusive use (raises :class:`PoolError`)."""
+        """Take a warm tactic-mode process for ``header`` for exclusive use (raises
+        :class:`PoolError`). It comes from the tactic sub-pool and goes back there: it never
+        checks proofs."""
         await self.start()
-        return await self._acquire(self._key_of(header))
+        return await self._acquire(self._key_of(header, "tactic"))
 
     async def release(self, header: str, worker: ReplWorker, *, broken: bool = False) -> None:
-        """Give a process back; a ``broken`` one is killed and replaced."""
-        key = self._key_of(header)
+        """Give a process from :meth:`acquire` back; a ``broken`` one is killed and replaced."""
+        key = self._key_of(header, "tactic")
         if broken:
             await self._discard(key, worker)
         else:
@@ -230,8 +240,9 @@ class ReplPool:
             return False
         return w.proc.out_of_memory() or w.proc.peak_rss_mb >= 0.8 * cap
 
-    def _key_of(self, header: str) -> tuple[str, ...]:
-        return tuple(split_header(header)[0])
+    def _key_of(self, header: str, purpose: Literal["check", "tactic"]) -> tuple[str, ...]:
+        """``(purpose, *imports)``: check and tactic processes never mix."""
+        return (purpose, *split_header(header)[0])
 
     # -- the process book-keeping ---------------------------------------------------------------
 
@@ -312,7 +323,7 @@ class ReplPool:
             isolate=cfg.isolate,
             scratch=self._scratch,
         )
-        w = ReplWorker(proc, key, self._scratch)
+        w = ReplWorker(proc, key[1:], self._scratch)
         t0 = time.monotonic()
         error: WorkerStartError | None = None
         try:

@@ -20,9 +20,10 @@ from leanrl.lean.pool import PoolConfig, PoolError, ReplPool
 from leanrl.lean.project import find_project, lean_command, repl_command, resolve_lake_env
 from leanrl.lean.protocol import ProtocolError
 from leanrl.lean.repl import ReplDied, ReplMemory, ReplTimeout
+from leanrl.lean.tactic_input import prescan_tactic
 from leanrl.lean.worker import ReplWorker
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
-from leanrl.verdict import Attempt, Verdict
+from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
 __all__ = ["LocalRuntime", "LocalTacticSession"]
 
@@ -127,14 +128,23 @@ class LocalRuntime(Runtime):
         assert self.oneshot is not None
         return await self.oneshot.check(attempts)
 
-    def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
-        """A REPL tactic-mode session under ``header``, pinned to one warm process."""
+    def tactic_session(
+        self, header: str, policy: VerificationPolicy | None = None
+    ) -> AbstractAsyncContextManager[TacticSession]:
+        """A REPL tactic-mode session under ``header``, pinned to one warm process.
+
+        Every tactic (and preamble) is pre-scanned under ``policy`` (default: the strict
+        :class:`~leanrl.VerificationPolicy`) and never sent when it holds a construct that runs
+        code; the process comes from the pool's tactic sub-pool and never checks proofs.
+        """
         if self.config.mode != "repl":
             return super().tactic_session(header)
-        return self._session(header)
+        return self._session(header, policy or VerificationPolicy())
 
     @asynccontextmanager
-    async def _session(self, header: str) -> AsyncIterator[TacticSession]:
+    async def _session(
+        self, header: str, policy: VerificationPolicy
+    ) -> AsyncIterator[TacticSession]:
         await self.start()
         pool = self.pool
         assert pool is not None
@@ -142,7 +152,7 @@ class LocalRuntime(Runtime):
             worker = await pool.acquire(header)
         except PoolError as e:
             raise RuntimeUnavailable(f"no Lean process for this header: {e}") from e
-        session = LocalTacticSession(worker, header, self.config.timeout_s)
+        session = LocalTacticSession(worker, header, self.config.timeout_s, policy)
         try:
             yield session
         finally:
@@ -151,22 +161,36 @@ class LocalRuntime(Runtime):
 
 class LocalTacticSession(TacticSession):
     """A proof in progress in one REPL process. A timeout or crash ends the session: later
-    steps answer with an error instead of raising."""
+    steps answer with an error instead of raising. Model text (tactics, preamble) is pre-scanned
+    under ``policy`` and a rejected one is answered with an error without reaching Lean."""
 
-    def __init__(self, worker: ReplWorker, header: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        worker: ReplWorker,
+        header: str,
+        timeout_s: float,
+        policy: VerificationPolicy | None = None,
+    ) -> None:
         self.worker = worker
         self.header = header
         self.timeout_s = timeout_s
+        self.policy = policy or VerificationPolicy()
         self.broken: str | None = None
 
     async def start(self, formal_statement: str, preamble: str = "") -> TacticState:
         """Elaborate ``formal_statement`` with a ``sorry`` hole and return its goal."""
+        rejected = prescan_tactic(preamble, self.policy) if preamble.strip() else None
+        if rejected is not None:
+            return TacticState(proof_state=None, error=rejected)
         return await self._guard(
             self.worker.tactic_start(self.header, formal_statement, preamble, self.timeout_s)
         )
 
     async def apply(self, proof_state: int, tactic: str) -> TacticState:
-        """Run ``tactic`` on ``proof_state``."""
+        """Run ``tactic`` (one tactic or a block of them) on ``proof_state``."""
+        rejected = prescan_tactic(tactic, self.policy)
+        if rejected is not None:
+            return TacticState(proof_state=None, error=rejected)
         return await self._guard(self.worker.tactic_apply(proof_state, tactic, self.timeout_s))
 
     async def _guard(self, coro: Coroutine[Any, Any, TacticState]) -> TacticState:
