@@ -14,10 +14,14 @@ contains ``sorry`` rejected, reason ``sorry``
 anything else      rejected, reason ``error``
 =================  =====================================================================
 
+Tactic sessions: a header containing ``import Broken`` cannot open one (``RuntimeUnavailable``);
+the tactic ``raise`` raises (a runtime bug); ``hang`` never returns.
+
 ``config.options``: ``startup_s`` (sleep in :meth:`start`, like loading Mathlib), ``start_error``
 (:meth:`start` raises it as ``RuntimeUnavailable``), ``log_path``
 (append ``pid id`` for every attempt checked, to count checks across processes), ``closed_path``
-(written by :meth:`close`, to see that a process shut its runtime down).
+(written by :meth:`close`, to see that a process shut its runtime down), ``session_open_s``
+(sleep while opening a tactic session, like starting a Lean process).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class EchoRuntime(Runtime):
         self.closed = False
         self.checked = 0
         self.warmed: list[str] = []
+        self.sessions_opened = 0
 
     async def start(self) -> None:
         if self.config.options.get("start_error"):
@@ -63,7 +68,12 @@ class EchoRuntime(Runtime):
             Path(closed_path).write_text("closed")
 
     def metrics(self) -> dict[str, float]:
-        return {"checked": self.checked, "restarts": 0, "warmed": len(self.warmed)}
+        return {
+            "checked": self.checked,
+            "restarts": 0,
+            "warmed": len(self.warmed),
+            "sessions_opened": self.sessions_opened,
+        }
 
     async def warm(self, header: str) -> None:
         """Like loading a header's imports: takes ``warm_s`` seconds."""
@@ -111,6 +121,12 @@ class EchoRuntime(Runtime):
     def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
         @contextlib.asynccontextmanager
         async def session() -> AsyncIterator[TacticSession]:
+            delay = float(self.config.options.get("session_open_s", 0.0))
+            if delay:
+                await asyncio.sleep(delay)
+            if "import Broken" in header:
+                raise RuntimeUnavailable("no Lean process for this header: unknown module Broken")
+            self.sessions_opened += 1
             yield _EchoSession(header)
 
         return session()
@@ -131,6 +147,8 @@ class _EchoSession(TacticSession):
             return TacticState(proof_state=None, error=f"unknown proof state {proof_state}")
         if tactic == "hang":
             await asyncio.sleep(3600)
+        if tactic == "raise":
+            raise RuntimeError("echo session asked to raise")
         if tactic in ("done", "rfl"):
             return TacticState(proof_state=self._new(), goals=())
         if tactic == "fail":

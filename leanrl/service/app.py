@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -61,13 +62,18 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 _RESTART_REASONS = {Reason.TIMEOUT, Reason.MEMORY, Reason.CRASH}
 
 
 def is_loopback(host: str) -> bool:
-    """True for addresses only this machine can reach."""
-    return host in _LOOPBACK or host.startswith("127.")
+    """True for addresses only this machine can reach: ``localhost`` and loopback IP literals.
+    Any other host name may resolve to a public address, so it counts as public."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class ServiceConfig(BaseModel):
@@ -146,6 +152,9 @@ class VerificationService:
         self._started = time.monotonic()
         self._ready = False
         self._sessions: dict[str, _Session] = {}
+        self._opening = 0
+        self._closed_why: OrderedDict[str, str] = OrderedDict()
+        self._closing: set[asyncio.Task[None]] = set()
         self._idem: OrderedDict[str, _IdemEntry] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         self._window: deque[tuple[float, int]] = deque()
@@ -184,6 +193,8 @@ class VerificationService:
                 await self._reaper
         for sid in list(self._sessions):
             await self.close_session(sid)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         await self.runtime.close()
 
     # -- checking ---------------------------------------------------------------------------
@@ -218,8 +229,7 @@ class VerificationService:
         fut: asyncio.Future[tuple[Verdict, ...]] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_consume)
         self._idem[key] = _IdemEntry(digest, fut)
-        while len(self._idem) > self.limits.idempotency_max_entries:
-            self._idem.popitem(last=False)
+        self._evict_idem()
         try:
             verdicts = await self._run(attempts)
         except BaseException as e:
@@ -256,6 +266,18 @@ class VerificationService:
             self.reasons[v.reason.value] += 1
         return tuple(verdicts)
 
+    def _evict_idem(self) -> None:
+        # Oldest answered entries go first. A request still running is never evicted: its
+        # retry must wait for it, not check the batch again (running ones are bounded by the
+        # server's concurrency limit).
+        excess = len(self._idem) - self.limits.idempotency_max_entries
+        for k in list(self._idem):
+            if excess <= 0:
+                break
+            if self._idem[k].future.done():
+                del self._idem[k]
+                excess -= 1
+
     def _expire_idem(self) -> None:
         cutoff = time.monotonic() - self.limits.idempotency_ttl_s
         while self._idem:
@@ -268,18 +290,31 @@ class VerificationService:
 
     async def open_session(self, header: str) -> str:
         """Open a tactic session under ``header``; returns its id."""
-        if len(self._sessions) >= self.limits.max_sessions:
+        # Sessions being opened count too: concurrent opens must not overshoot the limit.
+        if len(self._sessions) + self._opening >= self.limits.max_sessions:
             raise _HTTPError(
                 429,
-                f"{len(self._sessions)} tactic sessions are open (the limit); close one with "
+                f"{len(self._sessions) + self._opening} tactic sessions are open or opening "
+                f"(the limit is {self.limits.max_sessions}); close one with "
                 "DELETE /sessions/{id} first",
             )
+        self._opening += 1
         stack = contextlib.AsyncExitStack()
         try:
             session = await stack.enter_async_context(self.runtime.tactic_session(header))
         except ConfigError as e:
             await stack.aclose()
             raise _HTTPError(501, str(e)) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure: a clear 503, never a 500
+            await stack.aclose()
+            log.warning("opening a tactic session failed: %r", e)
+            raise _HTTPError(
+                503, f"could not open a tactic session: {type(e).__name__}: {e}"
+            ) from None
+        finally:
+            self._opening -= 1
         sid = uuid.uuid4().hex
         self._sessions[sid] = _Session(stack, session)
         return sid
@@ -287,34 +322,76 @@ class VerificationService:
     def _session(self, sid: str) -> _Session:
         s = self._sessions.get(sid)
         if s is None:
-            raise _HTTPError(
-                404, f"no tactic session {sid!r} (closed, expired after idling, or never opened)"
-            )
+            why = self._closed_why.get(sid, "closed, expired after idling, or never opened")
+            raise _HTTPError(404, f"no tactic session {sid!r} ({why}); open a new one")
         s.last_used = time.monotonic()
         return s
 
     async def start_proof(self, sid: str, req: StartProof) -> TacticState:
         """Start a proof in session ``sid``."""
-        s = self._session(sid)
-        async with s.lock:
-            return await s.session.start(req.formal_statement, req.preamble)
+        return await self._step(sid, lambda s: s.start(req.formal_statement, req.preamble))
 
     async def apply(self, sid: str, req: ApplyTactic) -> TacticState:
         """Apply a tactic in session ``sid``."""
+        return await self._step(sid, lambda s: s.apply(req.proof_state, req.tactic))
+
+    async def _step(
+        self, sid: str, op: Callable[[TacticSession], Awaitable[TacticState]]
+    ) -> TacticState:
+        # A step that was cancelled (request timeout, client gone) or raised leaves the Lean
+        # process in an unknown state, possibly still writing the old answer: the session is
+        # closed rather than reused, and later requests are told why.
         s = self._session(sid)
         async with s.lock:
-            return await s.session.apply(req.proof_state, req.tactic)
+            try:
+                state = await op(s.session)
+            except asyncio.CancelledError:
+                self._drop_session(sid, "closed after a request on it timed out or was cancelled")
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure: a clear 503, never a 500
+                why = f"closed after it failed: {type(e).__name__}: {e}"
+                self._drop_session(sid, why)
+                log.warning("tactic session %s failed: %r", sid, e)
+                raise _HTTPError(
+                    503,
+                    f"tactic session failed ({type(e).__name__}: {e}); the session was closed, "
+                    "open a new one",
+                ) from None
+        s.last_used = time.monotonic()
+        return state
+
+    def _drop_session(self, sid: str, why: str) -> None:
+        # Forget it now (so the next request gets a clear 404) and close it in the background
+        # once the step holding its lock has let go.
+        s = self._sessions.pop(sid, None)
+        if s is None:
+            return
+        self._remember_closed(sid, why)
+        task = asyncio.ensure_future(self._close_stack(sid, s))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _remember_closed(self, sid: str, why: str) -> None:
+        self._closed_why[sid] = why
+        while len(self._closed_why) > 4 * self.limits.max_sessions:
+            self._closed_why.popitem(last=False)
 
     async def close_session(self, sid: str) -> bool:
         """Close session ``sid``; False when there was none."""
         s = self._sessions.pop(sid, None)
         if s is None:
             return False
-        try:
-            await s.stack.aclose()
-        except Exception:
-            log.exception("closing tactic session %s failed", sid)
+        self._closed_why.setdefault(sid, "closed")
+        await self._close_stack(sid, s)
         return True
+
+    async def _close_stack(self, sid: str, s: _Session) -> None:
+        # Wait for a step in progress, so its process is not released under it.
+        async with s.lock:
+            try:
+                await s.stack.aclose()
+            except Exception:
+                log.exception("closing tactic session %s failed", sid)
 
     async def _reap_loop(self) -> None:
         while True:
@@ -322,6 +399,9 @@ class VerificationService:
             cutoff = time.monotonic() - self.limits.session_idle_s
             for sid, s in list(self._sessions.items()):
                 if s.last_used < cutoff and not s.lock.locked():
+                    self._remember_closed(
+                        sid, f"expired after idling {self.limits.session_idle_s:g} s"
+                    )
                     await self.close_session(sid)
 
     # -- health and metrics -----------------------------------------------------------------
@@ -466,12 +546,25 @@ class _Guard:
             await reply(413, f"request body of {length} bytes is over the limit of {limit} bytes")
             return
         # Read the whole body here (it is bounded by the limit) so an oversized chunked body is
-        # refused with 413 before any handler sees it.
+        # refused with 413 before any handler sees it. Reading it counts against the request
+        # timeout: a client that trickles or stops sending its body cannot hold a connection.
+        timeout_s = svc.limits.request_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         chunks: list[bytes] = []
         seen = 0
         more = True
         while more:
-            msg = await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                svc.request_timeouts += 1
+                await reply(
+                    408,
+                    f"request body not received within the service's limit of {timeout_s:g} s "
+                    f"({seen} bytes came); send the whole body at once",
+                )
+                return
             if msg["type"] != "http.request":
                 return  # the client went away
             chunk = msg.get("body", b"")
@@ -492,15 +585,15 @@ class _Guard:
 
         try:
             await asyncio.wait_for(
-                self.app(scope, receive_buffered, send_wrapped), svc.limits.request_timeout_s
+                self.app(scope, receive_buffered, send_wrapped), max(0.0, deadline - loop.time())
             )
         except asyncio.TimeoutError:
             svc.request_timeouts += 1
             if not started:
                 await reply(
                     504,
-                    f"request took longer than the service's limit of "
-                    f"{svc.limits.request_timeout_s:g} s and was cancelled",
+                    f"request took longer than the service's limit of {timeout_s:g} s and was "
+                    "cancelled",
                 )
 
 

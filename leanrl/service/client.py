@@ -3,7 +3,10 @@
 Transient failures (connection refused or reset, a read that timed out, 429/502/503) are retried
 with exponential backoff. Every ``check`` carries an idempotency key that stays the same across
 its retries, so a batch whose answer was lost on the way back is replayed from the service's
-cache instead of being checked a second time.
+cache instead of being checked a second time. Requests that are not idempotent and carry no key
+(opening a tactic session, a tactic step) are retried only when they certainly never reached the
+service (the connection could not be made) or were refused before any work (429): a retry after
+a lost answer would do the work twice.
 
 Failures the retries cannot fix raise :class:`ServiceError` (a
 :class:`~leanrl.errors.RuntimeUnavailable`): the sandboxed runtimes treat it as "this sandbox is
@@ -37,6 +40,11 @@ from leanrl.verdict import Attempt, Verdict
 __all__ = ["ServiceClient", "ServiceError"]
 
 _TRANSIENT_STATUS = {429, 502, 503}
+_NOT_STARTED_STATUS = {429}
+"""Answers that mean the request was refused before any work was done."""
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport errors raised before the request left this machine."""
+_SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "DELETE"}
 
 
 class ServiceError(RuntimeUnavailable):
@@ -161,6 +169,7 @@ class ServiceClient:
         status: int | None = None
         url = self.base_url + path
         timeout = self._timeout() if timeout_s is None else httpx.Timeout(timeout_s)
+        idempotent = method.upper() in _SAFE_METHODS or IDEMPOTENCY_HEADER in hdrs
         for i in range(tries):
             if i:
                 self.retries_done += 1
@@ -172,11 +181,18 @@ class ServiceClient:
                 )
             except httpx.TransportError as e:
                 last, status = f"{type(e).__name__}: {e}", None
-                continue
+                if idempotent or isinstance(e, _NOT_SENT):
+                    continue
+                raise ServiceError(
+                    f"verification service at {self.base_url} failed {method} {path} "
+                    f"({last}); not retried: it may have been done already",
+                ) from e
             if r.status_code < 300:
                 return r.json() if r.content else None
             msg = _error_text(r)
-            if r.status_code in _TRANSIENT_STATUS:
+            if r.status_code in _TRANSIENT_STATUS and (
+                idempotent or r.status_code in _NOT_STARTED_STATUS
+            ):
                 last, status = f"{r.status_code}: {msg}", r.status_code
                 continue
             if 400 <= r.status_code < 500:
