@@ -196,6 +196,39 @@ async def test_stale_containers_of_a_dead_process_are_removed_at_start(
 
 
 @pytest.mark.docker
+async def test_stale_containers_are_found_even_when_the_pid_was_reused(
+    docker_image: str, tmp_path: Path
+) -> None:
+    # The owner's pid is alive again, but as another process (pids are reused; a trainer in a
+    # fresh container gets the same pid every run): its containers are stale all the same.
+    import psutil
+
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        born = psutil.Process(other.pid).create_time()
+        host = socket.gethostname()
+        reused = f"{host}:{other.pid}:{born - 3600:.2f}:stale"
+        living = f"{host}:{other.pid}:{born:.2f}:alive"
+        for owner in (reused, living):
+            _docker(
+                "run", "-d", "--network", "none", "--label", "leanrl.runtime=docker",
+                "--label", f"leanrl.owner={owner}",
+                *[a for m in _host_mounts() for a in ("-v", m)],
+                docker_image, sys.executable, "-c", "import time; time.sleep(600)",
+            )  # fmt: skip
+        rt = DockerRuntime(config(docker_image, tmp_path))
+        async with rt:
+            assert containers_of(reused) == []
+            assert len(containers_of(living)) == 1  # its owner still runs: left alone
+    finally:
+        other.kill()
+        other.wait()
+        ids = containers_of(living)
+        if ids:
+            _docker("rm", "--force", *ids)
+
+
+@pytest.mark.docker
 def test_containers_are_removed_when_the_process_gets_sigterm(
     docker_image: str, tmp_path: Path
 ) -> None:

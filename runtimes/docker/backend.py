@@ -6,10 +6,13 @@ get ``--network none`` and the service listens on a unix socket in a host folder
 the container: no network at all, and it works under ``dockerd --bridge=none``. With ``tcp``
 the port is published on 127.0.0.1 only.
 
-Every container carries the label ``<label>=docker`` and ``leanrl.owner=<host>:<pid>:<id>``.
+Every container carries the label ``<label>=docker`` and
+``leanrl.owner=<host>:<pid>:<process start time>:<id>``.
 Containers are removed on :meth:`DockerBackend.close`, at interpreter exit (``atexit``) and on
 SIGTERM/SIGHUP (when nobody else handles them); containers left by a process that was killed
-outright are removed by the next :meth:`DockerBackend.start` on the same host.
+outright are removed by the next :meth:`DockerBackend.start` on the same host: a container is
+stale when its owner's pid is gone or now belongs to a process started at another time (pids are
+reused, and in a fresh container the trainer gets the same small pid every run).
 """
 
 from __future__ import annotations
@@ -148,7 +151,8 @@ class DockerBackend(SandboxBackend):
     def __init__(self, config: DockerConfig, serve_args: Sequence[str]) -> None:
         super().__init__(serve_args)
         self.config = config
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        pid = os.getpid()
+        self.owner = f"{socket.gethostname()}:{pid}:{_start_time(pid)}:{uuid.uuid4().hex[:8]}"
         self.containers: dict[str, DockerSandbox] = {}
         self.removed_stale: list[str] = []
         self._socket_root: Path | None = None
@@ -192,9 +196,7 @@ class DockerBackend(SandboxBackend):
         host = socket.gethostname()
         for line in out.splitlines():
             cid, _, owner = line.partition(" ")
-            o_host, _, rest = owner.partition(":")
-            pid = rest.partition(":")[0]
-            if o_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+            if _owner_gone(owner, host):
                 stale.append(cid)
         if stale:
             await _docker(c.docker_bin, "rm", "--force", *stale)
@@ -280,6 +282,35 @@ class DockerBackend(SandboxBackend):
         self.containers.clear()
         if self._own_socket_root and self._socket_root is not None:
             shutil.rmtree(self._socket_root, ignore_errors=True)
+
+
+def _start_time(pid: int) -> str:
+    """When process ``pid`` started (seconds since the epoch, 2 decimals), or ``?``."""
+    try:
+        import psutil
+
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except Exception:  # noqa: BLE001 - unknown: the owner check falls back to the pid alone
+        return "?"
+
+
+def _owner_gone(owner: str, host: str) -> bool:
+    """True when the process named in an owner label (``host:pid:start:id``, or the older
+    ``host:pid:id``) on this host no longer runs: its pid is free, or reused by a process
+    that started at another time."""
+    parts = owner.split(":")
+    if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if not _pid_alive(pid):
+        return True
+    if len(parts) < 4 or parts[2] == "?":
+        return False
+    now = _start_time(pid)
+    try:
+        return now != "?" and abs(float(now) - float(parts[2])) > 1.0
+    except ValueError:
+        return False
 
 
 def _pid_alive(pid: int) -> bool:
