@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -61,10 +62,99 @@ def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_setup_without_elan_fails_fast_with_the_fix(tmp_path: Path) -> None:
+    # Offline, a missing elan cannot be installed: stop at once with the manual fix.
     r = _cli(["setup", "--env", "minif2f"], tmp_path)
     assert r.returncode == 2
-    assert "`elan` is not on PATH" in r.stderr and "elan-init.sh" in r.stderr
+    assert "elan (the Lean toolchain manager) is missing" in r.stderr
+    assert "elan-init.sh" in r.stderr and "LEANRL_LEAN_PROJECT" in r.stderr
     assert not (tmp_path / "cache" / "projects").exists()
+    # ... and without the installer, the message is the plain "not on PATH" one.
+    r = _cli(["setup", "--env", "minif2f", "--no-install_elan"], tmp_path)
+    assert r.returncode == 2 and "`elan` is not on PATH" in r.stderr
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_setup_installs_elan_then_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing elan is installed by running the downloaded installer; its folder is then used
+    for every later step. The installer and the tools are stand-ins (no Lean runs here): they
+    record their arguments, and `lake build repl` leaves an executable where the REPL goes."""
+    elan_home = tmp_path / "elan-home"
+    monkeypatch.setenv("ELAN_HOME", str(elan_home))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # the shell's tools, but no elan
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
+    assert shutil.which("elan") is None
+    calls = tmp_path / "calls.log"
+    installer = f"""#!/bin/sh
+echo "installer $*" >> {calls}
+mkdir -p {elan_home}/bin
+cat > {elan_home}/bin/elan <<'X'
+#!/bin/sh
+echo "elan $*" >> {calls}
+X
+cat > {elan_home}/bin/lake <<'X'
+#!/bin/sh
+echo "lake $*" >> {calls}
+if [ "$1" = build ]; then
+  mkdir -p .lake/packages/REPL/.lake/build/bin
+  printf '#!/bin/sh\n' > .lake/packages/REPL/.lake/build/bin/repl
+  chmod +x .lake/packages/REPL/.lake/build/bin/repl
+fi
+X
+chmod +x {elan_home}/bin/elan {elan_home}/bin/lake
+"""
+    fetched: list[str] = []
+
+    def fetch(url: str) -> bytes:
+        fetched.append(url)
+        return installer.encode()
+
+    dest = tmp_path / "proj"
+    out = setup_project(
+        TOOLCHAIN,
+        REV,
+        dest=dest,
+        is_online=lambda: True,
+        install=True,
+        fetch=fetch,
+        log=lambda s: None,
+    )
+    assert out == dest and find_repl(dest) is not None
+    assert fetched == ["https://raw.githubusercontent.com/leanprover/elan/master/elan-init.sh"]
+    log = calls.read_text().splitlines()
+    assert log == [
+        "installer -y --default-toolchain none",
+        f"elan toolchain install {TOOLCHAIN}",
+        "lake update",
+        "lake exe cache get",
+        "lake build repl",
+    ]
+    assert str(elan_home / "bin") in os.environ["PATH"].split(os.pathsep)
+    assert (dest / "lean-toolchain").read_text().strip() == TOOLCHAIN
+    assert f'@ "{REV}"' in (dest / "lakefile.lean").read_text()
+
+
+def test_failed_elan_download_says_how_to_install_by_hand(
+    bare: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELAN_HOME", str(tmp_path / "elan-home"))
+
+    def fetch(url: str) -> bytes:
+        raise OSError("connection reset")
+
+    with pytest.raises(LeanNotFoundError, match=r"could not download elan's installer.*elan-init"):
+        setup_project(
+            TOOLCHAIN,
+            REV,
+            dest=tmp_path / "p",
+            is_online=lambda: True,
+            install=True,
+            fetch=fetch,
+            log=lambda s: None,
+        )
 
 
 def test_doctor_reports_everything_missing_with_fixes(tmp_path: Path) -> None:

@@ -145,7 +145,8 @@ class SetupCommand(BaseModel):
     """Create (or reuse) a Lean project with the toolchain and Mathlib an environment needs,
     fetch Mathlib's build cache and build the Lean REPL at the matching version.
 
-    Needs elan and the internet. Example: leanrl setup --env minif2f
+    Needs the internet; installs elan (the Lean toolchain manager) first if it is missing.
+    Example: leanrl setup --env minif2f
     """
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -154,6 +155,9 @@ class SetupCommand(BaseModel):
     """The environment to set up for (``--env ID``)."""
     dest: Path | None = None
     """Project folder (default: under ~/.cache/leanrl/projects/)."""
+    install_elan: bool = True
+    """Install elan (the Lean toolchain manager, into ~/.elan) with its official installer when
+    it is missing. ``--no-install_elan`` stops with the install command instead."""
 
     def cli_cmd(self) -> None:
         from leanrl.lean.project import setup_project
@@ -164,7 +168,7 @@ class SetupCommand(BaseModel):
                 f"environment {self.env.id!r} does not say which Lean toolchain it needs; "
                 "point LEANRL_LEAN_PROJECT at a project instead"
             )
-        path = setup_project(toolchain, rev, repo, self.dest)
+        path = setup_project(toolchain, rev, repo, self.dest, install=self.install_elan)
         print(
             f"ready: {path}\nleanrl uses it by default; elsewhere: export LEANRL_LEAN_PROJECT={path}"
         )

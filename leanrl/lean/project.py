@@ -31,14 +31,17 @@ __all__ = [
     "Check",
     "cache_root",
     "doctor",
+    "elan_bin",
     "find_project",
     "find_repl",
+    "install_elan",
     "lean_command",
     "project_dir",
     "repl_command",
     "repl_tag",
     "resolve_lake_env",
     "setup_project",
+    "which",
 ]
 
 REPL_REPO = "https://github.com/leanprover-community/repl"
@@ -46,6 +49,64 @@ ELAN_INSTALL = (
     "curl https://raw.githubusercontent.com/leanprover/elan/master/elan-init.sh -sSf | sh "
     "-s -- -y --default-toolchain none"
 )
+
+
+ELAN_INIT_URL = "https://raw.githubusercontent.com/leanprover/elan/master/elan-init.sh"
+
+
+def elan_bin() -> Path:
+    """Where elan puts ``elan``, ``lake`` and ``lean``: ``$ELAN_HOME/bin`` or ``~/.elan/bin``."""
+    return Path(os.environ.get("ELAN_HOME") or Path.home() / ".elan") / "bin"
+
+
+def which(tool: str) -> str | None:
+    """``shutil.which``, also looking in elan's folder.
+
+    elan's installer adds its folder to the shell profile, which a running shell (or the next
+    command of a one-line set-up) does not see yet; so the folder is put on this process's PATH
+    (children inherit it) when it exists.
+    """
+    found = shutil.which(tool)
+    if found is None and (elan_bin() / tool).is_file():
+        os.environ["PATH"] = f"{elan_bin()}{os.pathsep}{os.environ.get('PATH', '')}"
+        found = shutil.which(tool)
+    return found
+
+
+def install_elan(
+    log: Callable[[str], None] = print, fetch: Callable[[str], bytes] | None = None
+) -> None:
+    """Download and run elan's official installer (no default toolchain: each project pins its
+    own), then make its folder visible to this process."""
+    import tempfile
+
+    if fetch is None:
+        import httpx
+
+        def fetch(url: str) -> bytes:
+            r = httpx.get(url, follow_redirects=True, timeout=60.0)
+            r.raise_for_status()
+            return r.content
+
+    log(f"installing elan from {ELAN_INIT_URL}")
+    try:
+        script = fetch(ELAN_INIT_URL)
+    except Exception as e:
+        raise LeanNotFoundError(
+            f"could not download elan's installer ({type(e).__name__}: {e}). Install it by "
+            f"hand: {ELAN_INSTALL}"
+        ) from e
+    with tempfile.NamedTemporaryFile("wb", suffix="-elan-init.sh", delete=False) as f:
+        f.write(script)
+    try:
+        res = subprocess.run(["sh", f.name, "-y", "--default-toolchain", "none"], check=False)
+    finally:
+        os.unlink(f.name)
+    if res.returncode != 0 or which("elan") is None:
+        raise LeanNotFoundError(
+            f"elan's installer failed (exit {res.returncode}); see its output above, or install "
+            f"it by hand: {ELAN_INSTALL}"
+        )
 
 
 def cache_root() -> Path:
@@ -108,7 +169,7 @@ def find_repl(project: Path | None) -> Path | None:
     for c in cands:
         if c.is_file() and os.access(c, os.X_OK):
             return c
-    found = shutil.which("repl")
+    found = which("repl")
     return Path(found) if found else None
 
 
@@ -135,7 +196,7 @@ def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
             "--env.runtime.mode oneshot (slower, needs only `lean`)"
         )
     if _is_lake_project(project):
-        if shutil.which("lake") is None:
+        if which("lake") is None:
             raise _tool_missing("lake")
         return ["lake", "env", str(repl)], project
     return [str(repl)], project
@@ -145,10 +206,10 @@ def lean_command(project: Path | None) -> tuple[list[str], Path | None]:
     """The command line that runs ``lean`` (inside the project's ``lake env`` when there is
     one), and the folder to run it in."""
     if _is_lake_project(project):
-        if shutil.which("lake") is None:
+        if which("lake") is None:
             raise _tool_missing("lake")
         return ["lake", "env", "lean"], project
-    if shutil.which("lean") is None:
+    if which("lean") is None:
         raise _tool_missing("lean")
     return ["lean"], project
 
@@ -216,7 +277,7 @@ def doctor(
     checks: list[Check] = []
     setup = f"leanrl setup --env {env_id}"
     for tool in ("elan", "lake", "lean"):
-        path = shutil.which(tool)
+        path = which(tool)
         ver = _version([tool, "--version"]) if path else None
         fix = ELAN_INSTALL if tool == "elan" else f"{ELAN_INSTALL}  (elan provides {tool})"
         checks.append(
@@ -364,12 +425,24 @@ def setup_project(
     dest: Path | None = None,
     log: Callable[[str], None] = print,
     is_online: Callable[[], bool] = online,
+    install: bool = False,
+    fetch: Callable[[str], bytes] | None = None,
 ) -> Path:
     """Create (or reuse) a project with this toolchain and Mathlib, build the REPL, and make it
-    the default. Fails fast, with the fix, when tools or the network are missing."""
-    for tool in ("elan", "lake"):
-        if shutil.which(tool) is None:
-            raise _tool_missing(tool)
+    the default. With ``install``, a missing elan is installed first (needs the internet).
+    Fails fast, with the fix, when tools or the network are missing."""
+    if which("elan") is None:
+        if not install:
+            raise _tool_missing("elan")
+        if not is_online():
+            raise LeanNotFoundError(
+                "elan (the Lean toolchain manager) is missing and the internet is unreachable, "
+                f"so it cannot be installed. On a connected machine: {ELAN_INSTALL}; or point "
+                "LEANRL_LEAN_PROJECT at an existing Lean project"
+            )
+        install_elan(log, fetch)
+    if which("lake") is None:
+        raise _tool_missing("lake")
     dest = dest or project_dir(toolchain, mathlib_rev)
     if find_repl(dest) is not None and (dest / "lean-toolchain").is_file():
         log(f"reusing {dest}")
