@@ -12,7 +12,14 @@ from typing import Any
 
 from leanrl.eval.passk import pass_at_k_table
 
-__all__ = ["package_versions", "summarize", "write_report"]
+__all__ = [
+    "model_name",
+    "package_versions",
+    "pass_at_k_figure",
+    "plot_title",
+    "summarize",
+    "write_report",
+]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -44,7 +51,7 @@ def summarize(
         c = counts[r["task_id"]]
         c[0] += 1
         c[1] += 1 if r.get("accepted") else 0
-        reasons[str(r.get("verdict", {}).get("reason", "?"))] += 1
+        reasons[str((r.get("verdict") or {}).get("reason", "?"))] += 1
         gen_tokens += int(r.get("completion_tokens", 0))
     complete = {t: (n, c) for t, (n, c) in counts.items() if n >= samples}
     return {
@@ -65,35 +72,74 @@ def write_report(out: Path, summary: Mapping[str, Any], plot: bool = True) -> No
     """Write summary.json, report.md and (when matplotlib is there) pass_at_k.png."""
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     png = out / "pass_at_k.png"
-    has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png)
+    has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png, plot_title(summary))
     (out / "report.md").write_text(_markdown(summary, png.name if has_plot else None))
 
 
-def _plot(curve: Mapping[str, Mapping[str, float | int]], path: Path) -> bool:
-    try:
-        import matplotlib
+def model_name(summary: Mapping[str, Any]) -> str:
+    """The model the run evaluated (the policy's, also when it was passed in ready-made)."""
+    return str(summary["versions"].get("model") or summary["config"]["policy"]["model"] or "?")
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ranked = sorted(curve.items(), key=lambda kv: (kv[0] != "all", -int(kv[1]["tasks"])))
+
+def plot_title(summary: Mapping[str, Any]) -> str:
+    """What the pass@k figure shows: taskset, model, harness and samples per task."""
+    cfg = summary["config"]
+    return (
+        f"{cfg['env']['id']}: {model_name(summary)}\n"
+        f"{cfg['env']['harness']['name']} ({cfg['env']['harness']['prompt_format']}), "
+        f"n = {cfg['samples']} samples per task"
+    )
+
+
+def pass_at_k_figure(curve: Mapping[str, Mapping[str, float | int]], title: str = "") -> Any:
+    """The pass@k figure: pass@k (%) against k on a log2 axis with plain-number ticks, the
+    overall curve in bold and the largest categories, each labelled with its task count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=150)
+    ranked = sorted(curve.items(), key=lambda kv: (kv[0] != "all", -int(kv[1]["tasks"]), kv[0]))
+    kmax = 1
     for name, row in ranked[:9]:
         pts = sorted((int(k[5:]), float(v)) for k, v in row.items() if k.startswith("pass@"))
         if not pts:
             continue
+        kmax = max(kmax, pts[-1][0])
         xs, ys = zip(*pts, strict=True)
-        style = {"linewidth": 2.5, "color": "black"} if name == "all" else {"alpha": 0.8}
-        ax.plot(xs, [100 * y for y in ys], marker="o", markersize=3, label=name, **style)
+        label = f"{name} ({row['tasks']} tasks)"
+        style: dict[str, Any] = (
+            {"linewidth": 2.5, "color": "black", "zorder": 3}
+            if name == "all"
+            else {"linewidth": 1.2, "alpha": 0.85}
+        )
+        ax.plot(xs, [100 * y for y in ys], marker="o", markersize=2.5, label=label, **style)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("k (samples)")
+    ticks = sorted({2**i for i in range(kmax.bit_length()) if 2**i <= kmax} | {kmax})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.set_xlim(0.9, kmax * 1.1)
+    ax.set_xlabel("k (samples drawn per task)")
     ax.set_ylabel("pass@k (%)")
     ax.set_ylim(0, 100)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path)
+    return fig
+
+
+def _plot(curve: Mapping[str, Mapping[str, float | int]], path: Path, title: str = "") -> bool:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig = pass_at_k_figure(curve, title)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -102,7 +148,7 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
     cfg, res, ver = s["config"], s["results"], s["versions"]
     ks = s["ks"]
     lines = [
-        f"# Evaluation: {cfg['env']['id']} with {cfg['policy']['model']}",
+        f"# Evaluation: {cfg['env']['id']} with {model_name(s)}",
         "",
         f"- harness: `{cfg['env']['harness']['name']}` (prompt format "
         f"`{cfg['env']['harness']['prompt_format']}`), runtime: `{cfg['env']['runtime']['name']}`",
@@ -129,7 +175,7 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
     lines += ["", "pass@k uses the unbiased estimator of Chen et al. (2021).", ""]
     if png:
         lines += [f"![pass@k]({png})", ""]
-    lines += ["## Why attempts failed", "", "| verdict | attempts |", "|---|---:|"]
+    lines += ["## Verdicts", "", "| verdict reason | attempts |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in res["reasons"].items()]
     t = s.get("timing", {})
     if t:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from leanrl.environment import Environment, load_environment
-from leanrl.errors import ConfigError, LeanrlError
+from leanrl.errors import ConfigError, LeanrlError, PolicyError
 from leanrl.eval.config import EvalConfig
 from leanrl.eval.report import package_versions, summarize, write_report
 from leanrl.eval.store import ResultStore
@@ -107,6 +107,7 @@ async def run_eval(
                         update={"n": n, "seed": chunk_seed(config.sampling.seed, i)}
                     )
                     groups = await harness.run(chunks[i], policy, runtime, sampling, env.taskset)
+                _check_groups(harness.name, chunks[i], groups, n)
                 written = store.append(
                     _record(t, r, i) for t, g in zip(chunks[i], groups, strict=True) for r in g
                 )
@@ -167,6 +168,30 @@ def _make_policy(config: EvalConfig) -> Policy:
     if config.policy.backend in ("hf", "vllm"):
         resolve_model(config.policy.model)  # a missing folder or offline hub id fails now
     return policy
+
+
+def _check_groups(
+    harness: str, tasks: Sequence[Task], groups: Sequence[Sequence[Rollout]], n: int
+) -> None:
+    """Every task came back with samples 0..n-1, once each, each with a Verdict; otherwise the
+    chunk is not recorded (a silent gap would leave the task out of pass@k for good)."""
+    if len(groups) != len(tasks):
+        raise PolicyError(
+            f"harness {harness!r} returned {len(groups)} groups for {len(tasks)} tasks"
+        )
+    for task, group in zip(tasks, groups, strict=True):
+        samples = sorted(r.sample for r in group)
+        if samples != list(range(n)):
+            raise PolicyError(
+                f"harness {harness!r} returned samples {samples[:8]} for task {task.id!r}, "
+                f"expected 0..{n - 1} once each (does the policy honour sampling.n?)"
+            )
+        missing = [r.sample for r in group if r.verdict is None]
+        if missing:
+            raise PolicyError(
+                f"harness {harness!r} left samples {missing[:8]} of task {task.id!r} without a "
+                "verdict"
+            )
 
 
 def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
