@@ -9,8 +9,12 @@ Reports:
 2. replay time per iteration (applying one history record of ``--population`` seeds), and the
    same relative to a member's scoring time;
 3. peak memory of one ES step (fp32 master copy + perturb + forward + restore + update) against a
-   GRPO-style step (forward + backward + AdamW) on the same batch, each measured in a fresh
-   process as the rise of peak RSS over the process's RSS after loading the model.
+   generic gradient step (one forward + backward + AdamW step on a language-modelling loss, the
+   memory shape of a GRPO step; it is *not* leanrl's GRPO trainer, which adds a reference model,
+   generation and more) on the same batch, each measured in a fresh process as the rise of peak
+   RSS over the process's RSS after loading the model;
+4. the history's size per iteration for ``--population`` members (plain and mirrored), written
+   by the real :class:`~leanrl.train.es_history.ESHistory`.
 
 Ratios are the figures to compare across machines; absolute times depend on the CPU.
 """
@@ -82,7 +86,7 @@ def memory_child(args: argparse.Namespace) -> None:
             model(input_ids=ids)
         w.restore()
         w.apply_update([(1000 + i, 1e-5) for i in range(args.population)])
-    else:
+    else:  # a generic gradient step: forward + backward + AdamW (GRPO's memory shape)
         for p in model.parameters():
             p.requires_grad_(True)
         model.train()
@@ -163,7 +167,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence in the memory step")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--child", choices=["es", "grpo"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["es", "adamw"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.child:
@@ -171,7 +175,7 @@ def main() -> None:
         return
     t = timing(args)
     mem = {}
-    for kind in ("es", "grpo"):
+    for kind in ("es", "adamw"):
         argv = [sys.executable, __file__, "--child", kind, *sys.argv[1:]]
         res = subprocess.run(argv, capture_output=True, text=True, check=True)
         mem[kind] = json.loads(res.stdout.strip().splitlines()[-1])["rise_mb"]
@@ -180,8 +184,9 @@ def main() -> None:
         **t,
         "model_fp32_mb": model_mb,
         "es_step_peak_rise_mb": mem["es"],
-        "grpo_step_peak_rise_mb": mem["grpo"],
-        "es_over_grpo_memory": mem["es"] / mem["grpo"],
+        "adamw_step_peak_rise_mb": mem["adamw"],
+        "es_over_adamw_step_memory": mem["es"] / mem["adamw"],
+        **history_bytes(args.population),
     }
     print(json.dumps(report, indent=2))
     print(
@@ -191,9 +196,30 @@ def main() -> None:
         f"({t['member_score_s']:.2f} s: {args.prompts} prompts x {args.new_tokens} greedy tokens)\n"
         f"replay: {t['replay_per_iteration_s'] * 1e3:.0f} ms per iteration (N={args.population})"
         f" = {t['replay_fraction_of_member']:.2f} member-scorings\n"
-        f"peak memory over the loaded model: ES step {mem['es']:.0f} MB vs GRPO step "
-        f"{mem['grpo']:.0f} MB (ratio {report['es_over_grpo_memory']:.2f})"
+        f"peak memory over the loaded model: ES step {mem['es']:.0f} MB vs a generic "
+        f"forward+backward+AdamW step (GRPO-like, not leanrl's GRPO trainer) {mem['adamw']:.0f} MB "
+        f"(ratio {report['es_over_adamw_step_memory']:.2f})\n"
+        f"history: {report['history_bytes_per_iteration']} bytes per iteration "
+        f"({report['history_bytes_per_iteration_mirrored']} with mirrored pairs)"
     )
+
+
+def history_bytes(population: int) -> dict[str, int]:
+    """Bytes one iteration adds to a real history file, plain and mirrored (K = N/2)."""
+    import tempfile
+    from pathlib import Path
+
+    from leanrl.train.es_history import ESHistory, HistoryMeta, HistoryRecord, draw_seeds
+
+    out = {}
+    for key, k in (("", population), ("_mirrored", population // 2)):
+        with tempfile.TemporaryDirectory() as d:
+            h = ESHistory(Path(d) / "h.bin")
+            h.open(HistoryMeta(0, "cpu", "float32"))
+            before = h.path.stat().st_size
+            h.append(HistoryRecord(1, tuple((s, 1e-4) for s in draw_seeds(0, 1, k))))
+            out[f"history_bytes_per_iteration{key}"] = h.path.stat().st_size - before
+    return out
 
 
 if __name__ == "__main__":

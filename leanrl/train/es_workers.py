@@ -513,12 +513,12 @@ def engine_memory_fraction(
 
     vLLM reserves ``fraction x total`` of the GPU for weights + KV cache when it starts; the ES
     worker extension then allocates, *outside* that reservation, an fp32 master of the whole
-    model (4 bytes/parameter on every GPU) plus two fp32 buffers of the largest tensor (noise and
-    update). ``requested`` (an explicit ``policy.gpu_memory_utilization``) is checked against
+    model (4 bytes/parameter on every GPU) plus up to three fp32 buffers of the largest tensor
+    (noise, sum, update) while it perturbs or updates. ``requested`` (an explicit ``policy.gpu_memory_utilization``) is checked against
     that; ``None`` picks the largest fraction up to ``default`` that fits. Raises PolicyError
     early, with the fraction that would fit, instead of an out-of-memory error after loading.
     """
-    need = 4 * n_params + 2 * 4 * largest_tensor + 512 * 2**20  # + CUDA context / allocator slack
+    need = 4 * n_params + 3 * 4 * largest_tensor + 512 * 2**20  # + CUDA context / allocator slack
     already_used = total_bytes - free_bytes  # other processes, this process's CUDA context
     fits = (total_bytes - already_used - need) / total_bytes  # the most the engine may reserve
     gib = need / 2**30
