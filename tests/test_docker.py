@@ -223,7 +223,7 @@ async def test_stale_containers_are_found_even_when_the_pid_was_reused(
     finally:
         other.kill()
         other.wait()
-        ids = containers_of(living)
+        ids = containers_of(living) + containers_of(reused)
         if ids:
             _docker("rm", "--force", *ids)
 

@@ -170,3 +170,19 @@ async def test_requests_without_a_key_are_retried_when_never_sent() -> None:
             async with client.tactic_session(""):
                 pass
         assert client.retries_done == 2
+
+
+async def test_a_garbled_answer_is_a_service_error_not_a_crash() -> None:
+    # A sandbox that answers 200 with a truncated or foreign body is broken: the sandbox runtime
+    # must see a ServiceError (retry elsewhere, then infra Verdicts), not a stray exception.
+    answers = iter([b'{"verdicts": [', b'{"verdicts": "nope"}'])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=next(answers))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        client = ServiceClient("http://sandbox", http=http)
+        with pytest.raises(ServiceError, match="invalid JSON"):
+            await client.check([attempt("ok")])
+        with pytest.raises(ServiceError, match="no CheckResponse"):
+            await client.check([attempt("ok")])

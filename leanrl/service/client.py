@@ -24,6 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from leanrl._sandbox_config import ClientConfig
 from leanrl.errors import ConfigError, RuntimeUnavailable
@@ -115,7 +116,14 @@ class ServiceClient:
         key = key or uuid.uuid4().hex
         body = {"attempts": [a.model_dump(mode="json") for a in attempts]}
         data = await self._request("POST", "/check", json=body, headers={IDEMPOTENCY_HEADER: key})
-        resp = CheckResponse.model_validate(data)
+        try:
+            resp = CheckResponse.model_validate(data)
+        except ValidationError as e:
+            # A broken or impostor service: the sandbox is unusable, not the batch.
+            raise ServiceError(
+                f"service at {self.base_url} answered /check with something that is no "
+                f"CheckResponse: {str(e)[:500]}"
+            ) from None
         if len(resp.verdicts) != len(attempts):
             raise ServiceError(
                 f"service at {self.base_url} answered {len(resp.verdicts)} verdicts for "
@@ -188,7 +196,16 @@ class ServiceClient:
                     f"({last}); not retried: it may have been done already",
                 ) from e
             if r.status_code < 300:
-                return r.json() if r.content else None
+                if not r.content:
+                    return None
+                try:
+                    return r.json()
+                except ValueError:
+                    raise ServiceError(
+                        f"verification service at {self.base_url} answered {method} {path} "
+                        f"with invalid JSON: {r.text[:200]!r}",
+                        r.status_code,
+                    ) from None
             msg = _error_text(r)
             if r.status_code in _TRANSIENT_STATUS and (
                 idempotent or r.status_code in _NOT_STARTED_STATUS

@@ -266,6 +266,8 @@ class WarmPool:
             raise
         except Exception as e:  # noqa: BLE001 - recorded and retried with backoff
             error = f"{type(e).__name__}: {e}"
+            if sb is not None:  # created, then its start-up check failed: never leave it running
+                await self._terminate(sb)
             sb = None
         if sb is None:
             self.stats["create_failures"] += 1
@@ -328,23 +330,37 @@ class WarmPool:
         cond = self._need_cond()
         while not self._closed:
             await asyncio.sleep(self.config.health_interval_s)
-            for sb in list(self._ready):
-                if sb.age_s() > self.config.max_age_s:
-                    why = "replaced_aged"
-                else:
+            try:
+                await self._check_idle(cond)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad round must not end the health checks
+                log.exception("%s pool health check failed; trying again", self.backend.name)
+
+    async def _check_idle(self, cond: asyncio.Condition) -> None:
+        for sb in list(self._ready):
+            if sb.age_s() > self.config.max_age_s:
+                why = "replaced_aged"
+            else:
+                try:
+                    # A liveness check that cannot answer (an engine under load) says nothing
+                    # about the sandbox: ask again next round.
                     healthy = await sb.alive()
-                    if healthy:
-                        try:
-                            healthy = await self._probe(sb)
-                        except Exception:  # noqa: BLE001 - any probe failure means unhealthy
-                            healthy = False
-                    if healthy:
-                        continue
-                    why = "replaced_dead"
-                async with cond:
-                    if sb in self._ready:
-                        self._ready.remove(sb)
-                        self._retire(sb, why)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("liveness check of sandbox %s failed: %s", sb.id, e)
+                    continue
+                if healthy:
+                    try:
+                        healthy = await self._probe(sb)
+                    except Exception:  # noqa: BLE001 - any probe failure means unhealthy
+                        healthy = False
+                if healthy:
+                    continue
+                why = "replaced_dead"
             async with cond:
-                self._rebalance()
-                cond.notify_all()
+                if sb in self._ready:
+                    self._ready.remove(sb)
+                    self._retire(sb, why)
+        async with cond:
+            self._rebalance()
+            cond.notify_all()
