@@ -280,3 +280,58 @@ def test_build_scripts_parse_and_check_their_inputs(tmp_path: Path) -> None:
         ["bash", str(docker_dir / "install-lean.sh")], capture_output=True, text=True, timeout=30
     )
     assert r.returncode != 0 and "usage: install-lean.sh" in r.stderr
+
+
+def _stub_tools(bin_dir: Path, mathlib_toolchain: str) -> None:
+    # Stand-ins for elan and lake that only lay out the files `lake update` would (no Lean runs
+    # and none is claimed): the script's own checks are what is tested.
+    bin_dir.mkdir()
+    (bin_dir / "elan").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "lake").write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "lake $*" >> calls.log
+        if [ "$1" = update ]; then
+          mkdir -p .lake/packages/mathlib .lake/packages/REPL/.lake/build/bin
+          echo '{mathlib_toolchain}' > .lake/packages/mathlib/lean-toolchain
+          echo '{mathlib_toolchain}' > .lake/packages/REPL/lean-toolchain
+          : > .lake/packages/REPL/.lake/build/bin/repl
+          chmod +x .lake/packages/REPL/.lake/build/bin/repl
+        fi
+        """)
+    )
+    for tool in ("elan", "lake"):
+        (bin_dir / tool).chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "mathlib_toolchain", ["leanprover/lean4:v4.15.0", "leanprover/lean4:v4.9.0"]
+)
+def test_install_script_refuses_a_mathlib_built_for_another_toolchain(
+    tmp_path: Path, mathlib_toolchain: str
+) -> None:
+    _stub_tools(tmp_path / "bin", mathlib_toolchain)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "LEAN_HOME": str(tmp_path / "lean"),
+        "ELAN_HOME": str(tmp_path / "elan"),
+    }
+    script = REPO / "runtimes" / "docker" / "install-lean.sh"
+    r = subprocess.run(
+        ["bash", str(script), "leanprover/lean4:v4.15.0", "v4.15.0", "v4.15.0"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    project = tmp_path / "lean" / "project"
+    calls = (project / "calls.log").read_text().splitlines()
+    if mathlib_toolchain.endswith("v4.15.0"):
+        assert r.returncode == 0, r.stderr
+        assert calls == ["lake update", "lake exe cache get", "lake build repl"]
+        assert (project / "lean-toolchain").read_text().strip() == "leanprover/lean4:v4.15.0"
+        assert (
+            'require REPL from git "https://github.com/leanprover-community/repl" @ "v4.15.0"'
+            in (project / "lakefile.lean").read_text()
+        )
+    else:
+        assert r.returncode == 3 and "built for leanprover/lean4:v4.9.0" in r.stderr
+        assert calls == ["lake update"]  # no cache download, no build for the wrong Lean

@@ -43,8 +43,23 @@ echo "$TOOLCHAIN" > lean-toolchain
   echo "require REPL from git \"https://github.com/leanprover-community/repl\" @ \"$REPL_REV\""
 } > lakefile.lean
 lake update
+# Mathlib's prebuilt .olean files only fit the toolchain Mathlib was built with (and Mathlib's
+# update hook may rewrite our lean-toolchain to it): refuse a mismatch instead of silently
+# building an image whose Lean differs from the taskset's, or compiling Mathlib for hours.
 if [ "$MATHLIB_REV" != "none" ]; then
+  MATHLIB_TC="$(tr -d '[:space:]' < .lake/packages/mathlib/lean-toolchain)"
+  if [ "$MATHLIB_TC" != "$TOOLCHAIN" ]; then
+    echo "install-lean.sh: mathlib $MATHLIB_REV is built for $MATHLIB_TC, not $TOOLCHAIN:" \
+      "pass the toolchain and Mathlib revision the taskset was written for (they must match)" >&2
+    exit 3
+  fi
+  echo "$TOOLCHAIN" > lean-toolchain
   lake exe cache get   # Mathlib's prebuilt .olean files
+fi
+REPL_TC="$(tr -d '[:space:]' < .lake/packages/REPL/lean-toolchain 2>/dev/null || true)"
+if [ -n "$REPL_TC" ] && [ "$REPL_TC" != "$TOOLCHAIN" ]; then
+  echo "install-lean.sh: warning: repl $REPL_REV is pinned to $REPL_TC, building it with" \
+    "$TOOLCHAIN (use the REPL tag named after the toolchain if the build fails)" >&2
 fi
 lake build repl
 test -x "$PROJECT/.lake/packages/REPL/.lake/build/bin/repl"
