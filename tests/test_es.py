@@ -334,3 +334,20 @@ def test_f32_and_seeds() -> None:
     s = draw_seeds(3, 7, 30)
     assert len(set(s)) == 30 and all(0 <= x < 2**32 for x in s)
     assert s == draw_seeds(3, 7, 30) and s != draw_seeds(4, 7, 30)
+
+
+def test_history_not_starting_at_1_says_how_to_fix(tmp_path: Path) -> None:
+    path = tmp_path / "h.bin"
+    path.write_bytes(MAGIC_V1 + HistoryRecord(2, ((5, 0.5),)).encode(version=1))
+    with pytest.raises(ConfigError, match=r"iteration 2 where iteration 1 was expected.*truncate"):
+        ESHistory(path).open()
+
+
+def test_master_from_another_model_says_how_to_fix() -> None:
+    w = ESWeights.from_model(two_layer())
+    with pytest.raises(ConfigError, match=r"lack 2 of the model's tensors.*policy\.model"):
+        w.load_master({"0.weight": w.master["0.weight"], "0.bias": w.master["0.bias"]})
+    bad = dict(w.master)
+    bad["0.bias"] = torch.zeros(3)
+    with pytest.raises(ConfigError, match="different model"):
+        w.load_master(bad)
