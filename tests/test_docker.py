@@ -335,3 +335,49 @@ def test_install_script_refuses_a_mathlib_built_for_another_toolchain(
     else:
         assert r.returncode == 3 and "built for leanprover/lean4:v4.9.0" in r.stderr
         assert calls == ["lake update"]  # no cache download, no build for the wrong Lean
+
+
+@pytest.mark.docker
+async def test_containers_of_a_sigkilled_owner_are_reaped_at_the_next_start(
+    docker_image: str, tmp_path: Path
+) -> None:
+    # SIGKILL runs no handler and no atexit: the containers outlive their owner until the next
+    # runtime on this host starts.
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from test_docker import config
+        from leanrl.runtimes.docker import DockerRuntime
+        from pathlib import Path
+
+        async def main():
+            rt = DockerRuntime(config({docker_image!r}, Path({str(tmp_path)!r})))
+            await rt.start()
+            print(rt.pool.backend.owner, flush=True)
+            await asyncio.sleep(600)
+
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=str(REPO),
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )  # fmt: skip
+    owner = ""
+    try:
+        assert proc.stdout is not None
+        owner = proc.stdout.readline().strip()
+        assert owner and len(containers_of(owner)) == 1
+        proc.kill()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        assert len(containers_of(owner)) == 1  # left behind by the crash
+        rt = DockerRuntime(config(docker_image, tmp_path / "next"))
+        (tmp_path / "next").mkdir()
+        async with rt:
+            assert containers_of(owner) == []
+            assert len(rt.pool.backend.removed_stale) == 1  # type: ignore[union-attr,attr-defined]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if owner and containers_of(owner):
+            _docker("rm", "--force", *containers_of(owner))
