@@ -231,7 +231,13 @@ def test_openai_backend_end_to_end(
             texts = ["\n  omega\n", "\n  simp\n"]
             return {
                 "choices": [
-                    {"index": i, "text": texts[i % 2], "finish_reason": "stop"}
+                    {
+                        "index": i,
+                        "text": texts[i % 2],
+                        "finish_reason": "stop",
+                        # no token ids (hosted APIs send none); one logprob per token
+                        "logprobs": {"token_logprobs": [-0.5] * (3 + i)},
+                    }
                     for i in range(body["n"])
                 ]
             }
@@ -265,4 +271,8 @@ def test_openai_backend_end_to_end(
     out = capsys.readouterr().out
     assert code == 0 and "pass@1=50.0%" in out and "pass@2=100.0%" in out
     assert all(b["model"] == "served-prover" and b["n"] == 2 for b in srv.bodies)
-    assert len((tmp_path / "o" / "results.jsonl").read_text().splitlines()) == 6
+    recs = [json.loads(x) for x in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
+    assert len(recs) == 6
+    # token counts come from the logprobs when the server sends no ids; unknown is None, not 0
+    assert sorted({(r["sample"], r["completion_tokens"]) for r in recs}) == [(0, 3), (1, 4)]
+    assert {r["prompt_tokens"] for r in recs} == {None}

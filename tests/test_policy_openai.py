@@ -20,8 +20,11 @@ class Server:
     """An OpenAI-compatible server. Each prompt's first ``fail`` requests get 503/429 or a dropped
     connection; it records the peak number of requests in flight."""
 
-    def __init__(self, fail: int = 2, delay_s: float = 0.05, status: int | None = None) -> None:
+    def __init__(
+        self, fail: int = 2, delay_s: float = 0.05, status: int | None = None, garbage: int = 0
+    ) -> None:
         self.fail, self.delay_s, self.status = fail, delay_s, status
+        self.garbage = garbage  # then this many "200 OK" answers that are not JSON
         self.seen: dict[str, int] = {}
         self.bodies: list[dict[str, Any]] = []
         self.in_flight = 0
@@ -54,6 +57,14 @@ class Server:
                             self.connection.close()  # a dropped connection
                             return None
                         return self._send(503 if tries % 2 else 429, {"error": "busy"})
+                    if tries <= server.fail + server.garbage:
+                        blob = b"<html>gateway hiccup</html>"
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/html")
+                        self.send_header("Content-Length", str(len(blob)))
+                        self.end_headers()
+                        self.wfile.write(blob)
+                        return None
                     return self._send(200, server.answer(self.path, body))
                 finally:
                     with server.lock:
@@ -173,3 +184,29 @@ async def test_nobody_listening_fails_at_start() -> None:
     p = policy(url)
     with pytest.raises(PolicyError, match="cannot reach the OpenAI-compatible server"):
         await p.start()
+
+
+async def test_a_200_that_is_not_json_is_retried_then_reported() -> None:
+    with Server(fail=0, garbage=1) as s:
+        p = policy(s.url, max_retries=2)
+        out = await p.generate(["x"], SamplingConfig())
+        assert out[0][0].text == "x -> 0" and p.retries == 1
+        await p.close()
+    with Server(fail=0, garbage=100) as s:
+        p = policy(s.url, max_retries=1)
+        with pytest.raises(PolicyError, match="not a JSON object"):
+            await p.generate(["x"], SamplingConfig())
+        await p.close()
+
+
+def test_one_policy_serves_several_event_loops() -> None:
+    """`run_sync`, notebooks and trainers call the same policy from fresh event loops; the
+    semaphore and connections of the first loop must not be reused in the next."""
+    import asyncio
+
+    with Server(fail=0) as s:
+        p = policy(s.url, max_concurrency=1)  # one slot: the semaphore is contended
+        for _ in range(2):
+            out = asyncio.run(p.generate(["a", "b", "c"], SamplingConfig()))
+            assert [row[0].text for row in out] == ["a -> 0", "b -> 0", "c -> 0"]
+        asyncio.run(p.close())

@@ -211,8 +211,10 @@ def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
         "completion": r.completion,
         "finish_reason": r.turns[-1].finish_reason if r.turns else None,
         "prompt": prompt,
-        "prompt_tokens": len(r.prompt_ids),
-        "completion_tokens": sum(len(t.completion_ids) for t in r.turns),
+        # An HTTP backend may return no token ids; one logprob per generated token still
+        # counts them. A prompt whose tokens nobody reported is None, not 0.
+        "prompt_tokens": len(r.prompt_ids) if r.prompt_ids else None,
+        "completion_tokens": sum(len(t.completion_ids) or len(t.logprobs or ()) for t in r.turns),
         "feedback_tokens": sum(len(t.feedback_ids) for t in r.turns),
         "timings": r.timings,
         "meta": r.meta,

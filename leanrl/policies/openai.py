@@ -36,12 +36,18 @@ class OpenAIPolicy(Policy):
         super().__init__(config)
         self._client: httpx.AsyncClient | None = None
         self._sem: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.retries = 0
         """Transient failures retried so far (for logs and tests)."""
 
     async def start(self) -> None:
-        if self._client is not None:
+        loop = asyncio.get_running_loop()
+        if self._client is not None and self._loop is loop:
             return
+        if self._client is not None:
+            # Used from a new event loop (`run_sync`, a notebook, a trainer step): the client's
+            # connections and the semaphore belong to the old loop and cannot be awaited here.
+            self._client = None
         headers = {}
         key = os.environ.get(self.config.api_key_env)
         if key:
@@ -53,6 +59,7 @@ class OpenAIPolicy(Policy):
             limits=httpx.Limits(max_connections=self.config.max_concurrency),
         )
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
+        self._loop = loop
         try:
             # Fail in seconds, not after a whole run's worth of retries, when nobody listens.
             await self._client.get("models", timeout=10.0)
@@ -66,8 +73,9 @@ class OpenAIPolicy(Policy):
 
     async def close(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+            client, self._client = self._client, None
+            if self._loop is asyncio.get_running_loop():
+                await client.aclose()
 
     async def generate(
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
@@ -120,10 +128,17 @@ class OpenAIPolicy(Policy):
                     last = f"{type(e).__name__}: {e}"
                 else:
                     if r.status_code == 200:
-                        out: dict[str, Any] = r.json()
-                        return out
-                    last = f"HTTP {r.status_code}: {r.text[:300]}"
-                    if r.status_code not in _RETRY_STATUS:
+                        try:
+                            out = r.json()
+                        except ValueError:
+                            out = None
+                        if isinstance(out, dict):
+                            return out
+                        # A proxy or a dying server can answer 200 with something else.
+                        last = f"HTTP 200 with a body that is not a JSON object: {r.text[:300]!r}"
+                    else:
+                        last = f"HTTP {r.status_code}: {r.text[:300]}"
+                    if r.status_code != 200 and r.status_code not in _RETRY_STATUS:
                         raise PolicyError(
                             f"{self.config.base_url}/{path} rejected the request ({last})"
                         )
