@@ -115,6 +115,22 @@ class Policy(abc.ABC):
     ) -> list[list[Completion]]:
         """``sampling.n`` completions for each prompt, in order."""
 
+    async def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """``sampling.n`` completions for each prompt given as token ids, in order (optional).
+
+        The model conditions on exactly these ids (chat template, if any, already in them); each
+        Completion's ``prompt_token_ids`` echoes them. Multi-turn harnesses use this to grow a
+        context as ``prompt ids + completion ids + feedback ids``, so the ids a trainer replays
+        are the ids the model saw (re-tokenizing the text would drift). Backends that cannot
+        take ids (for example the ``openai`` backend) leave it unimplemented.
+        """
+        raise NotImplementedError(
+            f"policy {self.name!r} cannot generate from token ids; use generate() with text "
+            "prompts (multi-turn harnesses fall back to text contexts)"
+        )
+
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens (for environment feedback tokens)."""
         raise NotImplementedError(f"policy {self.name!r} cannot tokenize")

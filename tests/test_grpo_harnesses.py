@@ -110,3 +110,92 @@ def test_grpo_steps_through_builtin_harness(
         assert row["loss_tokens"] > 0
         assert row["time_generate"] > 0.0
     assert RunDir(tmp_path / "run").latest_checkpoint() is not None
+
+
+class _Spy:
+    """Wraps a policy; keeps every batch of completions it returned (their ``prompt_token_ids``
+    are the ids the policy fed the model) and which entry point was used."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, list[list[Any]]]] = []
+
+    def make(self) -> Any:
+        from leanrl.policy import Policy
+
+        spy = self
+
+        class SpyPolicy(Policy):
+            name = "spy"
+            tokenizer = spy.inner.tokenizer
+
+            def tokenize(self, text: str) -> list[int]:
+                return spy.inner.tokenize(text)
+
+            async def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
+                out = await spy.inner.generate(prompts, sampling)
+                spy.calls.append(("text", out))
+                return out
+
+            async def generate_from_ids(self, prompt_ids: Any, sampling: SamplingConfig) -> Any:
+                out = await spy.inner.generate_from_ids(prompt_ids, sampling)
+                spy.calls.append(("ids", out))
+                return out
+
+        return SpyPolicy(spy.inner.config)
+
+
+@pytest.mark.parametrize("fmt", ["deepseek", "chat"])
+@pytest.mark.parametrize("kind", ["hf", "train"])
+def test_tactic_loop_records_exactly_the_ids_the_model_saw(
+    tiny_model_dir: Path, tmp_path: Path, kind: str, fmt: str
+) -> None:
+    from leanrl.policies.hf import HFPolicy
+
+    if kind == "hf":
+        inner: Any = HFPolicy(PolicyConfig(model=str(tiny_model_dir)))
+        asyncio.run(inner.start())
+    else:
+        from leanrl.train.grpo_engine import GRPOEngine
+
+        engine = GRPOEngine(_config(tiny_model_dir, tmp_path / "run"), RunDir(tmp_path / "run"))
+        engine.load(resumed=False)
+        inner = asyncio.run(engine.make_generation_policy())
+    spy = _Spy(inner)
+    cfg = EnvironmentConfig(
+        id="test-scripted",
+        harness=HarnessConfig(name="tactic-loop", prompt_format=fmt, max_turns=3),
+    )
+    env = ScriptedEnv(cfg)
+    sampling = SamplingConfig(n=2, max_tokens=10, top_p=1.0, seed=0)
+
+    async def go() -> Any:
+        async with env:
+            return await env.rollout(env.tasks()[:1], spy.make(), sampling)
+
+    (group,) = asyncio.run(go())
+    assert [how for how, _ in spy.calls] == ["text", "ids", "ids"]
+    for i, r in enumerate(group):
+        assert r.meta["context"] == "ids" and len(r.turns) == 3
+        assert r.prompt_ids  # the first prompt as the policy tokenized it
+        context = list(r.prompt_ids)
+        for turn, (_, batch) in zip(r.turns, spy.calls, strict=True):
+            (c,) = batch[i]
+            assert list(c.prompt_token_ids) == context  # what the model conditioned on
+            assert list(c.token_ids) == turn.completion_ids
+            context += turn.completion_ids + turn.feedback_ids
+        ids, _, _ = r.token_ids_and_mask()
+        assert list(r.prompt_ids) + ids == context  # what a trainer replays
+
+
+async def test_a_policy_without_ids_uses_text_contexts() -> None:
+    from leanrl import Taskset
+    from leanrl.harnesses.tactic_loop import TacticLoopHarness
+    from leanrl.task import Task
+    from tests._scripted_runtime import ScriptedPolicy
+
+    task = Task(name="s0", header="import Mathlib\n", formal_statement=STATEMENTS[0])
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="deepseek"))
+    policy = ScriptedPolicy([], per_turn=["intro a\n", "omega\n"])
+    (group,) = await h.run([task], policy, ScriptedRuntime(), SamplingConfig(n=1), Taskset())
+    assert group[0].meta["context"] == "text" and len(policy.calls) == 2

@@ -138,8 +138,11 @@ async def test_tiny_model_turns_keep_model_and_environment_tokens_apart(tiny_mod
     for r in groups[0]:
         assert r.verdict is not None and len(r.turns) == 2  # random text: errors, then budget
         ids, mask, lps = r.token_ids_and_mask()
+        assert r.meta["context"] == "ids"
         for t in r.turns:
-            assert t.feedback_ids == policy.tokenize(t.feedback)
+            # A chat turn's feedback ids: end of turn, the user message, the generation prompt.
+            assert len(t.feedback_ids) > len(policy.tokenize(t.feedback))
+            assert t.feedback in policy.tokenizer.decode(t.feedback_ids)
             assert len(t.completion_ids) == len(t.logprobs or [])
         assert sum(mask) == sum(len(t.completion_ids) for t in r.turns)
         assert len(ids) - sum(mask) == sum(len(t.feedback_ids) for t in r.turns) > 0

@@ -30,6 +30,7 @@ from leanrl.verdict import Reason, Verdict, VerificationPolicy
 
 from ..whole_proof.extract import strip_reasoning
 from ..whole_proof.harness import check_and_reward
+from .context import feedback_ids, ids_capable
 
 __all__ = ["TacticLoopHarness", "extract_tactics", "join_tactics"]
 
@@ -77,6 +78,9 @@ class _Episode:
     session: TacticSession | None = None
     gen_s: float = 0.0
     apply_s: float = 0.0
+    mode: str = "text"  # "ids": the context after turn 1 is kept as token ids
+    prompt_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
 
 
 class TacticLoopHarness(Harness):
@@ -166,11 +170,12 @@ class TacticLoopHarness(Harness):
                         task_id=ep.task.id,
                         sample=ep.sample,
                         prompt=ep.prompt,
+                        prompt_ids=ep.prompt_ids,
                         turns=ep.turns,
                         proof=join_tactics(ep.steps) if solved else None,
                         verdict=ep.verdict,
                         timings={"generate": ep.gen_s, "tactics": ep.apply_s},
-                        meta={"turns": len(ep.turns), "tokens": ep.tokens},
+                        meta={"turns": len(ep.turns), "tokens": ep.tokens, "context": ep.mode},
                     )
                 )
             groups.append(group)
@@ -189,8 +194,10 @@ class TacticLoopHarness(Harness):
         turn_sampling = sampling.model_copy(update={"n": 1})
         if not sampling.stop and not self.chat:
             turn_sampling.stop = ["```"]
+        mode = "ids" if ids_capable(policy, self.chat) else "text"
         async with AsyncExitStack() as stack:
             for ep in eps:
+                ep.mode = mode
                 try:
                     ep.session = await stack.enter_async_context(
                         _open_session(runtime, ep.task.header, rules)
@@ -206,7 +213,7 @@ class TacticLoopHarness(Harness):
                 if sampling.seed is not None:
                     turn_sampling.seed = sampling.seed + turn
                 t0 = time.perf_counter()
-                outs = await policy.generate([ep.context for ep in live], turn_sampling)
+                outs = await self._generate(live, policy, turn_sampling, first=turn == 0)
                 gen_s = (time.perf_counter() - t0) / len(live)
                 await asyncio.gather(
                     *(
@@ -221,6 +228,21 @@ class TacticLoopHarness(Harness):
                         Reason.ERROR,
                         f"{len(ep.goals)} goal(s) left after {cfg.max_turns} turns",
                     )
+
+    async def _generate(
+        self, live: list[_Episode], policy: Policy, sampling: SamplingConfig, first: bool
+    ) -> list[list[Completion]]:
+        """One batched generation for the live episodes: from their token ids when they all
+        keep them (see ``context.py``), else from their text contexts."""
+        if not first and all(ep.mode == "ids" for ep in live):
+            try:
+                return await policy.generate_from_ids([ep.ids for ep in live], sampling)
+            except NotImplementedError:
+                pass  # a wrapper that cannot after all: text from here on
+        for ep in live:
+            if not first:
+                ep.mode = "text"
+        return await policy.generate([ep.context for ep in live], sampling)
 
     async def _start(self, ep: _Episode) -> None:
         assert ep.session is not None
@@ -273,10 +295,20 @@ class TacticLoopHarness(Harness):
             )
 
     def _record(self, ep: _Episode, c: Completion, feedback: str, policy: Policy) -> None:
-        try:
-            fb_ids = policy.tokenize(feedback) if feedback else []
-        except NotImplementedError:
-            fb_ids = []  # a backend that cannot tokenize: the mask still holds for model tokens
+        if not ep.turns:
+            ep.prompt_ids = list(c.prompt_token_ids)
+            if ep.mode == "ids" and not ep.prompt_ids:
+                ep.mode = "text"  # the policy did not say what it conditioned on
+            ep.ids = list(ep.prompt_ids)
+        fb_ids: list[int] = []
+        if ep.mode == "ids":
+            fb_ids = feedback_ids(policy, c, feedback, self.chat) if feedback else []
+            ep.ids += [*c.token_ids, *fb_ids]
+        else:
+            try:
+                fb_ids = policy.tokenize(feedback) if feedback else []
+            except NotImplementedError:
+                pass  # a backend that cannot tokenize: the mask still holds for model tokens
         ep.turns.append(
             Turn(
                 completion=c.text,

@@ -110,18 +110,32 @@ class HFPolicy(Policy):
         async with self._loop_lock():
             return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
 
+    async def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """``sampling.n`` completions for each prompt given as token ids (used as they are)."""
+        await self.start()
+        encoded = check_prompt_ids(prompt_ids, len(self._tok))
+        async with self._loop_lock():
+            return await asyncio.to_thread(self._generate_ids_sync, encoded, sampling)
+
     def _generate_sync(
         self, prompts: list[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
-        import torch
-
         tok = self._tok
         encoded: list[list[int]] = []
         for p in prompts:
             text, has_specials = self.render(p)
             encoded.append(list(tok(text, add_special_tokens=not has_specials).input_ids))
-        rows = [i for i in range(len(prompts)) for _ in range(sampling.n)]
-        out: list[list[Completion]] = [[] for _ in prompts]
+        return self._generate_ids_sync(encoded, sampling)
+
+    def _generate_ids_sync(
+        self, encoded: list[list[int]], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        import torch
+
+        rows = [i for i in range(len(encoded)) for _ in range(sampling.n)]
+        out: list[list[Completion]] = [[] for _ in encoded]
         if sampling.seed is not None:
             # One seed per call: the same prompts, config and seed replay the same samples.
             torch.manual_seed(sampling.seed)
@@ -233,6 +247,23 @@ class _LogprobRecorder:
             self.steps.append(self.prev.gather(1, generated[:, -1:]).squeeze(1))
         self.prev = None
         return torch.stack(self.steps, dim=1).cpu()
+
+
+def check_prompt_ids(prompt_ids: Sequence[Sequence[int]], vocab: int) -> list[list[int]]:
+    """The prompts as lists of ints, or a clear error for an empty prompt or an id out of range."""
+    out: list[list[int]] = []
+    for k, ids in enumerate(prompt_ids):
+        row = [int(x) for x in ids]
+        if not row:
+            raise PolicyError(f"prompt_ids[{k}] is empty: a prompt needs at least one token")
+        bad = [x for x in row if not 0 <= x < vocab]
+        if bad:
+            raise PolicyError(
+                f"prompt_ids[{k}] holds token id {bad[0]}, outside this tokenizer's "
+                f"vocabulary (0..{vocab - 1}): were the ids made with another tokenizer?"
+            )
+        out.append(row)
+    return out
 
 
 def _eos_ids(model: Any, tok: Any) -> set[int]:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from leanrl.policies.hf import check_prompt_ids
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 
 __all__ = ["TrainPolicy"]
@@ -72,10 +73,23 @@ class TrainPolicy(Policy):
         # verifying finished attempts meanwhile.
         return await asyncio.to_thread(self.generate_sync, prompts, sampling)
 
+    async def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """``sampling.n`` completions for each prompt given as token ids (used as they are)."""
+        encoded = check_prompt_ids(prompt_ids, len(self.tokenizer))
+        return await asyncio.to_thread(self.generate_ids_sync, encoded, sampling)
+
     def generate_sync(
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         """Blocking :meth:`generate`."""
+        return self.generate_ids_sync([self.prompt_ids(p) for p in prompts], sampling)
+
+    def generate_ids_sync(
+        self, encoded: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """Blocking :meth:`generate_from_ids` (no checks on the ids)."""
         with self.lock:
             gen = torch.Generator(device="cpu")
             if sampling.seed is not None:
@@ -84,9 +98,8 @@ class TrainPolicy(Policy):
                 gen.manual_seed((sampling.seed * 1_000_003 + k) % (2**63))
             else:
                 gen.seed()
-            encoded = [self.prompt_ids(p) for p in prompts]
-            flat = [(i, ids) for i, ids in enumerate(encoded) for _ in range(sampling.n)]
-            out: list[list[Completion]] = [[] for _ in prompts]
+            flat = [(i, list(ids)) for i, ids in enumerate(encoded) for _ in range(sampling.n)]
+            out: list[list[Completion]] = [[] for _ in encoded]
             bs = self.config.batch_size
             for lo in range(0, len(flat), bs):
                 chunk = flat[lo : lo + bs]

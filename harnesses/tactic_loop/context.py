@@ -1,0 +1,72 @@
+"""Token-id contexts for multi-turn episodes.
+
+Re-tokenizing a growing text context each turn does not give back the ids the model produced
+(a completion's ids decode to text that encodes differently; chat templates re-render), so the
+ids a trainer replays would differ from what the model conditioned on. When the policy can
+generate from ids (:meth:`leanrl.Policy.generate_from_ids`), an episode's context after the
+first turn is kept as ids instead: the first prompt's ids as the policy tokenized them, then per
+turn the completion's ids and the feedback's ids, exactly the sequence
+``Rollout.prompt_ids + Rollout.token_ids_and_mask()[0]`` that training replays.
+
+The feedback's ids are what separates two model turns:
+
+- completion formats: the feedback text, minus any part of it the completion's own tokens
+  already hold (a completion stopped by the stop string ```` ``` ```` keeps the token that
+  completed it, while its text and the text-path feedback assume it is absent);
+- chat formats: the chat template's text between the end of an assistant message and the next
+  assistant message (end of turn, the user message holding the feedback, the generation
+  prompt), minus the end-of-turn token when the completion already ended with it.
+
+Both need the policy's Hugging Face tokenizer (``policy.tokenizer``, as the ``hf`` and
+``train-hf`` policies have); a policy without one uses text contexts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leanrl.policy import Completion, Policy
+
+__all__ = ["feedback_ids", "ids_capable"]
+
+_MARK = "LEANRL-ASSISTANT-TURN-7f3a"  # stands for the assistant's text in a probe render
+
+
+def ids_capable(policy: Policy, chat: bool) -> bool:
+    """Whether episodes with this policy (and prompt kind) can grow their context as ids."""
+    if type(policy).generate_from_ids is Policy.generate_from_ids:
+        return False
+    tok = getattr(policy, "tokenizer", None)
+    if chat:
+        return tok is not None and getattr(tok, "chat_template", None) is not None
+    return True
+
+
+def feedback_ids(policy: Policy, c: Completion, feedback: str, chat: bool) -> list[int]:
+    """The ids that follow the completion ``c`` in an ids context (see the module doc)."""
+    tok: Any = getattr(policy, "tokenizer", None)
+    if chat:
+        return policy.tokenize(_chat_separator(tok, c, feedback))
+    if tok is not None and c.token_ids:
+        decoded = str(tok.decode(list(c.token_ids), skip_special_tokens=True))
+        extra = decoded[len(c.text) :] if decoded.startswith(c.text) else ""
+        n = 0  # the start of the feedback that the completion's tokens already spell
+        while n < min(len(extra), len(feedback)) and extra[n] == feedback[n]:
+            n += 1
+        feedback = feedback[n:]
+    return policy.tokenize(feedback)
+
+
+def _chat_separator(tok: Any, c: Completion, feedback: str) -> str:
+    msgs = [
+        {"role": "user", "content": "."},
+        {"role": "assistant", "content": _MARK},
+        {"role": "user", "content": feedback},
+    ]
+    text = str(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    after = text[text.rindex(_MARK) + len(_MARK) :]
+    if c.token_ids:
+        last = str(tok.decode([c.token_ids[-1]], skip_special_tokens=False))
+        if last.strip() and after.startswith(last):
+            after = after[len(last) :]  # the model already closed its turn
+    return after
