@@ -15,7 +15,13 @@ import modal
 import pytest
 
 from leanrl import registry
-from leanrl._sandbox_config import ClientConfig, ModalConfig, PoolConfig, ServiceLimits
+from leanrl._sandbox_config import (
+    ClientConfig,
+    DockerConfig,
+    ModalConfig,
+    PoolConfig,
+    ServiceLimits,
+)
 from leanrl.errors import ConfigError
 from leanrl.runtime import RuntimeConfig
 from leanrl.runtimes.modal import ModalRuntime
@@ -224,3 +230,21 @@ def test_request_timeouts_cover_a_whole_batch() -> None:
     )
     s2 = ModalRuntime(rc.model_copy(update={"modal": m})).settings()
     assert s2.service.request_timeout_s == 10 and s2.client.request_timeout_s == 5
+
+
+def test_inner_workers_follow_the_sandbox_cpus_not_the_hosts() -> None:
+    # workers = 0 means "one per CPU"; inside a container os.cpu_count() is the host's count,
+    # so the runtime resolves it to the sandbox's own CPUs before starting the service.
+    from leanrl.runtimes.docker import DockerRuntime
+
+    def workers(args: list[str]) -> str:
+        return args[args.index("--runtime.workers") + 1]
+
+    rc = RuntimeConfig(name="modal", modal=ModalConfig(cpu=3.0))
+    assert workers(ModalRuntime(rc).make_backend().serve_args) == "3"
+    local = rc.model_copy(update={"modal": ModalConfig(cpu=2.0, backend="local")})
+    assert workers(ModalRuntime(local).make_backend().serve_args) == "2"
+    drc = RuntimeConfig(name="docker", docker=DockerConfig(cpus=0.5))
+    assert workers(DockerRuntime(drc).make_backend().serve_args) == "1"
+    explicit = RuntimeConfig(name="docker", workers=6, docker=DockerConfig(cpus=2.0))
+    assert workers(DockerRuntime(explicit).make_backend().serve_args) == "6"

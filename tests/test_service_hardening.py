@@ -130,7 +130,10 @@ async def test_an_in_flight_idempotent_request_is_never_evicted(tmp_path: Path) 
         slow = asyncio.create_task(
             http.post(f"{url}/check", json=body("sleep 0.5"), headers={"Idempotency-Key": "a"})
         )
-        await asyncio.sleep(0.1)
+        for _ in range(400):  # until "a" is running in the service
+            if (await http.get(f"{url}/metrics")).json()["queue_depth"] == 1:
+                break
+            await asyncio.sleep(0.005)
         r = await http.post(f"{url}/check", json=body("ok"), headers={"Idempotency-Key": "b"})
         assert r.status_code == 200
         # "a" is still running: its retry must wait for it, not check it a second time

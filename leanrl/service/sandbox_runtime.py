@@ -68,15 +68,22 @@ def inner_runtime_args(
     name: str,
     options: dict[str, Any] | None = None,
     limits: ServiceLimits | None = None,
+    cpus: float | None = None,
 ) -> list[str]:
     """``leanrl serve`` flags that make the service inside a sandbox wrap runtime ``name`` with
     this config's Lean settings (per-attempt timeout, memory cap, workers, ...) and apply
-    ``limits``."""
+    ``limits``.
+
+    ``workers = 0`` ("one per CPU") is resolved here to the sandbox's ``cpus``: inside a
+    container ``os.cpu_count()`` reports the host's CPUs, not the ``--cpus`` quota, and that many
+    Lean processes importing Mathlib would not fit the sandbox's memory."""
     args = ["--runtime.name", name]
     for f, value in (limits.model_dump() if limits else {}).items():
         args += [f"--limits.{f}", str(value)]
     for f in _INNER_FIELDS:
         value = getattr(config, f)
+        if f == "workers" and not value and cpus is not None:
+            value = max(1, int(cpus))
         if isinstance(value, bool):
             args.append(f"--runtime.{f}" if value else f"--no-runtime.{f}")
         else:

@@ -54,5 +54,7 @@ class DockerRuntime(SandboxRuntime):
 
         d = self.config.docker
         service = self.settings().service
-        args = inner_runtime_args(self.config, d.inner_runtime, d.inner_options, service)
+        args = inner_runtime_args(
+            self.config, d.inner_runtime, d.inner_options, service, cpus=d.cpus
+        )
         return DockerBackend(d, args)

@@ -61,7 +61,9 @@ class ModalRuntime(SandboxRuntime):
         if m.backend == "local":
             from leanrl.runtimes.modal.local_backend import LocalProcessBackend
 
-            args = inner_runtime_args(self.config, m.local_runtime, m.inner_options, service)
+            args = inner_runtime_args(
+                self.config, m.local_runtime, m.inner_options, service, cpus=m.cpu
+            )
             return LocalProcessBackend(
                 args,
                 cpu=m.cpu,
@@ -70,5 +72,5 @@ class ModalRuntime(SandboxRuntime):
             )
         from leanrl.runtimes.modal.backend import ModalBackend
 
-        args = inner_runtime_args(self.config, "local", m.inner_options, service)
+        args = inner_runtime_args(self.config, "local", m.inner_options, service, cpus=m.cpu)
         return ModalBackend(m, args)
