@@ -201,6 +201,7 @@ class RunDir:
         for leftover in self.path.glob(".tmp-checkpoint-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-checkpoint-{step}-", dir=self.path))
+        tmp.chmod(0o755)  # mkdtemp makes it private; a published checkpoint is an ordinary folder
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
