@@ -205,3 +205,22 @@ async def test_tactic_session_real_lean() -> None:
             assert bad.error
     finally:
         await rt.close()
+
+
+async def test_tactic_blocks_real_lean() -> None:
+    # Several tactics per request (REPL issue #43) go as one `(tacticSeq)`; the pre-scan answers
+    # for code-running tactics without asking Lean.
+    rt = await _runtime("repl")
+    try:
+        async with rt.tactic_session("") as s:
+            st = await s.start(SYMM)
+            assert st.proof_state is not None
+            for block in ["have h2 := h.symm\nexact h2", "have h2 := h.symm; exact h2"]:
+                done = await s.apply(st.proof_state, block)
+                assert done.solved, (block, done)
+            part = await s.apply(st.proof_state, "  have h2 := h.symm\n  -- keep going\n")
+            assert part.error is None and part.goals, part
+            bad = await s.apply(st.proof_state, "run_tac pure ()")
+            assert bad.error and "pre-scan" in bad.error
+    finally:
+        await rt.close()
