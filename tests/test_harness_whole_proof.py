@@ -34,13 +34,18 @@ def test_deepseek_prompt_opens_a_block_with_header_comment_and_statement() -> No
 
 
 def test_kimina_prompt_is_the_model_card_layout() -> None:
-    msgs = build_prompt(TASK, HarnessConfig(prompt_format="kimina"))
-    assert [m.role for m in msgs] == ["system", "user"]
-    assert msgs[0].content == "You are an expert in mathematics and Lean 4."
-    assert msgs[1].content == (
+    user = (
         "Think about and solve the following problem step by step in Lean 4.\n"
         f"# Problem:Show x = 1.\n# Formal statement:\n```lean4\n{HEADER}{STMT}\n```\n"
     )
+    msgs = build_prompt(TASK, HarnessConfig(prompt_format="kimina"))
+    assert [m.role for m in msgs] == ["system", "user"]
+    # Kimina-Prover-72B / Distill-8B / Distill-1.7B
+    assert msgs[0].content == "You are an expert in mathematics and proving theorems in Lean 4."
+    assert msgs[1].content == user
+    preview = build_prompt(TASK, HarnessConfig(prompt_format="kimina-preview"))
+    assert preview[0].content == "You are an expert in mathematics and Lean 4."  # Preview cards
+    assert preview[1].content == user
 
 
 def test_goedel_prompt_is_the_v2_readme_layout() -> None:

@@ -6,9 +6,12 @@
   block (so ``"```"`` is the natural stop string).
 - ``chat``: a chat prompt (system + user) asking to reason step by step and then give the
   complete Lean 4 code in a ```lean4 block. Suits reasoning provers (Kimina, Goedel-V2 style).
-- ``kimina``: the chat layout of the Kimina-Prover model cards: system prompt "You are an expert
-  in mathematics and Lean 4.", a user turn with the instruction, ``# Problem:`` and
-  ``# Formal statement:`` with the code in a ```lean4 block.
+- ``kimina``: the chat layout of the Kimina-Prover models (Kimina-Prover-72B and its
+  Distill-8B/1.7B): system prompt "You are an expert in mathematics and proving theorems in
+  Lean 4.", a user turn with the instruction, ``# Problem:`` and ``# Formal statement:`` with the
+  code in a ```lean4 block.
+- ``kimina-preview``: the same layout with the Kimina-Prover-Preview cards' system prompt
+  ("You are an expert in mathematics and Lean 4."), for the Preview-Distill-1.5B/7B models.
 - ``goedel``: the Goedel-Prover-V2 README layout: one user turn (no system prompt) asking to
   complete the code, whose statement ends in ``sorry``, with a detailed proof plan first.
 - ``custom``: ``HarnessConfig.template`` (``str.format`` fields ``{header}``,
@@ -26,13 +29,14 @@ from leanrl.task import Task
 
 __all__ = ["FORMATS", "build_prompt", "default_stop", "informal_comment", "is_completion_style"]
 
-FORMATS = ("deepseek", "chat", "kimina", "goedel", "custom")
+FORMATS = ("deepseek", "chat", "kimina", "kimina-preview", "goedel", "custom")
 
 DEFAULT_SYSTEM = (
     "You are an expert in mathematics and in proving theorems in Lean 4 with Mathlib. "
     "Your proofs are checked by the Lean compiler."
 )
-KIMINA_SYSTEM = "You are an expert in mathematics and Lean 4."
+KIMINA_SYSTEM = "You are an expert in mathematics and proving theorems in Lean 4."
+KIMINA_PREVIEW_SYSTEM = "You are an expert in mathematics and Lean 4."
 # Goedel-Prover-V2's README prompt, word for word (the model was trained on it).
 GOEDEL_PLAN = (
     "Before producing the Lean 4 code to formally prove the given theorem, provide a detailed "
@@ -111,12 +115,14 @@ def build_prompt(task: Task, config: HarnessConfig) -> Prompt:
             ChatMessage(role="user", content=text),
         ]
     code = f"```lean4\n{task.header}{statement}\n```"
-    if fmt == "kimina":
+    if fmt in ("kimina", "kimina-preview"):
         user = (
             "Think about and solve the following problem step by step in Lean 4.\n"
             f"# Problem:{informal}\n# Formal statement:\n{code}\n"
         )
-        system = config.system_prompt or KIMINA_SYSTEM
+        system = config.system_prompt or (
+            KIMINA_SYSTEM if fmt == "kimina" else KIMINA_PREVIEW_SYSTEM
+        )
     elif fmt == "goedel":
         user = (
             "Complete the following Lean 4 code:\n\n```lean4\n"
