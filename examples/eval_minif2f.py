@@ -16,7 +16,9 @@ from leanrl.eval import EvalConfig, run_eval_sync
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="AI-MO/Kimina-Prover-Distill-1.7B")
-    ap.add_argument("--prompt-format", default="kimina", help="deepseek, chat, kimina, kimina-preview, goedel")
+    ap.add_argument(
+        "--prompt-format", default="kimina", help="deepseek, chat, kimina, kimina-preview, goedel"
+    )
     ap.add_argument("--data", default=None, help="local miniF2F JSONL (default: the HF hub)")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--samples", type=int, default=4)
