@@ -183,3 +183,26 @@ async def test_tactics_are_prescanned_under_the_taskset_rules(allow_native: bool
         assert t[2].feedback.startswith("No goals remain")
     else:
         assert t[1].feedback.startswith("Error: pre-scan") and "native_decide" in t[1].feedback
+
+
+async def test_more_samples_than_processes_do_not_wait_forever() -> None:
+    # One process in the pool, three episodes: a wave that opened all three sessions at once
+    # would hold one process and wait forever for the next. Waves follow the runtime's room.
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    from leanrl import RuntimeConfig
+    from leanrl.runtimes.local import LocalRuntime
+
+    fake = [sys.executable, str(Path(__file__).with_name("fake_repl.py"))]
+    rt = LocalRuntime(
+        RuntimeConfig(workers=1, timeout_s=5.0, options={"repl_command": fake, "spares": 0})
+    )
+    assert rt.max_tactic_sessions == 1
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=2))
+    async with rt:
+        run = h.run([TASK], ScriptedPolicy(["simp"]), rt, SamplingConfig(n=3), Taskset())
+        # The guard only turns a hang into a failure; the run itself takes well under a second.
+        (group,) = await asyncio.wait_for(run, timeout=120)
+    assert [r.verdict.reason for r in group if r.verdict] == [Reason.OK] * 3

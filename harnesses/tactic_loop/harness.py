@@ -96,7 +96,8 @@ class TacticLoopHarness(Harness):
 
     @property
     def wave_size(self) -> int:
-        """Episodes (tactic sessions) open at once: ``options["max_sessions"]`` (default 16)."""
+        """Episodes (tactic sessions) open at once: ``options["max_sessions"]`` (default 16),
+        lowered to the runtime's ``max_tactic_sessions`` where it has one."""
         return int(self.config.options.get("max_sessions", 16))
 
     def first_prompt(self, task: Task, goals: Sequence[str]) -> Prompt:
@@ -152,9 +153,15 @@ class TacticLoopHarness(Harness):
         taskset: Taskset,
     ) -> list[list[Rollout]]:
         episodes = [_Episode(t, i, "", "") for t in tasks for i in range(sampling.n)]
-        for start in range(0, len(episodes), self.wave_size):
+        wave = self.wave_size
+        # A wave holds all its sessions until it ends: never more than the runtime can hold at
+        # once, or the last ones would wait forever for a process (``local``: workers + spares).
+        cap = getattr(runtime, "max_tactic_sessions", None)
+        if isinstance(cap, int) and cap > 0:
+            wave = min(wave, cap)
+        for start in range(0, len(episodes), wave):
             await self._wave(
-                episodes[start : start + self.wave_size],
+                episodes[start : start + wave],
                 policy,
                 runtime,
                 sampling,

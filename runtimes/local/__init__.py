@@ -128,6 +128,15 @@ class LocalRuntime(Runtime):
         assert self.oneshot is not None
         return await self.oneshot.check(attempts)
 
+    @property
+    def max_tactic_sessions(self) -> int | None:
+        """Tactic sessions that can be open at once: each pins a process, and the pool holds at
+        most ``workers + spares``; a caller holding more while waiting for another would wait
+        forever. None in one-shot mode (no sessions)."""
+        if self.config.mode != "repl":
+            return None
+        return self._workers() + int(self.config.options.get("spares", 1))
+
     def tactic_session(
         self, header: str, policy: VerificationPolicy | None = None
     ) -> AbstractAsyncContextManager[TacticSession]:
