@@ -97,6 +97,9 @@ class DockerConfig(_Config):
     learn_warm_headers: int = Field(default=2, ge=0)
     """Also warm new containers with the imports of the first this-many distinct headers seen
     in batches (0: only ``warm_headers``)."""
+    sessions_per_sandbox: int = Field(default=0, ge=0)
+    """Tactic sessions that share one container (each pins one Lean process in it); 0: as many
+    as its Lean workers (``RuntimeConfig.workers``, else ``cpus``)."""
     metrics_path: Path | None = None
     """Append one JSON line per batch and one run summary (container-seconds, CPU-seconds) to
     this file. The same figures are in ``runtime.metrics()``."""
@@ -159,6 +162,9 @@ class ModalConfig(_Config):
     learn_warm_headers: int = Field(default=2, ge=0)
     """Also warm new Sandboxes with the imports of the first this-many distinct headers seen in
     batches (0: only ``warm_headers``)."""
+    sessions_per_sandbox: int = Field(default=0, ge=0)
+    """Tactic sessions that share one Sandbox (each pins one Lean process in it); 0: as many as
+    its Lean workers (``RuntimeConfig.workers``, else ``cpu``)."""
     warm_sandboxes: int = Field(default=2, ge=0)
     """Sandboxes kept started and ready (the pool's ``target_ready``)."""
     pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16, max_uses=1))

@@ -207,3 +207,22 @@ async def test_new_sandboxes_load_the_imports_batches_use(tmp_path: Path) -> Non
         async with ServiceClient(sb.url, sb.token) as c:
             assert (await c.metrics()).runtime["warmed"] == 2
         await rt.pool.release(sb, ok=True)
+
+
+async def test_tactic_sessions_share_a_sandbox_up_to_the_limit(tmp_path: Path) -> None:
+    # One sandbox may host several sessions (each pins one Lean process in it), so a tactic-loop
+    # harness does not need a whole sandbox per proof in progress.
+    pool = PoolConfig(max_sandboxes=1, max_uses=1, health_interval_s=60, acquire_timeout_s=3)
+    rt = runtime(tmp_path, pool=pool, sessions_per_sandbox=3)
+    async with rt:
+
+        async def prove(i: int) -> bool:
+            async with rt.tactic_session("import Mathlib") as s:
+                st = await s.start(f"theorem t{i} : 1 = 1 := by")
+                await asyncio.sleep(0.2)  # all three are open at once
+                return (await s.apply(st.proof_state or 0, "rfl")).solved
+
+        assert await asyncio.gather(*(prove(i) for i in range(3))) == [True, True, True]
+        m = rt.metrics()
+        assert m["pool_created"] == 1  # one sandbox hosted all three
+        await wait_for(lambda: rt.metrics()["pool_retired_used"] == 1)  # one use, then retired

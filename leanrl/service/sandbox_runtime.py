@@ -133,6 +133,17 @@ class SandboxSettings:
     metrics_path: Path | None = None
     warm_headers: tuple[str, ...] = ()
     learn_warm_headers: int = 0
+    sessions_per_sandbox: int = 1
+    """Tactic sessions sharing one sandbox (at most the service's ``max_sessions``)."""
+
+
+@dataclass(eq=False)
+class _SessionHost:
+    """A sandbox taken from the pool to host tactic sessions."""
+
+    sandbox: Sandbox
+    open: int = 0
+    broken: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,7 @@ class SandboxRuntime(Runtime):
         }
         self._start_lock: asyncio.Lock | None = None
         self._learned = 0
+        self._session_hosts: list[_SessionHost] = []
 
     # -- what subclasses provide --------------------------------------------------------------
 
@@ -288,22 +300,51 @@ class SandboxRuntime(Runtime):
     # -- tactic mode ------------------------------------------------------------------------
 
     def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
-        """A session on a sandbox taken from the pool for the session's whole life."""
+        """A session in a sandbox taken from the pool. Up to ``sessions_per_sandbox`` sessions
+        share one sandbox (each pins one Lean process there); the sandbox goes back to the pool
+        when its last session ends, and is discarded if one of them failed on it."""
 
         @contextlib.asynccontextmanager
         async def session() -> AsyncIterator[TacticSession]:
             await self.start()
             pool = self._need_pool()
-            sb = await pool.acquire()
+            host = await self._take_session_host(pool)
             ok = False
             try:
-                async with self._client(sb).tactic_session(header) as s:
+                async with self._client(host.sandbox).tactic_session(header) as s:
                     yield s
                 ok = True
+            except ServiceError:
+                raise  # the sandbox failed: not reused
+            except BaseException:
+                # A rejected request (ConfigError), the caller's own error or a cancellation:
+                # the sandbox is fine (the service closes a session whose step was cut off).
+                ok = True
+                raise
             finally:
-                await pool.release(sb, ok=ok)
+                await self._give_session_host(pool, host, ok)
 
         return session()
+
+    async def _take_session_host(self, pool: WarmPool) -> _SessionHost:
+        limit = max(
+            1, min(self.settings().sessions_per_sandbox, self.settings().service.max_sessions)
+        )
+        for host in self._session_hosts:
+            if not host.broken and host.open < limit:
+                host.open += 1
+                return host
+        sb = await pool.acquire()
+        host = _SessionHost(sb, open=1)
+        self._session_hosts.append(host)
+        return host
+
+    async def _give_session_host(self, pool: WarmPool, host: _SessionHost, ok: bool) -> None:
+        host.open -= 1
+        host.broken = host.broken or not ok
+        if host.open == 0:
+            self._session_hosts.remove(host)
+            await pool.release(host.sandbox, ok=not host.broken)
 
     # -- metrics ----------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ class DockerRuntime(SandboxRuntime):
             metrics_path=d.metrics_path,
             warm_headers=tuple(d.warm_headers),
             learn_warm_headers=d.learn_warm_headers,
+            sessions_per_sandbox=d.sessions_per_sandbox or self.config.workers or int(d.cpus),
         )
 
     def make_backend(self) -> SandboxBackend:

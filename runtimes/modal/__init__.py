@@ -53,6 +53,7 @@ class ModalRuntime(SandboxRuntime):
             metrics_path=m.metrics_path,
             warm_headers=tuple(m.warm_headers),
             learn_warm_headers=m.learn_warm_headers,
+            sessions_per_sandbox=m.sessions_per_sandbox or self.config.workers or int(m.cpu),
         )
 
     def make_backend(self) -> SandboxBackend:
