@@ -235,3 +235,26 @@ async def test_versions_name_the_lean_project(shared_data: Path, tmp_path: Path)
     assert v["lean_project_toolchain"] == "leanprover/lean4:v4.24.0"
     assert v["lean_project_mathlib_rev"] == "f897ebcf" and v["model"] == "scripted"
     assert "Lean: leanprover/lean4:v4.24.0" in (tmp_path / "v" / "report.md").read_text()
+
+
+async def test_versions_find_the_project_leanrl_setup_made(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No project configured: the one `leanrl setup` made the default is the one recorded."""
+    proj = tmp_path / "cache" / "projects" / "p"
+    proj.mkdir(parents=True)
+    (proj / "lean-toolchain").write_text("leanprover/lean4:v4.19.0\n")
+    (proj / "lake-manifest.json").write_text(
+        json.dumps({"packages": [{"name": "mathlib", "rev": "abc"}]})
+    )
+    (tmp_path / "cache" / "default-project").write_text(str(proj))
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
+    s = await run_eval(make(shared_data, tmp_path / "v", limit=1), policy=ScriptedPolicy(TEXTS))
+    v = s["versions"]
+    assert (
+        v["lean_project"] == str(proj) and v["lean_project_toolchain"] == "leanprover/lean4:v4.19.0"
+    )
+    assert v["lean_project_mathlib_rev"] == "abc"
+    report = (tmp_path / "v" / "report.md").read_text()
+    assert "Lean project used: " in report and "toolchain leanprover/lean4:v4.19.0" in report

@@ -157,8 +157,14 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
         f"max_tokens {cfg['sampling']['max_tokens']}, seed {cfg['sampling']['seed']}",
         f"- tasks: {res['tasks']} ({res['tasks_complete']} complete), attempts: "
         f"{res['attempts']}, accepted: {res['accepted']}, solved tasks: {res['solved']}",
-        f"- Lean: {ver.get('lean_toolchain')}, Mathlib: {ver.get('mathlib_rev')}, leanrl "
-        f"{ver.get('leanrl')}, model revision: {ver.get('model_revision')}",
+        f"- Lean: {ver.get('lean_toolchain')}, Mathlib: {ver.get('mathlib_rev')} (the taskset's)"
+        + (
+            f"; Lean project used: {ver.get('lean_project')} (toolchain "
+            f"{ver.get('lean_project_toolchain')}, Mathlib {ver.get('lean_project_mathlib_rev')})"
+            if ver.get("lean_project")
+            else ""
+        ),
+        f"- leanrl {ver.get('leanrl')}, model revision: {ver.get('model_revision')}",
         "",
         "## pass@k",
         "",

@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import inspect
 import json
-import os
 import shlex
 import sys
 import time
@@ -250,13 +249,19 @@ async def _versions(model: str, env: Environment, runtime: Any) -> dict[str, Any
 
 
 def _project_versions(runtime: Any) -> dict[str, Any]:
-    """The toolchain and Mathlib revision of the Lean project the runtime uses, when known
-    (``runtime.config.lean_project``, else ``LEANRL_LEAN_PROJECT``), read from its files."""
+    """The toolchain and Mathlib revision of the Lean project the runtime uses, when known, read
+    from its files: found the way the local runtime finds it (``runtime.config.lean_project``,
+    ``LEANRL_LEAN_PROJECT``, else the project ``leanrl setup`` made the default)."""
+    from leanrl.lean.project import find_project
+
     cfg = getattr(runtime, "config", None)
-    folder = getattr(cfg, "lean_project", None) or os.environ.get("LEANRL_LEAN_PROJECT")
-    if not folder or not Path(folder).expanduser().is_dir():
+    configured = getattr(cfg, "lean_project", None)
+    try:
+        root = find_project(Path(configured) if configured else None)
+    except LeanrlError:
         return {}
-    root = Path(folder).expanduser()
+    if root is None or not root.is_dir():
+        return {}
     out: dict[str, Any] = {"lean_project": str(root)}
     tc = root / "lean-toolchain"
     if tc.is_file():
