@@ -239,7 +239,9 @@ class Fake:
         if isinstance(tactics, str):
             return {"message": f"Lean error:\n{tactics}"}
         if "fail" in tactics:
-            return {"message": "Lean error:\n<input>:1:1: unknown tactic"}
+            m = re.search(r"^( *)fail *$", t, re.MULTILINE)
+            line, col = (t.count("\n", 0, m.start()) + 1, len(m.group(1))) if m else (1, 0)
+            return {"message": f"Lean error:\n<input>:{line}:{col}: unknown tactic"}
         new = self.states
         self.states += 1
         if "bad" in tactics:

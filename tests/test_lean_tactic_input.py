@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from leanrl.lean.tactic_input import as_one_tactic, prescan_tactic
+from leanrl.lean.tactic_input import as_one_tactic, prescan_tactic, relocate_positions
 from leanrl.verdict import VerificationPolicy
 from tests.fake_repl import split_tactics
 
@@ -61,3 +61,15 @@ def test_prescan_follows_the_policy() -> None:
     assert prescan_tactic("native_decide", VerificationPolicy(allow_native_decide=True)) is None
     assert prescan_tactic("run_tac pure ()", VerificationPolicy(forbid_tokens=False)) is None
     assert prescan_tactic("intro x\nsimp", VerificationPolicy()) is None
+
+
+@pytest.mark.parametrize(
+    ("block", "where"),
+    [("intro x\n  -- c\nfail", "<input>:3:0:"), ("-- plan\n  intro x\n  fail\n", "<input>:3:2:")],
+)
+def test_parse_error_positions_point_into_the_block_as_written(block: str, where: str) -> None:
+    wrapped = as_one_tactic(block)
+    line = wrapped.split("\n").index("  fail") + 1
+    err = f"Lean error:\n<input>:{line}:2: unknown tactic"
+    assert relocate_positions(err, block) == f"Lean error:\n{where} unknown tactic"
+    assert relocate_positions("<input>:1:4: x", "fail") == "<input>:1:4: x"  # not wrapped

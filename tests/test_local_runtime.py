@@ -93,6 +93,8 @@ async def test_tactic_session_sends_a_block_of_tactics_as_one() -> None:
                 assert done.error is None and done.solved, (block, done.error)
             part = await s.apply(st.proof_state, "intro x\nintro y")
             assert part.error is None and part.goals == ("⊢ Q",)
+            bad = await s.apply(st.proof_state, "-- plan\n  intro x\n  fail\n")
+            assert bad.error and "<input>:3:2: unknown tactic" in bad.error  # the model's line
             empty = await s.apply(st.proof_state, "-- just a comment\n")
             assert empty.error and "no tactic" in empty.error
 

@@ -25,7 +25,7 @@ import textwrap
 from leanrl.lean.forbidden import Finding, scan
 from leanrl.verdict import Reason, VerificationPolicy
 
-__all__ = ["as_one_tactic", "prescan_tactic"]
+__all__ = ["as_one_tactic", "prescan_tactic", "relocate_positions"]
 
 # `;` separates tactics; `<;>` is one tactic (a combinator) and must not count.
 _SEPARATOR = re.compile(r"(?<!<);(?!>)")
@@ -37,9 +37,13 @@ def _is_code(line: str) -> bool:
     return bool(s) and not s.startswith("--")
 
 
+def _lines(block: str) -> list[str]:
+    return block.replace("\r\n", "\n").replace("\t", "  ").split("\n")
+
+
 def as_one_tactic(block: str) -> str:
     """``block`` as one tactic the REPL parses ('' when it holds no tactic at all)."""
-    lines = block.replace("\r\n", "\n").replace("\t", "  ").split("\n")
+    lines = _lines(block)
     code = [i for i, ln in enumerate(lines) if _is_code(ln)]
     if not code:
         return ""
@@ -66,3 +70,26 @@ def prescan_tactic(text: str, policy: VerificationPolicy) -> str | None:
         return None
     f = min(findings, key=lambda f: _PRIORITY.index(f.reason))
     return f"pre-scan ({f.reason.value}): `{f.token}` is not allowed in tactic mode: {f.why}"
+
+
+_INPUT_POS = re.compile(r"<input>:(\d+):(\d+):")
+
+
+def relocate_positions(message: str, block: str) -> str:
+    """``<input>:line:col:`` positions in a parse error about the wrapped ``block`` turned back
+    into positions in the block as the model wrote it (the wrapper adds a line and two columns).
+    """
+    if not as_one_tactic(block).startswith("(\n"):
+        return message
+    lines = _lines(block)
+    code = [i for i, ln in enumerate(lines) if _is_code(ln)]
+    body = [ln for ln in lines[code[0] : code[-1] + 1] if ln.strip()]
+    dedent = min(len(ln) - len(ln.lstrip(" ")) for ln in body)
+
+    def back(m: re.Match[str]) -> str:
+        line, col = int(m.group(1)), int(m.group(2))
+        if not 2 <= line <= code[-1] - code[0] + 2:
+            return m.group(0)  # on the wrapper's own `(` or `)` line
+        return f"<input>:{code[0] + line - 1}:{max(0, col - 2 + dedent)}:"
+
+    return _INPUT_POS.sub(back, message)

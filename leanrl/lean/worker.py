@@ -49,7 +49,7 @@ from leanrl.lean.protocol import (
     TacticResponse,
 )
 from leanrl.lean.repl import ReplProcess
-from leanrl.lean.tactic_input import as_one_tactic
+from leanrl.lean.tactic_input import as_one_tactic, relocate_positions
 from leanrl.runtime import TacticState
 from leanrl.verdict import Attempt, Reason, Verdict
 
@@ -226,7 +226,7 @@ class ReplWorker:
             )
         ans = await self._ask(TacticRequest(tactic=one, proofState=proof_state), deadline)
         if isinstance(ans, ReplError):
-            return TacticState(proof_state=None, error=ans.message)
+            return TacticState(proof_state=None, error=relocate_positions(ans.message, tactic))
         if not isinstance(ans, TacticResponse):
             raise ProtocolError("the REPL answered a tactic with an environment")
         messages = from_repl(ans.messages)
