@@ -20,10 +20,10 @@ RT = "tests._scripted_runtime:ScriptedRuntime"
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    t0 = time.monotonic()
+    # No wall-clock assertion here: a hang is caught by pytest-timeout (pyproject), and speed
+    # is not what these tests measure.
     code = main(argv)
     err = capsys.readouterr().err
-    assert time.monotonic() - t0 < 60  # a guard against hangs, not a speed assertion
     return code, err
 
 

@@ -228,6 +228,9 @@ def test_bare_tactics_and_term_proofs() -> None:
     assert ex("```lean4\nby\n  omega\n```").proof == "\n  omega"
     term = "```lean4\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 :=\n  by_contra fun h =>\n    h rfl\n```"
     assert ex(term).proof == "exact (by_contra fun h =>\n      h rfl)"
+    # a comment at the end of a term proof must not swallow the closing parenthesis
+    commented = "```lean4\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 :=\n  foo h₀ -- done\n```"
+    assert ex(commented).proof == "exact (foo h₀ -- done\n    )"
 
 
 # -- the harness ---------------------------------------------------------------------------------

@@ -157,8 +157,12 @@ def _body(rest: str) -> str:
         after = stripped[2:]
         return after.lstrip(" \t") if after.lstrip(" \t").startswith("\n") else after.strip()
     term = textwrap.dedent(rest.strip("\n")).strip()
-    # Continuation lines deeper than the tactic column, so the term stays one tactic.
-    return "exact (" + term.replace("\n", "\n    ") + ")" if term else ""
+    if not term:
+        return ""
+    # Continuation lines deeper than the tactic column, so the term stays one tactic. A line
+    # comment on the last line would swallow the closing parenthesis: close it on its own line.
+    close = "\n    )" if "--" in term.rsplit("\n", 1)[-1] else ")"
+    return "exact (" + term.replace("\n", "\n    ") + close
 
 
 def _as_block(proof: str) -> str:
