@@ -201,6 +201,7 @@ async def test_modal_backend_asks_for_limits_tunnel_and_secret(
         assert "block_network" not in kw  # Modal refuses it together with a tunnel
         _modal_accepts(kw, args)
         assert kw["region"] == "us-east" and len(kw["secrets"]) == 1
+        assert kw["tags"] == be.tags and kw["tags"]["leanrl-pid"].isdigit()
         assert sb.url == "https://example.modal.host" and sb.token and sb.cpu == 2.5
         await sb.terminate()
         assert rec.terminated == 1 and sb.terminated_at is not None
@@ -248,3 +249,71 @@ def test_inner_workers_follow_the_sandbox_cpus_not_the_hosts() -> None:
     assert workers(DockerRuntime(drc).make_backend().serve_args) == "1"
     explicit = RuntimeConfig(name="docker", workers=6, docker=DockerConfig(cpus=2.0))
     assert workers(DockerRuntime(explicit).make_backend().serve_args) == "6"
+
+
+class _Aio:
+    def __init__(self, fn: Any) -> None:
+        self.aio = fn
+
+
+class _ListedSandbox:
+    def __init__(self, object_id: str, tags: dict[str, str]) -> None:
+        self.object_id = object_id
+        self.terminated = False
+
+        async def get_tags() -> dict[str, str]:
+            return tags
+
+        async def terminate() -> None:
+            self.terminated = True
+
+        self.get_tags = _Aio(get_tags)
+        self.terminate = _Aio(terminate)
+
+
+async def test_modal_sandboxes_of_a_dead_owner_are_terminated_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A trainer killed outright leaves paid Sandboxes running until their timeout; the next
+    # start on the same host finds them by their owner tags and terminates them.
+    import psutil
+    from modal._utils.name_utils import check_tag_dict
+
+    be = ModalBackend(ModalConfig(), ["--runtime.name", "local"])
+    check_tag_dict(be.tags)  # Modal accepts these tags
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        born = psutil.Process(other.pid).create_time()
+        host = be.tags["leanrl-host"]
+
+        def tags(pid: int, started: str, on: str = host) -> dict[str, str]:
+            return {"leanrl-host": on, "leanrl-pid": str(pid), "leanrl-started": started}
+
+        listed = {
+            "sb-dead": _ListedSandbox("sb-dead", tags(dead.pid, "123.00")),
+            "sb-reused": _ListedSandbox("sb-reused", tags(other.pid, f"{born - 3600:.2f}")),
+            "sb-alive": _ListedSandbox("sb-alive", tags(other.pid, f"{born:.2f}")),
+            "sb-mine": _ListedSandbox("sb-mine", dict(be.tags)),
+            "sb-elsewhere": _ListedSandbox("sb-elsewhere", tags(dead.pid, "1.00", "other-host")),
+        }
+        asked: list[dict[str, Any]] = []
+
+        async def list_sandboxes(**kw: Any):  # type: ignore[no-untyped-def]
+            asked.append(kw)
+            for sb in listed.values():
+                yield sb
+
+        async def lookup(name: str, **kw: Any) -> Any:
+            return type("App", (), {"app_id": "ap-1"})()
+
+        monkeypatch.setattr(modal, "Sandbox", type("S", (), {"list": _Aio(list_sandboxes)}))
+        monkeypatch.setattr(modal, "App", type("A", (), {"lookup": _Aio(lookup)}))
+        await be.start()
+        assert asked == [{"app_id": "ap-1", "tags": {"leanrl-host": host}}]
+        gone = sorted(k for k, sb in listed.items() if sb.terminated)
+        assert gone == ["sb-dead", "sb-reused"] and sorted(be.removed_stale) == gone
+    finally:
+        other.kill()
+        other.wait()

@@ -10,13 +10,52 @@ from __future__ import annotations
 
 import abc
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from leanrl.errors import RuntimeUnavailable
 
-__all__ = ["Sandbox", "SandboxBackend", "SandboxStartError"]
+__all__ = [
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxStartError",
+    "process_gone",
+    "process_start_time",
+]
+
+
+def process_start_time(pid: int) -> str:
+    """When process ``pid`` started (seconds since the epoch, 2 decimals), or ``unknown``.
+
+    A pid alone does not name a process for long: pids are reused, and a program started in a
+    fresh container gets the same small pid every run. Owner labels of sandboxes therefore
+    record the pid together with this."""
+    try:
+        import psutil
+
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except Exception:  # noqa: BLE001 - unknown: owner checks fall back to the pid alone
+        return "unknown"
+
+
+def process_gone(pid: int, start: str | None) -> bool:
+    """True when the process ``pid`` that started at ``start`` (as :func:`process_start_time`
+    wrote it; None or ``unknown``: not recorded) no longer runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it exists, as another user
+    if not start or start in ("unknown", "?"):
+        return False
+    now = process_start_time(pid)
+    try:
+        return now != "unknown" and abs(float(now) - float(start)) > 1.0
+    except ValueError:
+        return False
 
 
 class SandboxStartError(RuntimeUnavailable):

@@ -36,7 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from leanrl._sandbox_config import DockerConfig
-from leanrl.service.sandbox import Sandbox, SandboxBackend, SandboxStartError
+from leanrl.service.sandbox import (
+    Sandbox,
+    SandboxBackend,
+    SandboxStartError,
+    process_gone,
+    process_start_time,
+)
 
 __all__ = ["DockerBackend", "DockerSandbox", "docker_run_args"]
 
@@ -152,7 +158,8 @@ class DockerBackend(SandboxBackend):
         super().__init__(serve_args)
         self.config = config
         pid = os.getpid()
-        self.owner = f"{socket.gethostname()}:{pid}:{_start_time(pid)}:{uuid.uuid4().hex[:8]}"
+        start = process_start_time(pid)
+        self.owner = f"{socket.gethostname()}:{pid}:{start}:{uuid.uuid4().hex[:8]}"
         self.containers: dict[str, DockerSandbox] = {}
         self.removed_stale: list[str] = []
         self._socket_root: Path | None = None
@@ -284,16 +291,6 @@ class DockerBackend(SandboxBackend):
             shutil.rmtree(self._socket_root, ignore_errors=True)
 
 
-def _start_time(pid: int) -> str:
-    """When process ``pid`` started (seconds since the epoch, 2 decimals), or ``?``."""
-    try:
-        import psutil
-
-        return f"{psutil.Process(pid).create_time():.2f}"
-    except Exception:  # noqa: BLE001 - unknown: the owner check falls back to the pid alone
-        return "?"
-
-
 def _owner_gone(owner: str, host: str) -> bool:
     """True when the process named in an owner label (``host:pid:start:id``, or the older
     ``host:pid:id``) on this host no longer runs: its pid is free, or reused by a process
@@ -301,26 +298,7 @@ def _owner_gone(owner: str, host: str) -> bool:
     parts = owner.split(":")
     if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
         return False
-    pid = int(parts[1])
-    if not _pid_alive(pid):
-        return True
-    if len(parts) < 4 or parts[2] == "?":
-        return False
-    now = _start_time(pid)
-    try:
-        return now != "?" and abs(float(now) - float(parts[2])) > 1.0
-    except ValueError:
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_gone(int(parts[1]), parts[2] if len(parts) >= 4 else None)
 
 
 def _cleanup_all() -> None:

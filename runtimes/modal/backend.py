@@ -3,22 +3,61 @@
 Each Sandbox runs ``leanrl serve`` on ``service_port``, reachable only through Modal's encrypted
 tunnel (TLS) and guarded by a random bearer token passed as a Modal secret. Outbound network is
 closed by default (an empty ``outbound_cidr_allowlist``). Every call here contacts Modal; none of it runs in the default tests.
+
+Every Sandbox is tagged with its owner (host, pid and start time of this process). A process
+killed outright cannot terminate its Sandboxes, and Modal bills them until ``sandbox_timeout_s``;
+the next :meth:`ModalBackend.start` on the same host terminates those whose owner is gone.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import secrets
+import socket
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from leanrl._sandbox_config import ModalConfig
-from leanrl.service.sandbox import Sandbox, SandboxBackend, SandboxStartError
+from leanrl.service.sandbox import (
+    Sandbox,
+    SandboxBackend,
+    SandboxStartError,
+    process_gone,
+    process_start_time,
+)
 
 __all__ = ["ModalBackend", "ModalSandbox", "sandbox_command"]
 
 _TUNNEL_TIMEOUT_S = 120
+
+log = logging.getLogger("leanrl.modal")
+
+
+def owner_tags() -> dict[str, str]:
+    """Modal tags naming this process (tags allow only ``[A-Za-z0-9._-]``, 63 characters)."""
+    pid = os.getpid()
+    return {
+        "leanrl-host": _tag_host(),
+        "leanrl-pid": str(pid),
+        "leanrl-started": process_start_time(pid),
+        "leanrl-owner": uuid.uuid4().hex[:12],
+    }
+
+
+def _tag_host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:63] or "host"
+
+
+def stale_owner(tags: dict[str, str]) -> bool:
+    """True for the tags of a Sandbox started from this host by a process that is gone."""
+    if tags.get("leanrl-host") != _tag_host() or not tags.get("leanrl-pid", "").isdigit():
+        return False
+    return process_gone(int(tags["leanrl-pid"]), tags.get("leanrl-started"))
 
 
 def sandbox_command(config: ModalConfig, serve_args: Sequence[str]) -> list[str]:
@@ -63,6 +102,10 @@ class ModalBackend(SandboxBackend):
         self.config = config
         self._app: Any = None
         self._image: Any = None
+        self.tags = owner_tags()
+        """Tags put on every Sandbox (who started it)."""
+        self.removed_stale: list[str] = []
+        """Ids of Sandboxes of dead processes terminated by :meth:`start`."""
 
     async def start(self) -> None:
         try:
@@ -80,6 +123,27 @@ class ModalBackend(SandboxBackend):
                 "or set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET; or use "
                 "--env.runtime.modal.backend local to run the same thing on this machine"
             ) from e
+        await self.remove_stale()
+
+    async def remove_stale(self) -> list[str]:
+        """Terminate this app's Sandboxes whose owning process (on this host) is gone. Best
+        effort: a failure is logged, never fatal."""
+        import modal
+
+        stale: list[str] = []
+        try:
+            async for sb in modal.Sandbox.list.aio(
+                app_id=self._app.app_id, tags={"leanrl-host": _tag_host()}
+            ):
+                if stale_owner(await sb.get_tags.aio()):
+                    await sb.terminate.aio()
+                    stale.append(sb.object_id)
+        except Exception as e:  # noqa: BLE001 - cleanup must not stop a run
+            log.warning("could not look for Sandboxes left by dead processes: %s", e)
+        if stale:
+            log.warning("terminated %d Sandboxes left by dead processes", len(stale))
+        self.removed_stale += stale
+        return stale
 
     async def create(self) -> Sandbox:
         import modal
@@ -97,6 +161,7 @@ class ModalBackend(SandboxBackend):
                 memory=c.memory_mb,
                 timeout=c.sandbox_timeout_s,
                 encrypted_ports=[c.service_port],
+                tags=dict(self.tags),
                 # Closed to the outside: block_network would also forbid the tunnel.
                 outbound_cidr_allowlist=list(c.outbound_cidr_allowlist),
                 region=c.region,
