@@ -12,6 +12,7 @@ Modal itself is imported only when a Sandbox is about to be created.
 
 from __future__ import annotations
 
+from leanrl.errors import ConfigError
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
 from leanrl.service.sandbox_runtime import (
@@ -23,6 +24,9 @@ from leanrl.service.sandbox_runtime import (
 
 __all__ = ["ModalRuntime"]
 
+_BATCH_MARGIN_S = 60.0
+"""Slack between the end of the longest batch and Modal's hard Sandbox timeout."""
+
 
 class ModalRuntime(SandboxRuntime):
     """Lean in Modal Sandboxes (settings under ``RuntimeConfig.modal``)."""
@@ -33,18 +37,32 @@ class ModalRuntime(SandboxRuntime):
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         super().__init__(config or RuntimeConfig(name="modal"))
 
+    async def start(self) -> None:
+        m = self.config.modal
+        need = self.settings().service.request_timeout_s + _BATCH_MARGIN_S
+        if m.sandbox_timeout_s <= need:
+            raise ConfigError(
+                f"modal.sandbox_timeout_s {m.sandbox_timeout_s} s is shorter than one batch may "
+                f"take ({need:g} s: the service's request timeout plus a margin), so Modal could "
+                f"kill a Sandbox mid-batch: raise it above {need:g} s (e.g. "
+                f"{int(2 * need)}), or lower batch_size or timeout_s"
+            )
+        await super().start()
+
     def settings(self) -> SandboxSettings:
         m = self.config.modal
+        service, client = batch_timeouts(self.config, m.batch_size, m.cpu, m.service, m.client)
+        # Modal kills a Sandbox at sandbox_timeout_s: retire idle ones early enough that a
+        # batch handed to one can still finish (a warm Sandbox may idle for a long time between
+        # a trainer's verification phases).
+        room = m.sandbox_timeout_s - service.request_timeout_s - _BATCH_MARGIN_S
         pool = m.pool.model_copy(
             update={
                 "target_ready": m.warm_sandboxes,
                 "max_sandboxes": max(m.pool.max_sandboxes, m.warm_sandboxes, 1),
-                # Modal kills a Sandbox at sandbox_timeout_s: retire idle ones well before, so
-                # none is handed a batch it cannot finish.
-                "max_age_s": min(m.pool.max_age_s, 0.5 * m.sandbox_timeout_s),
+                "max_age_s": max(1.0, min(m.pool.max_age_s, 0.5 * m.sandbox_timeout_s, room)),
             }
         )
-        service, client = batch_timeouts(self.config, m.batch_size, m.cpu, m.service, m.client)
         return SandboxSettings(
             pool=pool,
             batch_size=m.batch_size,
