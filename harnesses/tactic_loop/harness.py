@@ -6,6 +6,11 @@ An episode ends when no goals remain, after ``max_turns`` turns, or when its tok
 environment) reach ``max_total_tokens``. A solved episode's tactics are joined into one proof and
 checked again as a whole with ``runtime.check`` under the reference statement and the taskset's
 rules, so the reward never rests on tactic mode alone.
+
+After the first turn, an episode's context is kept as token ids (prompt ids, then each turn's
+completion and feedback ids) and generated from with ``policy.generate_from_ids`` when the policy
+has it, so the ids a trainer replays are exactly those the model saw (``context.py``); other
+policies get the growing text (or message list). ``Rollout.meta["context"]`` says which.
 """
 
 from __future__ import annotations
