@@ -370,11 +370,16 @@ async def test_containers_of_a_sigkilled_owner_are_reaped_at_the_next_start(
         proc.kill()
         assert proc.wait(timeout=30) == -signal.SIGKILL
         assert len(containers_of(owner)) == 1  # left behind by the crash
+        (cid,) = containers_of(owner)
+        fmt = '{{range .Mounts}}{{if eq .Destination "/run/leanrl"}}{{.Source}}{{end}}{{end}}'
+        socket_dir = Path(_docker("inspect", "--format", fmt, cid).stdout.strip())
+        assert socket_dir.is_dir()  # its unix-socket folder on this host, left behind too
         rt = DockerRuntime(config(docker_image, tmp_path / "next"))
         (tmp_path / "next").mkdir()
         async with rt:
             assert containers_of(owner) == []
             assert len(rt.pool.backend.removed_stale) == 1  # type: ignore[union-attr,attr-defined]
+        assert not socket_dir.exists() and not socket_dir.parent.exists()
     finally:
         if proc.poll() is None:
             proc.kill()

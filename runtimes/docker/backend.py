@@ -206,7 +206,19 @@ class DockerBackend(SandboxBackend):
             if _owner_gone(owner, host):
                 stale.append(cid)
         if stale:
+            # Their unix-socket folders on this host go too (a killed owner could not remove
+            # them): the folder mounted at /run/leanrl, and its parent when that is left empty.
+            fmt = f'{{{{range .Mounts}}}}{{{{if eq .Destination "{_IN_SOCKET_DIR}"}}}}{{{{.Source}}}}{{{{end}}}}{{{{end}}}}'
+            rc, out, _ = await _docker(c.docker_bin, "inspect", "--format", fmt, *stale)
+            folders = [Path(p) for p in out.split()] if rc == 0 else []
             await _docker(c.docker_bin, "rm", "--force", *stale)
+            for folder in folders:
+                if folder.name.startswith("leanrl-") and folder.is_dir():
+                    shutil.rmtree(folder, ignore_errors=True)
+                    parent = folder.parent
+                    if parent.name.startswith("leanrl-docker-"):
+                        with contextlib.suppress(OSError):
+                            parent.rmdir()  # only when empty: other owners may share it
         self.removed_stale += stale
         return stale
 
