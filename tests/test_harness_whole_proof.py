@@ -146,6 +146,41 @@ def test_a_theorem_inside_a_comment_is_not_the_answer() -> None:
     assert e.preamble.startswith("/- draft:") and e.preamble.rstrip().endswith("-/")
 
 
+PUTNAM = Task(
+    name="putnam_x",
+    header="import Mathlib\n\n",
+    formal_statement=(
+        "abbrev putnam_x_solution : ℕ := 3\n-- the answer\n"
+        "theorem putnam_x : putnam_x_solution = 3 := by"
+    ),
+)
+
+
+def test_a_statement_with_definitions_before_the_theorem() -> None:
+    # PutnamBench: the reference statement starts with the answer's `abbrev`. Restating it all
+    # is fine and the restated abbrev is not put in the preamble (it would be declared twice).
+    full = (
+        "```lean4\nimport Mathlib\n\nlemma aux : True := trivial\n\n"
+        "abbrev putnam_x_solution : ℕ :=\n  3\n"
+        "theorem putnam_x : putnam_x_solution = 3 := by\n  rfl\n```"
+    )
+    e = extract_proof(full, PUTNAM)
+    assert (e.reason, e.proof, e.preamble) == (None, "\n  rfl", "lemma aux : True := trivial")
+    # the theorem alone is fine too
+    alone = "```lean4\ntheorem putnam_x : putnam_x_solution = 3 := by\n  rfl\n```"
+    assert extract_proof(alone, PUTNAM).preamble == ""
+    # a different answer is a different statement
+    other = full.replace(":=\n  3\n", ":= 4\n")
+    e = extract_proof(other, PUTNAM)
+    assert e.reason == Reason.STATEMENT_CHANGED and "putnam_x_solution" in e.detail
+
+
+def test_an_instance_statement_is_found() -> None:
+    task = Task(name="i1", header="", formal_statement="instance i1 : Inhabited ℕ := by")
+    e = extract_proof("```lean4\ninstance i1 : Inhabited ℕ := by\n  exact ⟨0⟩\n```", task)
+    assert (e.reason, e.proof) == (None, "\n  exact ⟨0⟩")
+
+
 def test_two_theorems_with_the_reference_name_are_rejected() -> None:
     text = (
         "```lean4\ntheorem t1 : True := trivial\n\n"
@@ -210,6 +245,16 @@ def test_changed_or_renamed_statement_is_rejected() -> None:
     # comments, spacing and `lemma` do not count as a change
     same = "```lean4\nlemma t1 (x : ℕ) -- x\n (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
     assert ex(same).proof == "omega"
+    tight = "```lean4\ntheorem t1 (x:ℕ) (h₀:x+1=2):\n    x=1 := by omega\n```"
+    assert ex(tight).proof == "omega"
+    # but whitespace between two names is part of the statement: `f a b` is not `f ab`
+    task = Task(
+        name="t2",
+        header="",
+        formal_statement="theorem t2 (f : ℕ → ℕ → ℕ) (a b ab : ℕ) : f a b = f a b := by",
+    )
+    merged = "```lean4\ntheorem t2 (f : ℕ → ℕ → ℕ) (a b ab : ℕ) : f ab = f ab := by\n  rfl\n```"
+    assert extract_proof(merged, task).reason == Reason.STATEMENT_CHANGED
 
 
 def test_truncation_and_missing_code() -> None:

@@ -137,7 +137,9 @@ def normalize_statement(s: str) -> str:
     s = _strip_comments(s).strip()
     s = re.sub(r":=\s*(by)?\s*$", "", s)
     s = re.sub(r"^(@\[[^\]]*\]\s*)?(private\s+|protected\s+)?(theorem|lemma)\b", "theorem", s)
-    return re.sub(r"\s+", "", s)
+    # Whitespace only matters between two identifier characters (`f a b` is not `f ab`).
+    s = re.sub(r"\s+", " ", s).strip()
+    return re.sub(r" (?=[^\w'.!?])|(?<=[^\w'.!?]) ", "", s)
 
 
 def _cut_after_proof(proof: str) -> str:
@@ -263,7 +265,7 @@ def extract_proof(
         if found is None:
             if truncated:
                 return Extracted(reason=Reason.TRUNCATED, detail="cut off before any code block")
-            if not re.search(rf"(theorem|lemma)\s+{re.escape(task.name)}(?![\w'.])", body):
+            if not _decl_re(task.name).search(_mask_comments(body)):
                 return Extracted(reason=Reason.NO_PROOF, detail="no Lean code block in the output")
             found = body
         code = found
@@ -271,14 +273,56 @@ def extract_proof(
     return _from_code(code, task)
 
 
-def _from_code(code: str, task: Task) -> Extracted:
-    name = re.escape(task.name)
-    decl = re.compile(
-        rf"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(?:theorem|lemma)\s+"
-        rf"{name}(?![\w'.])"
+def _decl_re(name: str) -> re.Pattern[str]:
+    """A line declaring the theorem ``name`` (``theorem``/``lemma``; ``instance`` for tasksets
+    whose statement is one), with attributes and modifiers."""
+    return re.compile(
+        rf"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(?:noncomputable\s+)?"
+        rf"(?:theorem|lemma|instance)\s+{re.escape(name)}(?![\w'.])"
     )
+
+
+_DEFINES = re.compile(
+    r"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:noncomputable\s+)?(?:private\s+|protected\s+)?"
+    r"(?:abbrev|def|theorem|lemma|instance|structure|inductive)\s+([^\s(:{\[]+)"
+)
+
+
+def _norm_text(s: str) -> str:
+    """Text with comments dropped and whitespace normalized as in :func:`normalize_statement`."""
+    s = re.sub(r"\s+", " ", _strip_comments(s)).strip()
+    return re.sub(r" (?=[^\w'.!?])|(?<=[^\w'.!?]) ", "", s)
+
+
+def _split_reference(task: Task) -> tuple[str, str]:
+    """The reference statement as (what comes before the theorem, the theorem): some tasksets
+    put definitions in the statement (PutnamBench's ``abbrev ..._solution``)."""
+    stmt = task.formal_statement
+    m = _decl_re(task.name).search(_mask_comments(stmt))
+    if m is None:
+        return "", stmt
+    return stmt[: m.start()], stmt[m.start() :]
+
+
+def _without_restated_prefix(before: str, prefix: str) -> str | None:
+    """``before`` minus a restatement of the reference's ``prefix`` at its end; ``before`` when
+    the model did not restate it; None when it restated it differently."""
+    want = _norm_text(prefix)
+    if not want:
+        return before
+    starts = [0] + [m.end() for m in re.finditer("\n", before)]
+    for j in sorted(starts, reverse=True):
+        if _norm_text(before[j:]) == want:
+            return before[:j]
+    ours = set(_DEFINES.findall(_mask_comments(prefix)))
+    if ours & set(_DEFINES.findall(_mask_comments(before))):
+        return None  # it redefines what the statement is built on (an answer, a definition)
+    return before
+
+
+def _from_code(code: str, task: Task) -> Extracted:
     masked = _mask_comments(code)
-    matches = list(decl.finditer(masked))
+    matches = list(_decl_re(task.name).finditer(masked))
     if not matches:
         others = [m.group(2) or m.group(1) for m in _ANY_THEOREM.finditer(masked)]
         if others:
@@ -303,13 +347,21 @@ def _from_code(code: str, task: Task) -> Extracted:
         )
     m = matches[-1]
     before, after = code[: m.start()], code[m.start() :]
-    ref = normalize_statement(task.formal_statement)
+    ref_prefix, ref_theorem = _split_reference(task)
+    ref = normalize_statement(ref_theorem)
     for assign in re.finditer(r":=", after):
         if normalize_statement(after[: assign.start()]) == ref:
             proof = _body(after[assign.end() :]).rstrip()
             if not proof.strip():
                 return Extracted(reason=Reason.NO_PROOF, detail="the theorem has an empty proof")
-            return Extracted(proof=proof, preamble=_clean_preamble(before, task.header))
+            rest = _without_restated_prefix(before, ref_prefix)
+            if rest is None:
+                return Extracted(
+                    reason=Reason.STATEMENT_CHANGED,
+                    detail="the code redefines what the reference statement is built on "
+                    f"({', '.join(sorted(set(_DEFINES.findall(_mask_comments(ref_prefix)))))})",
+                )
+            return Extracted(proof=proof, preamble=_clean_preamble(rest, task.header))
     first = after.split(":=", 1)[0].strip().replace("\n", " ")
     return Extracted(
         reason=Reason.STATEMENT_CHANGED,
