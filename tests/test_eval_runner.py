@@ -258,3 +258,16 @@ async def test_versions_find_the_project_leanrl_setup_made(
     assert v["lean_project_mathlib_rev"] == "abc"
     report = (tmp_path / "v" / "report.md").read_text()
     assert "Lean project used: " in report and "toolchain leanprover/lean4:v4.19.0" in report
+
+
+async def test_an_unreachable_server_fails_before_the_runtime_starts(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    from leanrl import PolicyConfig, PolicyError
+
+    cfg = make(shared_data, tmp_path / "o", limit=1)
+    cfg.policy = PolicyConfig(backend="openai", model="m", base_url="http://127.0.0.1:9/v1")
+    env = load_environment(cfg.env)
+    with pytest.raises(PolicyError, match="cannot reach the OpenAI-compatible server"):
+        await run_eval(cfg, env=env)
+    assert env.runtime.started is False  # type: ignore[attr-defined]

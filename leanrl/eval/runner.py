@@ -95,6 +95,10 @@ async def run_eval(
     versions: dict[str, Any] = {}
     try:
         if pending:
+            if policy.name == "openai":
+                # Connecting is a cheap probe: a server that is not there fails in seconds,
+                # before a Lean pool spends its start-up loading Mathlib.
+                await policy.start()
             await runtime.start()  # a missing Lean project fails here, before the model loads
             await policy.start()
             progress = _Progress(config, tasks, store)
