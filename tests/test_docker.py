@@ -386,3 +386,17 @@ async def test_containers_of_a_sigkilled_owner_are_reaped_at_the_next_start(
             proc.wait()
         if owner and containers_of(owner):
             _docker("rm", "--force", *containers_of(owner))
+
+
+def test_dockerfiles_never_rewrite_the_lean_tree_in_a_later_layer() -> None:
+    # chmod/chown of files an earlier layer created copies every one of them (all of Mathlib,
+    # gigabytes) into the new layer: permissions must be set where the files are made.
+    docker_dir = REPO / "runtimes" / "docker"
+    for name in ("Dockerfile", "Dockerfile.local"):
+        text = (docker_dir / name).read_text().replace("\\\n", " ")
+        runs = [ln for ln in text.splitlines() if ln.startswith("RUN ")]
+        for run in runs:
+            touches = any(w in run for w in ("chmod", "chown")) and "/opt/lean" in run
+            if touches:
+                assert "install-lean.sh" in run, f"{name}: {run}"
+    assert 'chmod -R a+rX "$CTX"' in (docker_dir / "build-local.sh").read_text()

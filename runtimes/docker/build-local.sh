@@ -44,6 +44,9 @@ else
   "$PY" -m pip wheel -q -w "$CTX/wheels" -r "$HERE/requirements-service.txt"
 fi
 "$PY" -m pip wheel -q --no-deps -w "$CTX/wheels" "$SRC"
+# Readable by the image's unprivileged user as copied (a chmod inside the image would duplicate
+# the whole project into another layer).
+chmod -R a+rX "$CTX"
 
 docker build --network none ${PYTHON_IMAGE:+--build-arg PYTHON_IMAGE="$PYTHON_IMAGE"} \
   -f "$CTX/Dockerfile.local" -t "$TAG" "$CTX"
