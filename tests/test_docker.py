@@ -400,3 +400,45 @@ def test_dockerfiles_never_rewrite_the_lean_tree_in_a_later_layer() -> None:
             if touches:
                 assert "install-lean.sh" in run, f"{name}: {run}"
     assert 'chmod -R a+rX "$CTX"' in (docker_dir / "build-local.sh").read_text()
+
+
+def test_the_dockerfile_copies_exactly_what_builds_leanrl(tmp_path: Path) -> None:
+    # The image installs leanrl from what the Dockerfile copies: that set alone must build a
+    # package holding the service and the runtimes, and it must not be the whole checkout
+    # (a .venv or .git there would end up in the image).
+    import shutil
+    import zipfile
+
+    lines = (REPO / "runtimes" / "docker" / "Dockerfile").read_text().splitlines()
+    copies = [ln.split()[1:] for ln in lines if ln.startswith("COPY ")]
+    src = tmp_path / "src"
+    src.mkdir()
+    for *sources, dest in copies:
+        assert "." not in sources, "COPY . would take the whole checkout"
+        if not dest.startswith("/opt/leanrl-src"):
+            continue
+        for s in sources:
+            target = src / dest.removeprefix("/opt/leanrl-src").strip("/")
+            if (REPO / s).is_dir():
+                shutil.copytree(
+                    REPO / s, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+                )
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy(REPO / s, target / Path(s).name)
+    out = tmp_path / "wheel"
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(out), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = out.glob("leanrl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in (
+        "leanrl/service/__main__.py",
+        "leanrl/service/healthcheck.py",
+        "leanrl/runtimes/local/__init__.py",
+        "leanrl/runtimes/docker/install-lean.sh",
+    ):
+        assert needed in names, needed
