@@ -332,3 +332,38 @@ async def test_sandboxes_are_retired_early_enough_to_finish_a_batch() -> None:
     )
     with pytest.raises(ConfigError, match="sandbox_timeout_s 1800 s is shorter than one batch"):
         await ModalRuntime(short).start()
+
+
+def test_the_code_image_takes_the_same_sources_as_the_dockerfile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not the whole checkout: run folders, data or a .venv there would be uploaded to Modal and
+    # invalidate the image on every change.
+    from leanrl.runtimes.modal import image as image_mod
+
+    lines = (DOCKER_DIR / "Dockerfile").read_text().splitlines()
+    copied = {
+        Path(s).name
+        for ln in lines
+        if ln.startswith("COPY ") and ln.split()[-1].startswith("/opt/leanrl-src")
+        for s in ln.split()[1:-1]
+    }
+    r = image_recipe(ModalConfig())
+    assert set(r.source_paths) == copied
+    added: list[str] = []
+
+    def record(kind: str):  # type: ignore[no-untyped-def]
+        def add(self, local, remote, **kw):  # type: ignore[no-untyped-def]
+            added.append(f"{kind} {Path(local).relative_to(REPO)} -> {remote}")
+            return self
+
+        return add
+
+    monkeypatch.setattr(modal.Image, "add_local_dir", record("dir"))
+    monkeypatch.setattr(modal.Image, "add_local_file", record("file"))
+    image_mod.build_image(ModalConfig())
+    sources = [a for a in added if "/opt/leanrl-src" in a]
+    assert sorted(sources) == sorted(
+        f"{'dir' if (REPO / p).is_dir() else 'file'} {p} -> /opt/leanrl-src/{p}"
+        for p in r.source_paths
+    )

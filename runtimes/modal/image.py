@@ -37,6 +37,17 @@ APT_PACKAGES = ("ca-certificates", "curl", "git", "bubblewrap")
 PYTHON_VERSION = "3.11"
 LEAN_HOME = "/opt/lean"
 REMOTE_SRC = "/opt/leanrl-src"
+SOURCE_PATHS = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "leanrl",
+    "environments",
+    "harnesses",
+    "runtimes",
+)
+"""What leanrl is built from in a source checkout: the same set the Dockerfile copies (not the
+whole checkout, whose runs/, .venv or data would be uploaded and rebuilt on every change)."""
 
 
 @dataclass(frozen=True)
@@ -52,24 +63,27 @@ class ImageRecipe:
     requirements: Path
     source: tuple[Path, str]
     """(leanrl source here, path in the image): a source checkout or the installed package."""
+    source_paths: tuple[str, ...]
+    """The files and folders under ``source`` that go into the image (``.``: all of it)."""
     source_commands: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _leanrl_source() -> tuple[Path, str, tuple[str, ...], dict[str, str]]:
+def _leanrl_source() -> tuple[Path, str, tuple[str, ...], dict[str, str], tuple[str, ...]]:
     # Installed wheel: leanrl/ holds everything (runtimes/, environments/ nested in it), so
     # copying the package and putting it on PYTHONPATH is enough. Source checkout: the built-in
     # folders live beside leanrl/, so copy the checkout and pip-install it (without deps).
     pkg = Path(leanrl.__file__).resolve().parent
     if (pkg / "runtimes").is_dir():
         remote = f"{REMOTE_SRC}/site"
-        return pkg, f"{remote}/leanrl", (), {"PYTHONPATH": remote}
+        return pkg, f"{remote}/leanrl", (), {"PYTHONPATH": remote}, (".",)
     root = pkg.parent
     if not (root / "pyproject.toml").is_file():
         raise ConfigError(
             f"cannot find leanrl's source to put in the Modal image (looked at {pkg} and {root})"
         )
-    return root, REMOTE_SRC, (f"pip install --no-deps --no-build-isolation {REMOTE_SRC}",), {}
+    cmds = (f"pip install --no-deps --no-build-isolation {REMOTE_SRC}",)
+    return root, REMOTE_SRC, cmds, {}, SOURCE_PATHS
 
 
 def image_recipe(config: ModalConfig) -> ImageRecipe:
@@ -80,7 +94,7 @@ def image_recipe(config: ModalConfig) -> ImageRecipe:
                 f"{needed} is missing from this leanrl installation; install leanrl from a "
                 "source checkout, or use modal.image_source = 'registry' with a pushed image"
             )
-    src, remote, src_cmds, src_env = _leanrl_source()
+    src, remote, src_cmds, src_env, src_paths = _leanrl_source()
     script = "/opt/leanrl/install-lean.sh"
     return ImageRecipe(
         python_version=PYTHON_VERSION,
@@ -92,6 +106,7 @@ def image_recipe(config: ModalConfig) -> ImageRecipe:
         ),
         requirements=REQUIREMENTS,
         source=(src, remote),
+        source_paths=src_paths,
         source_commands=src_cmds,
         env={
             "PATH": "/opt/elan/bin:/usr/local/bin:/usr/bin:/bin",
@@ -120,7 +135,7 @@ def build_image(config: ModalConfig) -> modal.Image:
         # The Sandbox gives its own command; the image's ENTRYPOINT must not wrap it.
         return modal.Image.from_registry(config.image_ref).entrypoint([])
     if config.image_source == "dockerfile":
-        src, _, _, _ = _leanrl_source()
+        src = _leanrl_source()[0]
         if not (src / "pyproject.toml").is_file():
             raise ConfigError(
                 "modal.image_source = 'dockerfile' needs leanrl as a source checkout (the "
@@ -136,12 +151,13 @@ def build_image(config: ModalConfig) -> modal.Image:
     # Lean and Mathlib first: they change rarely, so editing leanrl keeps this layer cached.
     image = image.run_commands(*r.lean_commands).pip_install_from_requirements(str(r.requirements))
     src, remote = r.source
-    image = image.add_local_dir(
-        src,
-        remote,
-        copy=True,
-        ignore=["**/.git", "**/__pycache__", "**/.lake", "**/*.egg-info", "**/.venv", "**/build"],
-    )
+    ignore = ["**/.git", "**/__pycache__", "**/.lake", "**/*.egg-info", "**/.venv", "**/build"]
+    for sub in r.source_paths:
+        here, there = src / sub, f"{remote}/{sub}".removesuffix("/.")
+        if here.is_dir():
+            image = image.add_local_dir(here, there, copy=True, ignore=ignore)
+        elif here.is_file():
+            image = image.add_local_file(here, there, copy=True)
     if r.source_commands:
         image = image.run_commands(*r.source_commands)
     return image.env(r.env)
