@@ -210,3 +210,26 @@ def test_one_policy_serves_several_event_loops() -> None:
             out = asyncio.run(p.generate(["a", "b", "c"], SamplingConfig()))
             assert [row[0].text for row in out] == ["a -> 0", "b -> 0", "c -> 0"]
         asyncio.run(p.close())
+
+
+async def test_one_failed_prompt_stops_the_others() -> None:
+    """A prompt that fails for good ends the call; its siblings are cancelled, not left retrying
+    in the background."""
+    import asyncio
+
+    class OneBad(Server):
+        def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            if body["prompt"] == "bad":
+                return {"choices": []}  # too few choices: a PolicyError, not retried
+            time.sleep(0.5)  # the others are slow
+            return super().answer(path, body)
+
+    with OneBad(fail=0, delay_s=0.0) as s:
+        p = policy(s.url, max_retries=3)
+        with pytest.raises(PolicyError, match="returned 0 choices"):
+            await p.generate(["bad", "slow1", "slow2"], SamplingConfig())
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and "_one" in repr(t.get_coro())]
+        assert all(t.done() or t.cancelling() for t in left)  # nothing goes on retrying
+        await asyncio.gather(*left, return_exceptions=True)
+        await p.close()

@@ -81,7 +81,14 @@ class OpenAIPolicy(Policy):
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         await self.start()
-        return list(await asyncio.gather(*(self._one(p, sampling) for p in prompts)))
+        jobs = [asyncio.ensure_future(self._one(p, sampling)) for p in prompts]
+        try:
+            return list(await asyncio.gather(*jobs))
+        finally:
+            # One prompt failed for good (or the caller was cancelled): stop the others instead
+            # of leaving them retrying against a client that is about to be closed.
+            for job in jobs:
+                job.cancel()
 
     async def _one(self, prompt: Prompt, sampling: SamplingConfig) -> list[Completion]:
         chat = self.config.chat if self.config.chat is not None else not isinstance(prompt, str)
