@@ -189,3 +189,13 @@ async def test_a_garbled_answer_is_a_service_error_not_a_crash() -> None:
             await client.check([attempt("ok")])
         with pytest.raises(ServiceError, match="no CheckResponse"):
             await client.check([attempt("ok")])
+
+
+async def test_wrong_paths_and_methods_say_what_exists() -> None:
+    async with running_service(echo()) as url, httpx.AsyncClient() as http:
+        r = await http.get(f"{url}/nope")
+        assert r.status_code == 404
+        assert "no endpoint GET /nope" in r.json()["error"] and "POST /check" in r.json()["error"]
+        r = await http.get(f"{url}/check")
+        assert r.status_code == 405
+        assert "GET /check is not allowed" in r.json()["error"] and "POST" in r.json()["error"]

@@ -497,6 +497,12 @@ def _rss_mb() -> float:
         return 0.0
 
 
+_ENDPOINTS = (
+    "POST /check, POST /sessions, POST /sessions/{id}/start, POST /sessions/{id}/tactic, "
+    "DELETE /sessions/{id}, GET /health, GET /metrics"
+)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -619,7 +625,16 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
         return _error(e.status, e.message)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _on_starlette(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def _on_starlette(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        where = f"{request.method} {request.url.path}"
+        if e.status_code == 404:
+            return _error(404, f"no endpoint {where}; the service has {_ENDPOINTS}")
+        if e.status_code == 405:
+            allowed = {k.lower(): v for k, v in (e.headers or {}).items()}.get("allow", "")
+            return _error(
+                405,
+                f"{where} is not allowed; {request.url.path} takes {allowed or 'another method'}",
+            )
         return _error(e.status_code, str(e.detail))
 
     @app.exception_handler(RequestValidationError)
