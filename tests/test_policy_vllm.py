@@ -44,3 +44,53 @@ async def test_vllm_generates_with_logprobs(tiny_model_dir: Path) -> None:
     for c in a[0]:
         assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids) > 0
     await p.close()
+
+
+class _FakeTokenizer:
+    """Stands in for a tokenizer whose chat template starts with BOS (DeepSeek/Llama style)."""
+
+    def apply_chat_template(self, messages, tokenize: bool, add_generation_prompt: bool) -> str:
+        assert tokenize is False and add_generation_prompt is True
+        return "<s>" + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[assistant]"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        body = text.removeprefix("<s>")
+        ids = [1] if text.startswith("<s>") else []
+        ids += [ord(c) for c in body]
+        return ([1] if add_special_tokens else []) + ids
+
+
+def test_chat_prompts_reach_vllm_as_token_ids_with_one_bos(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The glue code only (vLLM's API replaced by a recorder; real generation is the gpu test):
+    a chat template that already holds BOS must not get a second one from vLLM's tokenizer."""
+    import sys
+    import types
+
+    from leanrl import ChatMessage
+    from leanrl.policies.vllm import VLLMPolicy
+
+    seen: list[object] = []
+    out = types.SimpleNamespace(
+        text="ok", token_ids=[5], logprobs=None, finish_reason="stop", cumulative_logprob=None
+    )
+
+    class LLM:
+        def get_tokenizer(self) -> _FakeTokenizer:
+            return _FakeTokenizer()
+
+        def generate(self, prompts, params, use_tqdm=False):
+            seen.extend(prompts)
+            return [types.SimpleNamespace(outputs=[out], prompt_token_ids=[1]) for _ in prompts]
+
+    fake = types.SimpleNamespace(SamplingParams=lambda **kw: kw, LLM=LLM)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    p = VLLMPolicy(PolicyConfig(model=str(tiny_model_dir), backend="vllm"))
+    p._llm = LLM()
+    chat = [ChatMessage(role="user", content="hi")]
+    got = p._generate_sync([chat, "text prompt"], SamplingConfig())
+    assert [c.text for row in got for c in row] == ["ok", "ok"]
+    ids = seen[0]["prompt_token_ids"]  # type: ignore[index]
+    assert ids[:2] != [1, 1] and ids[0] == 1 and ids.count(1) == 1
+    assert seen[1] == "text prompt"  # a completion prompt is passed as text (vLLM adds BOS once)

@@ -73,15 +73,17 @@ class VLLMPolicy(Policy):
     ) -> list[list[Completion]]:
         vllm = import_vllm()
         tok = self._llm.get_tokenizer()
-        texts = []
+        texts: list[Any] = []
         for p in prompts:
             chat = self.config.chat if self.config.chat is not None else not isinstance(p, str)
             if chat:
-                texts.append(
-                    tok.apply_chat_template(
-                        to_messages(p), tokenize=False, add_generation_prompt=True
-                    )
+                text = tok.apply_chat_template(
+                    to_messages(p), tokenize=False, add_generation_prompt=True
                 )
+                # The rendered template already holds its special tokens (BOS for DeepSeek- or
+                # Llama-style templates); a text prompt would get a second BOS from vLLM's
+                # tokenizer, so pass the ids.
+                texts.append({"prompt_token_ids": list(tok.encode(text, add_special_tokens=False))})
             else:
                 texts.append(p)
         params = vllm.SamplingParams(
