@@ -369,3 +369,20 @@ def test_a_reasoning_prover_style_answer() -> None:
     assert TASK.lean_text(e.proof, e.preamble) == (
         f"{HEADER}set_option maxHeartbeats 400000\n\n{STMT}\n  -- subtract\n  omega\n"
     )
+
+
+class _ShuffledRuntime(ScriptedRuntime):
+    """A TEST runtime that answers a batch in reverse order (as-completed style), ids echoed."""
+
+    async def check(self, attempts):  # type: ignore[no-untyped-def]
+        return list(reversed(await super().check(attempts)))
+
+
+async def test_verdicts_go_to_their_own_attempts(tasks) -> None:
+    taskset, ts = tasks
+    policy = ScriptedPolicy(["\n  omega\n", "\n  simp\n", "\n  ring\n"])
+    h = WholeProofHarness(HarnessConfig(prompt_format="deepseek"))
+    groups = await h.run(ts[:1], policy, _ShuffledRuntime(), SamplingConfig(n=3), taskset)
+    # only sample 0 has the accepted tactic; a verdict must never be credited to another proof
+    assert [r.verdict.accepted for r in groups[0]] == [True, False, False]
+    assert [r.verdict.id for r in groups[0]] == [f"{ts[0].id}/{i}" for i in range(3)]

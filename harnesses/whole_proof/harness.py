@@ -122,6 +122,7 @@ async def check_and_reward(
                 f"runtime {runtime.name!r} returned {len(verdicts)} verdicts for "
                 f"{len(attempts)} attempts"
             )
+        verdicts = _in_attempt_order(runtime.name, attempts, verdicts)
         for r, v in zip(pending, verdicts, strict=True):
             r.verdict = v
             r.timings["verify"] = v.time_s
@@ -129,3 +130,21 @@ async def check_and_reward(
     for task, group in zip(tasks, groups, strict=True):
         for r, reward in zip(group, taskset.group_rewards(task, group), strict=True):
             r.reward = reward
+
+
+def _in_attempt_order(
+    runtime: str, attempts: Sequence[Attempt], verdicts: Sequence[Verdict]
+) -> list[Verdict]:
+    """The verdicts in the order of the attempts. A verdict echoes its attempt's id; one that
+    carries another attempt's id would otherwise be credited to the wrong proof."""
+    if all(v.id == a.id for a, v in zip(attempts, verdicts, strict=True)):
+        return list(verdicts)
+    by_id: dict[str | None, Verdict] = {v.id: v for v in verdicts if v.id is not None}
+    if len(by_id) == len(verdicts) and set(by_id) == {a.id for a in attempts}:
+        return [by_id[a.id] for a in attempts]
+    if all(v.id is None for v in verdicts):
+        return list(verdicts)  # a runtime that echoes no ids answers in order
+    raise RuntimeUnavailable(
+        f"runtime {runtime!r} returned verdicts whose ids do not match the attempts "
+        f"(first attempt {attempts[0].id!r}, first verdict {verdicts[0].id!r})"
+    )
