@@ -64,8 +64,10 @@ import asyncio
 import importlib.util
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -76,8 +78,9 @@ from leanrl.policy import Policy, SamplingConfig
 from leanrl.rollout import Rollout
 from leanrl.task import Task
 from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, batch_for_step, check_model_path
+from leanrl.verdict import Reason
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "train_grpo"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
 
 # The same literals as leanrl.train.rl's, spelled out here so that importing the config (the CLI
 # does, at start-up) does not import torch.
@@ -107,10 +110,12 @@ class GRPOConfig(TrainConfig):
     mini-batch (DAPO, Yu et al. 2025; the default: long sequences are not down-weighted).
     ``grpo``: mean per sequence, then mean over sequences (DeepSeekMath). ``dr_grpo``: sum over
     tokens divided by a constant ``norm_len`` per sequence (Dr. GRPO, Liu et al. 2025)."""
-    scale_rewards: RewardScale = "group"
-    """Divide advantages by the group's reward std (``group``, DeepSeekMath), the whole batch's
-    (``batch``), or not at all (``none``, Dr. GRPO: std scaling over-weights easy and hard
-    tasks)."""
+    scale_rewards: RewardScale | None = None
+    """Divide advantages by the group's reward std (``group``, DeepSeekMath), by the std of every
+    reward sampled this step (``batch``: all groups, before dynamic sampling drops any), or not at
+    all (``none``, Dr. GRPO: std scaling over-weights easy and hard tasks). Default (unset):
+    per the loss, ``none`` for ``loss_agg = "dr_grpo"`` (Liu et al. 2025 remove both biases
+    together) and ``group`` otherwise."""
     eps_low: float = Field(default=0.2, ge=0.0, lt=1.0)
     """Lower clip bound: ρ is clipped at 1 - eps_low (PPO's 0.2, Schulman et al. 2017)."""
     eps_high: float = Field(default=0.28, ge=0.0)
@@ -119,14 +124,16 @@ class GRPOConfig(TrainConfig):
     beta: float = Field(default=0.0, ge=0.0)
     """Weight of the k3 KL penalty to the frozen starting model. 0 (no reference model loaded)
     as in DAPO and Dr. GRPO; DeepSeekMath used 0.04."""
-    dynamic_sampling: Literal["off", "drop", "refill"] = "drop"
-    """Groups whose rewards are all equal have zero advantage. ``drop``: leave them out of the
-    batch (they would only dilute the ``dapo``/``grpo`` denominators). ``refill``: also sample
-    extra groups until the batch has ``tasks_per_step`` informative ones or
-    ``max_refill_rounds`` is reached (DAPO's dynamic sampling, Yu et al. 2025). ``off``: keep
-    them."""
+    dynamic_sampling: Literal["off", "drop", "refill"] = "refill"
+    """Groups whose rewards are all equal have zero advantage. ``refill`` (the default, DAPO's
+    dynamic sampling, Yu et al. 2025): leave them out and sample extra groups until the batch has
+    ``tasks_per_step`` informative ones, for at most ``max_refill_rounds`` extra rounds (DAPO
+    samples until full; the bound keeps a step's cost finite when nearly every task is solved
+    or hopeless). ``drop``: only leave them out (they would dilute the ``dapo``/``grpo``
+    denominators). ``off``: keep them."""
     max_refill_rounds: int = Field(default=3, ge=1)
-    """``refill``: most extra rounds of ``tasks_per_step`` new groups per step."""
+    """``refill``: most extra rounds of ``tasks_per_step`` new groups per step (the step then
+    trains on the informative groups it has, fewer than ``tasks_per_step`` if need be)."""
     mask_truncated: bool = True
     """Give no loss to rollouts cut off by the token limit (DAPO's overlong filtering): a
     truncated proof is unfinished, not wrong."""
@@ -155,6 +162,16 @@ class GRPOConfig(TrainConfig):
     norm_len: int | None = Field(default=None, ge=1)
     """``dr_grpo``: the constant length each sequence's token sum is divided by. Default:
     ``sampling.max_tokens`` (times ``env.harness.max_turns`` for multi-turn harnesses)."""
+    disable_dropout: bool = True
+    """Turn off every dropout of the model for the loss forward (as TRL's ``disable_dropout``).
+    The sampler draws with dropout off (eval mode); a training forward with dropout on would
+    see a different, random policy, so ρ ≠ 1 on fresh rollouts and the clip fires on noise."""
+    dual_clip: float | None = None
+    """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"):
+    for a negative advantage the token loss is capped at ``dual_clip · |A|`` (a value > 1; the
+    paper uses 3), so a token whose ratio has grown large under stale data cannot dominate the
+    update. Unset: 3 in async mode with ``max_staleness > 1`` (where such ratios occur), off
+    otherwise; 0 turns it off."""
     old_logprobs: Literal["sampler", "recompute"] = "sampler"
     """Denominator of ρ: the log-probs the generation backend reported (``sampler``: corrects
     for staleness and kernel mismatch), or a no-grad forward of the current weights before the
@@ -181,8 +198,38 @@ class GRPOConfig(TrainConfig):
             )
         return v
 
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip(cls, v: float | None) -> float | None:
+        if v is not None and v != 0 and v <= 1:
+            raise ValueError(
+                f"dual_clip must be 0 (off) or greater than 1 (got {v}): it caps a negative "
+                "advantage's token loss at dual_clip × |A|, above the ordinary clip (paper: 3)"
+            )
+        return v
+
+    @property
+    def reward_scale(self) -> RewardScale:
+        """``scale_rewards`` resolved: unset means ``none`` for ``dr_grpo``, ``group`` else."""
+        if self.scale_rewards is not None:
+            return self.scale_rewards
+        return "none" if self.loss_agg == "dr_grpo" else "group"
+
+    @property
+    def dual_clip_c(self) -> float | None:
+        """``dual_clip`` resolved: the cap constant c, or None when off."""
+        if self.dual_clip is None:
+            return 3.0 if self.async_generation and self.max_staleness > 1 else None
+        return self.dual_clip or None
+
     @model_validator(mode="after")
     def _divisible(self) -> GRPOConfig:
+        if self.sampling.temperature <= 0:
+            raise ValueError(
+                f"sampling.temperature must be above 0 for GRPO (got {self.sampling.temperature}):"
+                " greedy decoding makes every attempt of a group identical, so every advantage is"
+                " 0 and nothing is learned; GRPO needs sampling, use a temperature around 1.0"
+            )
         total = self.tasks_per_step * self.group_size
         if total % self.minibatches:
             raise ValueError(
@@ -274,13 +321,41 @@ class GRPOTrainer:
         self.config = config
         self.env = env
         self.run = RunDir(config.out)
+        self._warned_top_p = False
 
     def check(self) -> None:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
-        check_model_path(self.config.policy.model)
+        cfg = self.config
+        check_model_path(cfg.policy.model)
+        _check_relative_model_path(cfg.policy.model)
         from leanrl.train.grpo_engine import device_and_precision
 
-        device_and_precision(self.config)
+        device, _ = device_and_precision(cfg)
+        backend = cfg.policy.backend
+        if backend not in ("hf", "vllm"):
+            raise ConfigError(
+                f"GRPO cannot train through the {backend!r} backend (it cannot receive new "
+                "weights); use --policy.backend hf or vllm"
+            )
+        if backend == "vllm":
+            if importlib.util.find_spec("vllm") is None:
+                raise ConfigError(
+                    "policy.backend is 'vllm' but vLLM is not installed: pip install vllm "
+                    "(on a machine with an NVIDIA GPU), or use --policy.backend hf"
+                )
+            if device.type != "cuda":
+                raise ConfigError(
+                    "policy.backend 'vllm' needs a CUDA device (vLLM generates on the GPU "
+                    "next to the model being trained); use --policy.backend hf on the CPU"
+                )
+        if cfg.sampling.top_p < 1.0 and not self._warned_top_p:
+            self._warned_top_p = True
+            log.warning(
+                "sampling.top_p = %s < 1: the sampler's log-probs are of the untruncated "
+                "distribution, so the importance ratio does not match what was sampled "
+                "(biased updates); GRPO normally samples with top_p = 1",
+                cfg.sampling.top_p,
+            )
         for target in self.config.log_to:
             if importlib.util.find_spec(target) is None:
                 raise ConfigError(
@@ -305,6 +380,7 @@ class GRPOTrainer:
         # The tasks load before the model: a bad taskset fails in seconds, not after a model load.
         tasks = await asyncio.to_thread(env.tasks)
         batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
+        self._forget_failed_start()
         resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
         await asyncio.to_thread(engine.load, resumed)
         logger = MetricsLogger(
@@ -327,6 +403,14 @@ class GRPOTrainer:
                 await gen.close()
             self.run.plot(title=f"GRPO reward ({self.run.path.name})")
         return rows
+
+    def _forget_failed_start(self) -> None:
+        """A folder with a config but no checkpoint and no metrics line holds no run: a start
+        that failed before its first step (a model that did not load, a backend error). Its
+        config binds nothing, so a corrected rerun may start there afresh."""
+        cfg_file = self.run.path / "config.json"
+        if cfg_file.is_file() and not self.run.checkpoints() and not self.run.metrics():
+            cfg_file.unlink()
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -380,6 +464,7 @@ class GRPOTrainer:
                     version.notify_all()
                 row = self._metrics_row(engine, batch, train_stats, t0, t1, t2)
                 logger.log(row)
+                log.info(_step_line(row, cfg.steps))
                 rows.append(row)
                 done = engine.step
                 if done % cfg.save_every == 0 or done == cfg.steps:
@@ -427,7 +512,9 @@ class GRPOTrainer:
                 break
         kept = kept[: cfg.tasks_per_step] if cfg.dynamic_sampling == "refill" else kept
         t_rollout = time.perf_counter() - t0
-        samples = engine.make_samples(kept)
+        # scale_rewards = "batch": the std of everything sampled, before groups were dropped
+        batch_rewards = [r.reward for g in groups for r in g]
+        samples = engine.make_samples(kept, batch_rewards)
         return _Batch(
             step=step,
             groups=groups,
@@ -478,7 +565,7 @@ class GRPOTrainer:
             "adv_std": _std(advs),
             "adv_min": min(advs) if advs else None,
             "adv_max": max(advs) if advs else None,
-            "truncated_frac": _mean([float(r.truncated) for r in own]),
+            "truncated_frac": _mean([float(ends_truncated(r)) for r in own]),
             # model tokens per rollout, all turns together
             "completion_len": _mean([sum(len(t.completion_ids) for t in r.turns) for r in own]),
             "loss_tokens": model_tokens,
@@ -491,6 +578,49 @@ class GRPOTrainer:
             "time_wait": (t1 - t0) if self.config.async_generation else 0.0,
             "time_train": t2 - t1,
         }
+
+
+def ends_truncated(r: Rollout) -> bool:
+    """Whether the attempt as a whole was cut off: its last turn hit the token limit, or the
+    episode ran out of its total token budget (Verdict reason ``truncated``).
+
+    A multi-turn episode whose early turn was cut but which went on and finished is *not*
+    truncated: its reward is a real outcome, so its tokens keep their loss.
+    """
+    if r.turns and r.turns[-1].finish_reason == "length":
+        return True
+    return r.verdict is not None and r.verdict.reason == Reason.TRUNCATED
+
+
+def _step_line(row: dict[str, Any], steps: int) -> str:
+    """One concise log line for a finished step."""
+
+    def f(key: str, fmt: str = ".3f") -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    what = "skipped (no informative group)" if row.get("skipped") else f"loss {f('loss', '.4g')}"
+    return (
+        f"step {row['step']}/{steps}: reward {f('reward_mean')} pass {f('pass_rate')} "
+        f"groups {row['groups_kept']}/{row['groups']} {what} {f('time_step', '.2f')}s"
+    )
+
+
+def _check_relative_model_path(model: str) -> None:
+    """A ``--model`` that looks like a relative path (``./x``, or ``a/b`` where the folder ``a``
+    exists here) but does not exist is a typo, not a hub id: say so before anything loads.
+    Hub ids (``org/name``, no such local folder ``org``) pass through to the loader."""
+    if os.sep not in model and not (os.altsep and os.altsep in model):
+        return
+    p = Path(model).expanduser()
+    if p.exists() or p.is_absolute():
+        return
+    first = Path(p.parts[0])
+    if model.startswith(("./", "../")) or first.is_dir():
+        raise ConfigError(
+            f"model path {model!r} does not exist (relative to {Path.cwd()}; the folder "
+            f"{str(first)!r} exists, so this is taken as a path, not a Hugging Face id)"
+        )
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -23,6 +23,7 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy
 from leanrl.rollout import Rollout
 from leanrl.train.common import RunDir
+from leanrl.train.grpo import ends_truncated
 from leanrl.train.hf_policy import TrainPolicy
 from leanrl.train.rl import aggregate, clipped_token_loss, group_advantages, kl_k3, token_logprobs
 
@@ -83,7 +84,9 @@ class GRPOEngine:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.to(self.device)
-        self.model.train()
+        if cfg.disable_dropout:
+            disable_dropout(self.model)
+        self.model.train()  # train mode: gradient checkpointing needs it (dropout is off above)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         if cfg.beta > 0:  # the reference is always the starting model, also on resume
@@ -169,15 +172,23 @@ class GRPOEngine:
 
     # -- data -----------------------------------------------------------------------------------
 
-    def make_samples(self, groups: Sequence[Sequence[Rollout]]) -> list[_Sample]:
-        """Sequences with advantages for the kept groups (advantage per group, step 3)."""
+    def make_samples(
+        self,
+        groups: Sequence[Sequence[Rollout]],
+        batch_rewards: Sequence[float] | None = None,
+    ) -> list[_Sample]:
+        """Sequences with advantages for the kept groups (advantage per group, step 3).
+
+        ``batch_rewards``: every reward sampled this step (dropped groups included), whose std
+        ``scale_rewards = "batch"`` divides by; default: the kept groups' rewards."""
         from leanrl.train.grpo import _Sample
 
         cfg = self.config
         if not groups:
             return []
         rewards = torch.tensor([[r.reward for r in g] for g in groups])  # [B, G]
-        adv = group_advantages(rewards, cfg.scale_rewards)  # [B, G]
+        pool = torch.tensor(list(batch_rewards)) if batch_rewards is not None else None
+        adv = group_advantages(rewards, cfg.reward_scale, batch_rewards=pool)  # [B, G]
         out: list[_Sample] = []
         for g, row in zip(groups, adv.tolist(), strict=True):
             for r, a in zip(g, row, strict=True):
@@ -191,7 +202,7 @@ class GRPOEngine:
                         )
                     continue  # nothing generated at all: nothing to train on
                 prompt = list(r.prompt_ids) or self._prompt_ids(r)
-                if cfg.mask_truncated and r.truncated:
+                if cfg.mask_truncated and ends_truncated(r):
                     mask = [0] * len(mask)
                 old = [lp if lp is not None else math.nan for lp in lps]
                 out.append(_Sample(prompt=prompt, resp=list(ids), mask=mask, old=old, adv=a))
@@ -214,7 +225,8 @@ class GRPOEngine:
                 self.scheduler.step()
             self.step += 1
             return {"loss": None, "kl": None, "kl_behaviour": None, "entropy": None,
-                    "clip_frac": None, "lr": lr, "grad_norm": None, "skipped": True}  # fmt: skip
+                    "clip_frac": None, "lr": lr, "grad_norm": None, "optimizer_steps": 0,
+                    "skipped": True}  # fmt: skip
         need_old = cfg.old_logprobs == "recompute" or any(
             math.isnan(o) for s in samples for o, m in zip(s.old, s.mask, strict=True) if m
         )
@@ -287,7 +299,9 @@ class GRPOEngine:
         old = _right_aligned([s.old for s in micro], logp.shape[1], 0.0, logp.device)
         old = torch.where(mask > 0, old, logp.detach())  # unmasked slots: ratio 1, no NaN
         adv = torch.tensor([s.adv for s in micro], device=logp.device)  # [n]
-        per_tok, clipped = clipped_token_loss(logp, old, adv, cfg.eps_low, cfg.eps_high)
+        per_tok, clipped = clipped_token_loss(
+            logp, old, adv, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c
+        )
         if self.ref_model is not None:
             ref = _right_aligned([s.ref or [] for s in micro], logp.shape[1], 0.0, logp.device)
             kl = kl_k3(logp, torch.where(mask > 0, ref, logp.detach()))
@@ -388,6 +402,17 @@ class GRPOEngine:
                 keep=self.config.keep_checkpoints,
                 extra=extra,
             )
+
+
+def disable_dropout(model: Any) -> None:
+    """Every dropout of ``model`` off: ``nn.Dropout`` modules, and the float rates that
+    attention implementations read at forward time (``attention_dropout`` in Llama/Qwen)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in ("attention_dropout", "dropout", "dropout_p", "attn_dropout"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
 
 
 def device_and_precision(cfg: GRPOConfig) -> tuple[torch.device, str]:

@@ -28,13 +28,20 @@ RewardScale = Literal["group", "batch", "none"]
 """How advantages are scaled (see :func:`group_advantages`)."""
 
 
-def group_advantages(rewards: Tensor, scale: RewardScale = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(
+    rewards: Tensor,
+    scale: RewardScale = "group",
+    eps: float = 1e-4,
+    batch_rewards: Tensor | None = None,
+) -> Tensor:
     """Group-relative advantages ``A_i = (r_i - mean(group)) / (std + eps)``.
 
     ``rewards``: [B, G]. ``scale``: ``group`` divides by each group's std (DeepSeekMath),
-    ``batch`` by the std of all rewards in the batch, ``none`` not at all (Dr. GRPO). The std is
-    the unbiased one (``torch.std``), as in TRL. A group whose rewards are all equal gets
-    advantage 0 whatever the scaling. Returns [B, G].
+    ``batch`` by the std of all rewards in the batch, ``none`` not at all (Dr. GRPO). For
+    ``batch``, ``batch_rewards`` (any shape) is the batch whose std is used, when it is more
+    than ``rewards`` (the trainer passes every reward sampled in the step, dropped groups
+    included). The std is the unbiased one (``torch.std``), as in TRL. A group whose rewards are
+    all equal gets advantage 0 whatever the scaling. Returns [B, G].
     """
     r = rewards.to(torch.float32)
     centred = r - r.mean(dim=1, keepdim=True)  # [B, G]
@@ -42,7 +49,8 @@ def group_advantages(rewards: Tensor, scale: RewardScale = "group", eps: float =
         std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
         return centred / (std + eps)
     if scale == "batch":
-        std = r.std() if r.numel() > 1 else torch.zeros(())
+        pool = r if batch_rewards is None else batch_rewards.to(torch.float32)
+        std = pool.std() if pool.numel() > 1 else torch.zeros(())
         return centred / (std + eps)
     return centred
 
@@ -61,21 +69,34 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) ->
 
 
 def clipped_token_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, eps_low: float, eps_high: float
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-token clipped surrogate ``-min(ρ·A, clip(ρ, 1-eps_low, 1+eps_high)·A)``.
 
     ``logp``, ``old_logp``: [N, T] (current and behaviour log-probs); ``adv``: [N] (one advantage
-    per sequence, broadcast over its tokens). ``ρ = exp(logp - old_logp)``. Returns the loss [N, T]
-    and a float mask [N, T] of the tokens where the clipped branch was taken (clip fraction).
+    per sequence, broadcast over its tokens). ``ρ = exp(logp - old_logp)``. With ``dual_clip``
+    = c (> 1), a token of negative advantage has its loss capped at ``c·|A|`` (dual-clip PPO,
+    Ye et al. 2020): without the cap the loss grows with ρ without bound, and a token whose
+    probability rose a lot since sampling (stale data) would dominate the update. Returns the
+    loss [N, T] and a float mask [N, T] of the tokens where a clip was taken (clip fraction).
     """
     ratio = torch.exp(logp - old_logp)  # [N, T]
     a = adv.unsqueeze(-1)  # [N, 1]
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
     loss = -torch.minimum(unclipped, clipped)
-    was_clipped = (clipped < unclipped).float()  # the min picked the clipped branch
-    return loss, was_clipped
+    was_clipped = clipped < unclipped  # the min picked the clipped branch
+    if dual_clip is not None:
+        cap = (-dual_clip * a).expand_as(loss)  # c·|A| where A < 0
+        capped = (a < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        was_clipped = was_clipped | capped
+    return loss, was_clipped.float()
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
