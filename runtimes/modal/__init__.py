@@ -12,7 +12,8 @@ Modal itself is imported only when a Sandbox is about to be created.
 
 from __future__ import annotations
 
-from leanrl.errors import ConfigError
+import logging
+
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
 from leanrl.service.sandbox_runtime import (
@@ -23,6 +24,8 @@ from leanrl.service.sandbox_runtime import (
 )
 
 __all__ = ["ModalRuntime"]
+
+log = logging.getLogger("leanrl.modal")
 
 _BATCH_MARGIN_S = 60.0
 """Slack between the end of the longest batch and Modal's hard Sandbox timeout."""
@@ -40,12 +43,16 @@ class ModalRuntime(SandboxRuntime):
     async def start(self) -> None:
         m = self.config.modal
         need = self.settings().service.request_timeout_s + _BATCH_MARGIN_S
-        if m.sandbox_timeout_s <= need:
-            raise ConfigError(
-                f"modal.sandbox_timeout_s {m.sandbox_timeout_s} s is shorter than one batch may "
-                f"take ({need:g} s: the service's request timeout plus a margin), so Modal could "
-                f"kill a Sandbox mid-batch: raise it above {need:g} s (e.g. "
-                f"{int(2 * need)}), or lower batch_size or timeout_s"
+        if m.backend == "modal" and m.sandbox_timeout_s <= need:
+            # The bound assumes every attempt of a batch runs into its time limit; typical
+            # batches are far faster, and a Sandbox killed mid-batch costs a retry, so warn.
+            log.warning(
+                "modal.sandbox_timeout_s %s s is shorter than the longest a batch may take "
+                "(%g s: every attempt timing out, plus a margin); Modal may kill a Sandbox "
+                "mid-batch. Raise it above %g s, or lower batch_size or timeout_s",
+                m.sandbox_timeout_s,
+                need,
+                need,
             )
         await super().start()
 
@@ -55,12 +62,15 @@ class ModalRuntime(SandboxRuntime):
         # Modal kills a Sandbox at sandbox_timeout_s: retire idle ones early enough that a
         # batch handed to one can still finish (a warm Sandbox may idle for a long time between
         # a trainer's verification phases).
+        max_age = min(m.pool.max_age_s, 0.5 * m.sandbox_timeout_s)
         room = m.sandbox_timeout_s - service.request_timeout_s - _BATCH_MARGIN_S
+        if m.backend == "modal" and room > 0:
+            max_age = min(max_age, room)
         pool = m.pool.model_copy(
             update={
                 "target_ready": m.warm_sandboxes,
                 "max_sandboxes": max(m.pool.max_sandboxes, m.warm_sandboxes, 1),
-                "max_age_s": max(1.0, min(m.pool.max_age_s, 0.5 * m.sandbox_timeout_s, room)),
+                "max_age_s": max_age,
             }
         )
         return SandboxSettings(
