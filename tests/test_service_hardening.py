@@ -199,3 +199,16 @@ async def test_wrong_paths_and_methods_say_what_exists() -> None:
         r = await http.get(f"{url}/check")
         assert r.status_code == 405
         assert "GET /check is not allowed" in r.json()["error"] and "POST" in r.json()["error"]
+
+
+async def test_a_step_queued_behind_a_failing_step_does_not_run_on_the_closed_session() -> None:
+    cfg = ServiceConfig(limits=ServiceLimits(request_timeout_s=0.4))
+    async with running_service(echo(), cfg) as url, httpx.AsyncClient() as http:
+        sid = (await http.post(f"{url}/sessions", json={"header": ""})).json()["session_id"]
+        await http.post(f"{url}/sessions/{sid}/start", json={"formal_statement": "t := by"})
+        step = f"{url}/sessions/{sid}/tactic"
+        hang = asyncio.create_task(http.post(step, json={"proof_state": 0, "tactic": "hang"}))
+        await asyncio.sleep(0.1)  # the hanging step holds the session; the next one queues
+        queued = await http.post(step, json={"proof_state": 0, "tactic": "skip"})
+        assert (await hang).status_code == 504
+        assert queued.status_code == 404 and "timed out" in queued.json()["error"]

@@ -343,6 +343,8 @@ class VerificationService:
         # closed rather than reused, and later requests are told why.
         s = self._session(sid)
         async with s.lock:
+            if self._sessions.get(sid) is not s:  # closed while this step waited for its turn
+                self._session(sid)  # raises the 404 saying why
             try:
                 state = await op(s.session)
             except asyncio.CancelledError:
