@@ -226,3 +226,20 @@ async def test_tactic_sessions_share_a_sandbox_up_to_the_limit(tmp_path: Path) -
         m = rt.metrics()
         assert m["pool_created"] == 1  # one sandbox hosted all three
         await wait_for(lambda: rt.metrics()["pool_retired_used"] == 1)  # one use, then retired
+
+
+async def test_a_batch_over_the_body_limit_is_split_and_a_huge_attempt_gets_a_verdict(
+    tmp_path: Path,
+) -> None:
+    # Long proofs must not turn a whole check() into an exception: the batch is halved until it
+    # fits the sandbox service's body limit, and an attempt too big on its own is a Verdict.
+    from leanrl._sandbox_config import ServiceLimits
+
+    rt = runtime(tmp_path, batch_size=4, service=ServiceLimits(max_body_bytes=4096))
+    proofs = ["ok", "x" * 1500, "ok", "y" * 6000]  # batch ~9 KB; the last alone ~6 KB
+    attempts = [attempt(p, id=f"a{i}") for i, p in enumerate(proofs)]
+    async with rt:
+        verdicts = await rt.check(attempts)
+    assert [v.id for v in verdicts] == ["a0", "a1", "a2", "a3"]
+    assert [v.reason for v in verdicts] == [Reason.OK, Reason.ERROR, Reason.OK, Reason.INFRA]
+    assert "max_body_bytes" in verdicts[3].detail

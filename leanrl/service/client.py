@@ -38,7 +38,7 @@ from leanrl.service.protocol import (
 )
 from leanrl.verdict import Attempt, Verdict
 
-__all__ = ["ServiceClient", "ServiceError"]
+__all__ = ["ServiceClient", "ServiceError", "ServiceRejected"]
 
 _TRANSIENT_STATUS = {429, 502, 503}
 _NOT_STARTED_STATUS = {429}
@@ -52,6 +52,14 @@ class ServiceError(RuntimeUnavailable):
     """The service could not answer (unreachable, timed out, or failing after every retry)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServiceRejected(ConfigError):
+    """The service refused the request itself (a 4xx): the message says why, ``status`` which."""
+
+    def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
 
@@ -213,8 +221,9 @@ class ServiceClient:
                 last, status = f"{r.status_code}: {msg}", r.status_code
                 continue
             if 400 <= r.status_code < 500:
-                raise ConfigError(
-                    f"verification service rejected {method} {path} ({r.status_code}): {msg}"
+                raise ServiceRejected(
+                    f"verification service rejected {method} {path} ({r.status_code}): {msg}",
+                    r.status_code,
                 )
             raise ServiceError(
                 f"verification service at {self.base_url} failed {method} {path} "

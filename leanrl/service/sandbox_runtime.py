@@ -33,7 +33,7 @@ import httpx
 from leanrl._sandbox_config import ClientConfig, PoolConfig, ServiceLimits
 from leanrl.errors import ConfigError, RuntimeUnavailable
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession
-from leanrl.service.client import ServiceClient, ServiceError
+from leanrl.service.client import ServiceClient, ServiceError, ServiceRejected
 from leanrl.service.pool import WarmPool
 from leanrl.service.sandbox import Sandbox, SandboxBackend
 from leanrl.verdict import Attempt, Reason, Verdict
@@ -274,9 +274,20 @@ class SandboxRuntime(Runtime):
                 verdicts = await self._client(sb).check(batch, key=uuid.uuid4().hex)
             except ServiceError as e:
                 errors.append(f"sandbox {sb.id}: {e}")
-            except ConfigError:  # the request itself was wrong: not the sandbox's fault
+            except ServiceRejected as e:  # the request itself was wrong: not the sandbox's fault
                 await pool.release(sb, ok=True)
-                raise
+                if e.status != 413:
+                    raise
+                # Over the service's body limit (long proofs): halve the batch until it fits;
+                # one attempt that alone does not fit gets a Verdict saying so.
+                if len(batch) == 1:
+                    detail = f"attempt too large for the sandbox service's max_body_bytes: {e}"
+                    return [Verdict.reject(Reason.INFRA, detail[:2000], id=batch[0].id)]
+                half = len(batch) // 2
+                first, second = await asyncio.gather(
+                    self._run_batch(batch[:half]), self._run_batch(batch[half:])
+                )
+                return first + second
             except BaseException:  # cancelled: the sandbox may be mid-batch, do not reuse it
                 await pool.release(sb, ok=False)
                 raise
