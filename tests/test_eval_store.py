@@ -50,3 +50,31 @@ def test_a_write_torn_by_a_kill_is_cut_and_the_rest_kept(tmp_path: Path) -> None
     assert sorted(again.records) == [("a", 0), ("a", 1), ("a", 2), ("b", 0)]
     assert again.append(recs("b", 2)) == 1  # only ("b", 1) was missing
     again.close()
+
+
+def test_two_runs_cannot_write_one_folder_at_once(tmp_path: Path) -> None:
+    from leanrl import ConfigError
+
+    first = ResultStore(tmp_path)
+    first.open("fp", {}, "")
+    second = ResultStore(tmp_path)
+    with pytest.raises(ConfigError, match="another eval is running"):
+        second.open("fp", {}, "")
+    first.close()
+    second.open("fp", {}, "")  # free again once the first run is done
+    second.close()
+
+
+def test_a_refused_resume_does_not_keep_the_folder_locked(tmp_path: Path) -> None:
+    from leanrl import ConfigError
+
+    st = ResultStore(tmp_path)
+    st.open("fp-a", {"samples": 1}, "")
+    st.append(recs("a", 1))
+    st.close()
+    with pytest.raises(ConfigError, match="different eval run"):
+        ResultStore(tmp_path).open("fp-b", {"samples": 2}, "")
+    again = ResultStore(tmp_path)
+    again.open("fp-a", {"samples": 1}, "")  # not "another eval is running"
+    assert again.has(("a", 0))
+    again.close()

@@ -31,10 +31,19 @@ class ResultStore:
         self.run_path = out / "run.json"
         self.records: dict[Key, dict[str, Any]] = {}
         self._fd: int | None = None
+        self._lock_fd: int | None = None
 
     def open(self, fingerprint: str, config: dict[str, Any], command: str = "") -> None:
         """Create or resume the folder; load what earlier runs recorded."""
         self.out.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            self._open(fingerprint, config, command)
+        except BaseException:
+            self.close()  # a refused or failed open must not keep the folder locked
+            raise
+
+    def _open(self, fingerprint: str, config: dict[str, Any], command: str) -> None:
         empty = not self.results_path.is_file() or self.results_path.stat().st_size == 0
         if self.run_path.is_file() and not empty:
             old = json.loads(self.run_path.read_text(encoding="utf-8"))
@@ -110,6 +119,28 @@ class ResultStore:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        """Hold ``.lock`` in the folder while this run writes to it: a second eval on the same
+        folder would redo the same attempts and append them a second time. The kernel drops the
+        lock when the process dies, so a killed run never leaves the folder locked."""
+        import fcntl
+
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(
+                f"another eval is running in {self.out} (it holds {self.out / '.lock'}). Wait for "
+                "it to finish, or give this one another --out."
+            ) from None
+        self._lock_fd = fd
 
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
