@@ -79,7 +79,7 @@ class GRPOEngine:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.source)
             self.model = AutoModelForCausalLM.from_pretrained(self.source, dtype=dtype, **opts)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # missing files; unreadable tokenizer or config
             raise PolicyError(f"cannot load model {self.source!r}: {e}") from e
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
