@@ -155,7 +155,11 @@ async def test_requests_without_a_key_are_not_retried_after_being_sent() -> None
                 async with client.tactic_session(""):
                     pass
             assert client.retries_done == 0
-        await asyncio.sleep(0.8)
+        for _ in range(500):  # until the one open that was sent has finished on the service
+            if rt.sessions_opened:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.7)  # a retried open (had there been one) would finish by now
         assert rt.sessions_opened == 1
 
 
