@@ -29,7 +29,7 @@ def test_deepseek_prompt_opens_a_block_with_header_comment_and_statement() -> No
     p = build_prompt(TASK, HarnessConfig(prompt_format="deepseek"))
     assert p == (
         "Complete the following Lean 4 code:\n\n```lean4\nimport Mathlib\n\nopen Real Nat\n\n"
-        "/-- Show x = 1. -/\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by\n"
+        "/-- Show x = 1.-/\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by\n"
     )
 
 
@@ -77,7 +77,7 @@ def test_custom_template_and_bad_formats() -> None:
     cfg = HarnessConfig(
         prompt_format="custom", template="{name}|{informal_comment}{formal_statement}"
     )
-    assert build_prompt(TASK, cfg) == f"t1|/-- Show x = 1. -/\n{STMT}"
+    assert build_prompt(TASK, cfg) == f"t1|/-- Show x = 1.-/\n{STMT}"
     chat = build_prompt(TASK, cfg.model_copy(update={"system_prompt": "S"}))
     assert chat[0].content == "S" and chat[1].content.startswith("t1|")
     with pytest.raises(ConfigError, match="unknown prompt_format"):

@@ -51,7 +51,8 @@ def informal_comment(task: Task) -> str:
     if not task.informal_statement:
         return ""
     text = task.informal_statement.strip().replace("-/", "- /")  # must not end the comment
-    return f"/-- {text} -/\n"
+    # No space before `-/`: DeepSeek-Prover's datasets (`informal_prefix`) write it this way.
+    return f"/-- {text}-/\n"
 
 
 def _check(config: HarnessConfig) -> None:
