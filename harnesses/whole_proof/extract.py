@@ -75,22 +75,6 @@ def _mask_comments(code: str) -> str:
     return "".join(out)
 
 
-def _depth(text: str) -> int:
-    """How many ``/-`` block comments are still open at the end of ``text``."""
-    depth, i = 0, 0
-    while i < len(text):
-        if text.startswith("--", i) and depth == 0:
-            j = text.find("\n", i)
-            i = len(text) if j < 0 else j
-        elif text.startswith("/-", i):
-            depth, i = depth + 1, i + 2
-        elif depth and text.startswith("-/", i):
-            depth, i = depth - 1, i + 2
-        else:
-            i += 1
-    return depth
-
-
 def strip_reasoning(text: str) -> tuple[str, str | None]:
     """Text after the model's ``<think>`` reasoning; second item says if reasoning never ended."""
     if "</think>" in text:
