@@ -203,6 +203,10 @@ def test_preamble_cannot_wrap_or_modify_the_reference_statement() -> None:
         "```lean4\nopen Foo in\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```"
     )
     assert ex(opened).preamble == ""  # `open ... in` would apply to the reference statement
+    # an `end` the model did not open would close the header's own section (ProofNet headers
+    # open `noncomputable section`): dropped
+    stray = "```lean4\nlemma aux : True := trivial\nend\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
+    assert ex(stray).preamble == "lemma aux : True := trivial"
     sec = "```lean4\nnoncomputable section\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
     assert ex(sec).preamble == "noncomputable section\nend"
 

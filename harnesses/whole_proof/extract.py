@@ -186,16 +186,24 @@ _SCOPE = re.compile(r"(?m)^[ \t]*(?:noncomputable[ \t]+)?(namespace|section|end)
 
 
 def _close_scopes(text: str) -> str:
-    """``text`` plus an ``end`` for every namespace/section it leaves open (a namespace is opened
-    again with ``open`` so the proof still sees the helper lemmas by their short names)."""
+    """``text`` with its scopes balanced: an ``end`` that closes nothing the model opened is
+    dropped (it would close the header's ``section`` and change how the reference statement is
+    read), and every namespace/section left open gets its ``end`` (a namespace is opened again
+    with ``open`` so the proof still sees the helper lemmas by their short names)."""
     stack: list[tuple[str, str]] = []
+    stray: list[tuple[int, int]] = []
     for m in _SCOPE.finditer(_mask_comments(text)):
         kind, name = m.group(1), m.group(2)
         if kind == "end":
             if stack:
                 stack.pop()
+            else:
+                stray.append((m.start(), m.end()))
         else:
             stack.append((kind, name))
+    for a, b in reversed(stray):
+        text = text[:a] + text[b:]
+    text = text.strip()
     for kind, name in reversed(stack):
         text += f"\nend{' ' + name if name else ''}"
         if kind == "namespace" and name:
