@@ -225,8 +225,14 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
 # -- driver ------------------------------------------------------------------------------------
 
 
+def _sem(xs: Sequence[float]) -> float:
+    """Standard error of the mean (0 for fewer than two values)."""
+    return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
+
+
 def summary(name: str, runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
     times = [t for r in runs for t in r["step_times"][skip:]]
+    last5 = [statistics.fmean(r["rewards"][-5:]) for r in runs]
     tokens = sum(sum(r["tokens"][skip:]) for r in runs)
     return {
         "trainer": name,
@@ -234,7 +240,8 @@ def summary(name: str, runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
         "mean_step_s": statistics.fmean(times),
         "tokens_per_s": tokens / sum(times),
         "reward_first5": statistics.fmean(statistics.fmean(r["rewards"][:5]) for r in runs),
-        "reward_last5": statistics.fmean(statistics.fmean(r["rewards"][-5:]) for r in runs),
+        "reward_last5": statistics.fmean(last5),
+        "reward_last5_sem": _sem(last5),
         "reward_last5_per_seed": [round(statistics.fmean(r["rewards"][-5:]), 3) for r in runs],
         "steps_per_seed": [len(r["step_times"]) for r in runs],
         "reward_curve_mean_over_seeds": [
@@ -253,9 +260,11 @@ def main() -> None:
     ap.add_argument("--tasks-per-step", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
+    # Seeds 1000.. were never used while the trainer was developed (0-7 were, and on them TRL
+    # happens to be ahead by more than on other seeds), so the default set is not cherry-picked.
+    ap.add_argument("--seed", type=int, default=1000, help="first seed")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3, help="seeds per trainer (alternating)")
+    ap.add_argument("--repeats", type=int, default=16, help="seeds per trainer (alternating)")
     ap.add_argument(
         "--with-async",
         action="store_true",
@@ -309,6 +318,13 @@ def main() -> None:
         report["leanrl-async"] = summary("leanrl-async", runs["leanrl-async"], args.skip)
     print(json.dumps(report, indent=2))
     ratio = b["median_step_s"] / a["median_step_s"]
+    # paired by seed: both trainers saw the same seed, so the difference's s.e. is the fair one
+    diffs = [
+        statistics.fmean(t["rewards"][-5:]) - statistics.fmean(le["rewards"][-5:])
+        for le, t in zip(runs["leanrl"], runs["trl"], strict=True)
+    ]
+    gap, gap_sem = statistics.fmean(diffs), _sem(diffs)
+    report["reward_gap_trl_minus_leanrl"] = {"mean": gap, "sem": gap_sem}
     tok_ratio = a["tokens_per_s"] / b["tokens_per_s"]
     print(
         f"\nG={args.group_size}, {args.tasks_per_step} prompts/step, {args.max_tokens} tokens, "
@@ -318,9 +334,12 @@ def main() -> None:
         f"TRL {b['median_step_s'] * 1e3:.1f} ms -> TRL/leanrl = {ratio:.2f}\n"
         f"completion tokens per second of training: leanrl {a['tokens_per_s']:.0f}, TRL "
         f"{b['tokens_per_s']:.0f} -> {tok_ratio:.2f}x\n"
-        f"reward, mean of the last 5 steps (mean over seeds): leanrl {a['reward_last5']:.3f}, "
-        f"TRL {b['reward_last5']:.3f}; first 5 steps: {a['reward_first5']:.3f} / "
-        f"{b['reward_first5']:.3f}"
+        f"reward, mean of the last 5 steps (mean ± s.e. over seeds): leanrl "
+        f"{a['reward_last5']:.3f} ± {a['reward_last5_sem']:.3f}, TRL {b['reward_last5']:.3f} ± "
+        f"{b['reward_last5_sem']:.3f}; first 5 steps: {a['reward_first5']:.3f} / "
+        f"{b['reward_first5']:.3f}\n"
+        f"paired gap TRL - leanrl: {gap:.3f} ± {gap_sem:.3f} (z = "
+        f"{gap / gap_sem if gap_sem else float('nan'):.2f})"
     )
     if args.with_async:
         c = report["leanrl-async"]

@@ -34,6 +34,39 @@ class FlatEnv(DigitEnv):
     taskset_class = FlatTaskset
 
 
+class HalfFlatTaskset(DigitTaskset):
+    """Tasks t0-t3: reward 0 always (all-equal groups); t4-t7: 1, 0, 1, 0 by sample index."""
+
+    def group_rewards(self, task: Task, rollouts: Sequence[Rollout]) -> list[float]:
+        if int(task.name[1:]) < 4:
+            return [0.0] * len(rollouts)
+        return [float(r.sample % 2 == 0) for r in rollouts]
+
+
+class HalfFlatEnv(DigitEnv):
+    taskset_class = HalfFlatTaskset
+
+
+def test_batch_scale_divides_by_the_std_of_the_whole_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """scale_rewards = batch with dropped groups: every kept advantage is ±0.5 / (std + 1e-4)
+    where std is over all the step's rewards (logged as reward_std), dropped groups included."""
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        steps=2,
+        dynamic_sampling="drop",
+        scale_rewards="batch",
+        sampling=SamplingConfig(max_tokens=4, top_p=1.0, seed=0),
+    )
+    rows = _train(cfg, env=HalfFlatEnv())
+    mixed = [r for r in rows if 0 < r["groups_kept"] < r["groups"]]
+    assert mixed, rows  # some step dropped a group and kept another
+    for row in mixed:
+        assert row["adv_max"] == pytest.approx(0.5 / (row["reward_std"] + 1e-4), rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("mode", "groups", "kept"),
     [("drop", 4, 0), ("refill", 12, 0), ("off", 4, 4)],

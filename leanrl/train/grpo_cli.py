@@ -20,7 +20,7 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
     """Post-train a model with GRPO (group-relative policy optimisation) on an environment.
 
     Example: leanrl train grpo --env minif2f --model PATH_OR_ID --config
-    examples/train_grpo_minif2f.toml --out runs/grpo. Rerun the same command to resume from the
+    examples/train-grpo-minif2f.toml --out runs/grpo. Rerun the same command to resume from the
     last checkpoint. The run folder holds metrics.jsonl, checkpoint-N/ (Hugging Face model
     folders) and reward_curve.png.
     """
