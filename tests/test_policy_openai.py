@@ -233,3 +233,26 @@ async def test_one_failed_prompt_stops_the_others() -> None:
         assert all(t.done() or t.cancelling() for t in left)  # nothing goes on retrying
         await asyncio.gather(*left, return_exceptions=True)
         await p.close()
+
+
+async def test_a_server_that_ignores_n_is_asked_once_per_sample() -> None:
+    class NoN(Server):
+        def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            seed = body.get("seed")
+            return {
+                "choices": [
+                    {"index": 0, "text": f"{body['prompt']}@{seed}", "finish_reason": "stop"}
+                ]
+            }
+
+    with NoN(fail=0, delay_s=0.0) as s:
+        p = policy(s.url)
+        out = await p.generate(["a", "b"], SamplingConfig(n=3, seed=7))
+        # every sample drawn, each with its own seed (one seed for all would repeat one sample)
+        assert sorted(c.text for c in out[0]) == ["a@7", "a@8", "a@9"]
+        assert sorted(c.text for c in out[1]) == ["b@7", "b@8", "b@9"]
+        before = len(s.bodies)
+        again = await p.generate(["c"], SamplingConfig(n=2, seed=0))
+        assert sorted(c.text for c in again[0]) == ["c@0", "c@1"]
+        assert len(s.bodies) - before == 2 and all(b["n"] == 1 for b in s.bodies[before:])
+        await p.close()

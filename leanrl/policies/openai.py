@@ -37,6 +37,7 @@ class OpenAIPolicy(Policy):
         self._client: httpx.AsyncClient | None = None
         self._sem: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._one_per_request = False  # set once the server is seen to ignore `n`
         self.retries = 0
         """Transient failures retried so far (for logs and tests)."""
 
@@ -114,14 +115,46 @@ class OpenAIPolicy(Policy):
             body["logprobs"] = 0  # the sampled token's logprob only
             path = "completions"
         body.update(self.config.options)
+        if self._one_per_request and sampling.n > 1:
+            return await self._singly(path, body, sampling, chat)
         data = await self._post(path, body)
         choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) == 1 and sampling.n > 1:
+            # The server ignores `n` (some hosted APIs do): draw the rest one request each, and
+            # from now on ask for one sample per request straight away.
+            self._one_per_request = True
+            rest = await self._singly(path, body, sampling, chat, start=1)
+            return [_completion(choices[0], chat), *rest]
         if len(choices) != sampling.n:
             raise PolicyError(
-                f"{self.config.base_url}/{path} returned {len(choices)} choices for n="
-                f"{sampling.n}; the server may not support `n` (set --sampling.n 1)."
+                f"{self.config.base_url}/{path} returned {len(choices)} choices for n={sampling.n}"
             )
         return [_completion(c, chat) for c in choices]
+
+    async def _singly(
+        self,
+        path: str,
+        body: dict[str, Any],
+        sampling: SamplingConfig,
+        chat: bool,
+        start: int = 0,
+    ) -> list[Completion]:
+        """Samples ``start..n-1`` with one request each (``n`` = 1). Sample i gets seed
+        ``seed + i``: one seed for all would make a seeded server return one sample n times."""
+
+        async def one(i: int) -> Completion:
+            b = {**body, "n": 1}
+            if sampling.seed is not None:
+                b["seed"] = sampling.seed + i
+            data = await self._post(path, b)
+            choices = data.get("choices", [])
+            if len(choices) != 1:
+                raise PolicyError(
+                    f"{self.config.base_url}/{path} returned {len(choices)} choices for n=1"
+                )
+            return _completion(choices[0], chat)
+
+        return list(await asyncio.gather(*(one(i) for i in range(start, sampling.n))))
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         assert self._client is not None and self._sem is not None
