@@ -243,3 +243,17 @@ async def test_a_batch_over_the_body_limit_is_split_and_a_huge_attempt_gets_a_ve
     assert [v.id for v in verdicts] == ["a0", "a1", "a2", "a3"]
     assert [v.reason for v in verdicts] == [Reason.OK, Reason.ERROR, Reason.OK, Reason.INFRA]
     assert "max_body_bytes" in verdicts[3].detail
+
+
+async def test_sessions_after_a_restart_do_not_use_the_closed_pools_sandboxes(
+    tmp_path: Path,
+) -> None:
+    rt = runtime(tmp_path, sessions_per_sandbox=2)
+    async with rt.tactic_session("") as old:
+        await old.start("theorem a : 1 = 1 := by")
+        await rt.close()  # the runtime goes away under an open session ...
+        await rt.start()  # ... and comes back
+        async with rt.tactic_session("") as new:  # must not land on the terminated sandbox
+            st = await new.start("theorem b : 1 = 1 := by")
+            assert (await new.apply(st.proof_state or 0, "rfl")).solved
+    await rt.close()

@@ -97,6 +97,8 @@ class ServiceClient:
         if self._http is None:
             transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
             self._http = httpx.AsyncClient(transport=transport, timeout=self._timeout())
+        if self._http.is_closed:  # a shared connection pool closed by its owner (a runtime)
+            raise ServiceError(f"the connection pool for {self.base_url} was closed")
         return self._http
 
     def _timeout(self) -> httpx.Timeout:

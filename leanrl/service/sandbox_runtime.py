@@ -228,6 +228,7 @@ class SandboxRuntime(Runtime):
         pool, self.pool = self.pool, None
         if pool is None:
             return
+        self._session_hosts.clear()  # their sandboxes go with the pool
         await pool.close()
         for c in list(self._clients.values()):
             await c.close()
@@ -342,7 +343,7 @@ class SandboxRuntime(Runtime):
             1, min(self.settings().sessions_per_sandbox, self.settings().service.max_sessions)
         )
         for host in self._session_hosts:
-            if not host.broken and host.open < limit:
+            if not host.broken and host.open < limit and host.sandbox.terminated_at is None:
                 host.open += 1
                 return host
         sb = await pool.acquire()
@@ -353,7 +354,7 @@ class SandboxRuntime(Runtime):
     async def _give_session_host(self, pool: WarmPool, host: _SessionHost, ok: bool) -> None:
         host.open -= 1
         host.broken = host.broken or not ok
-        if host.open == 0:
+        if host.open == 0 and host in self._session_hosts:
             self._session_hosts.remove(host)
             await pool.release(host.sandbox, ok=not host.broken)
 
