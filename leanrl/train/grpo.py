@@ -9,14 +9,17 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
    rollout carries the token ids of the prompt, of the model's turns (loss mask 1) and of the
    environment's feedback (loss mask 0), and the behaviour policy's log-prob of every model token.
 3. **Advantages.** Per group i of rewards r_i1..r_iG: ``A_ij = (r_ij - mean_i) / (std_i + 1e-4)``
-   (``scale_rewards = "group"``; ``"batch"`` uses the batch std, ``"none"`` no division). Every
-   token of rollout j gets A_ij. Groups with all-equal rewards have A = 0 and carry no signal;
-   ``dynamic_sampling`` drops them (or refills the batch with new groups).
+   (``scale_rewards = "group"``; ``"batch"`` uses the std of every reward sampled this step,
+   dropped groups included; ``"none"`` no division, the default with ``dr_grpo``). Every token
+   of rollout j gets A_ij. Groups with all-equal rewards have A = 0 and carry no signal;
+   ``dynamic_sampling`` drops them and refills the batch with new groups (bounded rounds).
 4. **Loss.** For each model token t of sequence j, with ``ρ_t = π_θ(o_t | ctx) / μ(o_t | ctx)``
    where μ is the *behaviour* policy that sampled the token (its log-probs come with the rollout)::
 
        l_t = -min(ρ_t · A_j, clip(ρ_t, 1 - eps_low, 1 + eps_high) · A_j)  +  β · KL3_t
        KL3_t = exp(log π_ref - log π_θ) - (log π_ref - log π_θ) - 1          (only if β > 0)
+
+   With dual clip c (async, ``max_staleness > 1``), ``l_t = min(l_t, c·|A_j|)`` where A_j < 0.
 
    aggregated over the mini-batch's M sequences with |o_j| loss tokens each:
 
@@ -24,8 +27,8 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
        dapo:     J = 1/Σ_j|o_j| · Σ_j Σ_t l_t             (DAPO eq. 8, the default)
        dr_grpo:  J = 1/(M · L) · Σ_j Σ_t l_t, L = norm_len (Dr. GRPO; constant, no length bias)
 
-   Environment tokens and (with ``mask_truncated``) every token of a truncated rollout have
-   mask 0: they are in the context but carry no loss and do not count in the denominators.
+   Environment tokens and (with ``mask_truncated``) every token of a rollout whose final
+   outcome is truncated (last turn cut off, or Verdict ``truncated``) have mask 0: they are in the context but carry no loss and do not count in the denominators.
 5. **Update.** ``ppo_epochs`` passes over the batch; each pass is shuffled and cut into
    ``minibatches`` optimizer steps; each mini-batch is cut into micro-batches of
    ``micro_batch_size`` sequences whose gradients accumulate (the denominators are the whole
@@ -38,6 +41,7 @@ Where this departs from the papers, and why:
   against a recomputed forward pass of the same weights. On the first pass with fresh rollouts
   ρ ≈ 1, and it also corrects the small numeric mismatch between the generation kernels and the
   training forward. ``old_logprobs = "recompute"`` gives the paper's π_θ_old instead.
+- The loss forward runs with dropout off (``disable_dropout``), as the sampler does.
 - The log-probs use ``logits / temperature`` on both sides. Top-p truncation is invisible to the
   trainer, so the default sampling here has ``top_p = 1`` (DAPO does the same).
 - DeepSeekMath puts the KL in the loss with β = 0.04; the default here is β = 0 (DAPO and
