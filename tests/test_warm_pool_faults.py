@@ -20,6 +20,10 @@ class FakeSandbox(Sandbox):
     dead: bool = False
     alive_raises: int = 0
     """How many more alive() calls raise (an engine that does not answer)."""
+    terminate_s: float = 0.0
+    """How long terminating takes (a provider's API call)."""
+    stopped: bool = False
+    """Set once terminate() has really finished."""
 
     async def alive(self) -> bool:
         if self.alive_raises:
@@ -29,6 +33,8 @@ class FakeSandbox(Sandbox):
 
     async def terminate(self) -> None:
         if self.terminated_at is None:
+            await asyncio.sleep(self.terminate_s)
+            self.stopped = True
             self.terminated_at = asyncio.get_running_loop().time()
 
 
@@ -89,3 +95,18 @@ async def test_a_sandbox_whose_start_check_raises_is_terminated_not_leaked() -> 
     finally:
         await pool.close()
     assert all(sb.terminated_at is not None for sb in be.made)
+
+
+async def test_closing_right_after_a_retirement_still_terminates_the_retired_sandbox() -> None:
+    # max_uses=1: releasing retires the sandbox in the background; a close() right after must
+    # wait for that termination, not cancel it (a cancelled one may leave a billed sandbox up).
+    be = FakeBackend()
+    pool = WarmPool(be, PoolConfig(target_ready=1, max_sandboxes=2, max_uses=1), healthy)
+    await pool.start()
+    sb = await pool.acquire()
+    assert isinstance(sb, FakeSandbox)
+    sb.terminate_s = 0.3
+    await pool.release(sb, ok=True)
+    await pool.close()
+    assert sb.stopped
+    assert all(x.stopped for x in be.made)

@@ -58,6 +58,7 @@ class WarmPool:
         self._waiters = 0
         self._cond: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._terminations: set[asyncio.Task[Any]] = set()
         self._maintainer: asyncio.Task[None] | None = None
         self._closed = False
         self._started = False
@@ -120,9 +121,12 @@ class WarmPool:
         self._closed = True
         if self._maintainer is not None:
             self._maintainer.cancel()
+        # Creations are cancelled (each terminates what it started); terminations already under
+        # way are awaited, never cancelled: a cancelled one could leave a billed sandbox running.
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._terminations, return_exceptions=True)
         if self._maintainer is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintainer
@@ -188,7 +192,7 @@ class WarmPool:
             if count_use:
                 sb.uses += 1
             if self._closed:
-                self._spawn_task(self._terminate(sb))
+                self._spawn_terminate(sb)
             elif not ok:
                 self._retire(sb, "discarded_failed")
             elif self.config.max_uses and sb.uses >= self.config.max_uses:
@@ -240,6 +244,11 @@ class WarmPool:
             self._starting += 1
             self._spawn_task(self._create_one())
 
+    def _spawn_terminate(self, sb: Sandbox) -> None:
+        task = asyncio.ensure_future(self._terminate(sb))
+        self._terminations.add(task)
+        task.add_done_callback(self._terminations.discard)
+
     def _spawn_task(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -284,7 +293,7 @@ class WarmPool:
                 self._fail_streak = 0
                 self.stats["created"] += 1
                 if self._closed:
-                    self._spawn_task(self._terminate(sb))
+                    self._spawn_terminate(sb)
                 else:
                     self._ready.append(sb)
             self._rebalance()
@@ -305,7 +314,7 @@ class WarmPool:
 
     def _retire(self, sb: Sandbox, why: str) -> None:
         self.stats[why] += 1
-        self._spawn_task(self._terminate(sb))
+        self._spawn_terminate(sb)
 
     async def _terminate(self, sb: Sandbox) -> None:
         if sb.terminated_at is not None:
