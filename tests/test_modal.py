@@ -314,6 +314,11 @@ async def test_modal_sandboxes_of_a_dead_owner_are_terminated_at_start(
         assert asked == [{"app_id": "ap-1", "tags": {"leanrl-host": host}}]
         gone = sorted(k for k, sb in listed.items() if sb.terminated)
         assert gone == ["sb-dead", "sb-reused"] and sorted(be.removed_stale) == gone
+        # close() sweeps whatever of its own still runs (a creation cancelled mid-way)
+        listed = {"sb-mine": _ListedSandbox("sb-mine", dict(be.tags))}
+        await be.close()
+        assert asked[-1] == {"app_id": "ap-1", "tags": {"leanrl-owner": be.tags["leanrl-owner"]}}
+        assert listed["sb-mine"].terminated and be.swept == ["sb-mine"]
     finally:
         other.kill()
         other.wait()

@@ -106,6 +106,8 @@ class ModalBackend(SandboxBackend):
         """Tags put on every Sandbox (who started it)."""
         self.removed_stale: list[str] = []
         """Ids of Sandboxes of dead processes terminated by :meth:`start`."""
+        self.swept: list[str] = []
+        """Ids of this backend's Sandboxes found still running by :meth:`close`."""
 
     async def start(self) -> None:
         try:
@@ -144,6 +146,22 @@ class ModalBackend(SandboxBackend):
             log.warning("terminated %d Sandboxes left by dead processes", len(stale))
         self.removed_stale += stale
         return stale
+
+    async def close(self) -> None:
+        """Terminate any Sandbox of this backend still running (one whose creation was cancelled
+        after Modal had started it never reached the pool). Best effort."""
+        if self._app is None:
+            return
+        import modal
+
+        try:
+            async for sb in modal.Sandbox.list.aio(
+                app_id=self._app.app_id, tags={"leanrl-owner": self.tags["leanrl-owner"]}
+            ):
+                await sb.terminate.aio()
+                self.swept.append(sb.object_id)
+        except Exception as e:  # noqa: BLE001 - cleanup must not hide the run's own outcome
+            log.warning("could not look for this run's leftover Sandboxes: %s", e)
 
     async def create(self) -> Sandbox:
         import modal
