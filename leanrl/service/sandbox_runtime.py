@@ -276,7 +276,7 @@ class SandboxRuntime(Runtime):
             except ServiceError as e:
                 errors.append(f"sandbox {sb.id}: {e}")
             except ServiceRejected as e:  # the request itself was wrong: not the sandbox's fault
-                await pool.release(sb, ok=True)
+                await pool.release(sb, ok=True, count_use=False)  # it checked nothing
                 if e.status != 413:
                     raise
                 # Over the service's body limit (long proofs): halve the batch until it fits;
