@@ -110,6 +110,11 @@ class Runtime(abc.ABC):
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(name=self.name or "local")
 
+    def preflight(self) -> None:  # noqa: B027 - optional hook
+        """Cheap checks, without starting anything: raise the error :meth:`start` would raise
+        (e.g. :class:`~leanrl.LeanNotFoundError` for a missing Lean project), so that callers
+        can report every problem at once before loading a model. Default: nothing to check."""
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Start processes, containers or sandboxes. Idempotent."""
 

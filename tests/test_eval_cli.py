@@ -276,3 +276,30 @@ def test_openai_backend_end_to_end(
     # token counts come from the logprobs when the server sends no ids; unknown is None, not 0
     assert sorted({(r["sample"], r["completion_tokens"]) for r in recs}) == [(0, 3), (1, 4)]
     assert {r["prompt_tokens"] for r in recs} == {None}
+
+
+def test_missing_lean_project_is_reported_with_the_other_problems(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offline with nothing set up: the model, the dataset AND the Lean project are all named in
+    one message, before anything loads (the local runtime's preflight finds no project)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))  # no project `leanrl setup` made
+    monkeypatch.setenv("PATH", str(tmp_path))  # and no `repl` on PATH
+    code, err = run_cli(
+        [
+            "eval",
+            "--env",
+            "minif2f",
+            "--model",
+            "AI-MO/Kimina-Prover-Distill-1.7B",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
+    assert code == 2
+    assert "PolicyError" in err and "DatasetError" in err
+    assert "LeanNotFoundError" in err and "leanrl setup --env" in err

@@ -68,6 +68,10 @@ async def run_eval(
         tasks = env.tasks()
     except LeanrlError as e:
         problems.append(e)
+    try:
+        runtime.preflight()  # e.g. no Lean project: say so now, not after loading the model
+    except LeanrlError as e:
+        problems.append(e)
     if len(problems) == 1:
         raise problems[0]
     if problems:

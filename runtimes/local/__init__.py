@@ -58,6 +58,14 @@ class LocalRuntime(Runtime):
         cwd = self.config.options.get("cwd")
         return Path(cwd) if cwd else default
 
+    def preflight(self) -> None:
+        """Find the Lean project and the REPL (or ``lean``) without starting anything."""
+        cfg = self.config
+        if cfg.mode == "repl" and self._option_command("repl_command") is None:
+            repl_command(find_project(cfg.lean_project))
+        elif cfg.mode == "oneshot" and self._option_command("lean_command") is None:
+            lean_command(find_project(cfg.lean_project))
+
     async def start(self) -> None:
         """Find Lean and set up the pool (processes start on first use). Idempotent."""
         if self.pool is not None or self.oneshot is not None:
