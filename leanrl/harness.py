@@ -32,9 +32,12 @@ class HarnessConfig(BaseModel):
     turn at a time against the REPL), or a third-party harness (``leanrl.harnesses`` entry
     points)."""
     prompt_format: str = "deepseek"
-    """Prompt style. ``deepseek``: DeepSeek-Prover completion style ("Complete the following Lean
-    4 code"). ``chat``: a chat prompt asking for reasoning and a final Lean code block
-    (Kimina/Goedel style). ``custom``: use ``template``."""
+    """Prompt style. ``deepseek``: DeepSeek-Prover-V1.5 completion style ("Complete the following
+    Lean 4 code", the prompt ends in ``:= by`` and a newline). ``kimina``: the chat layout of
+    Kimina-Prover-72B and its distills (8B, 1.7B). ``kimina-preview``: the Kimina-Prover-Preview
+    cards' layout. ``goedel``: the Goedel-Prover-V2 README layout (one user turn, statement ending
+    in ``sorry``, no system prompt). ``chat``: a generic chat prompt asking for reasoning and a
+    final Lean code block. ``custom``: use ``template``."""
     template: str | None = None
     """Your own prompt template (``str.format`` fields: ``{header}``, ``{formal_statement}``,
     ``{informal_statement}``, ``{name}``). Used when ``prompt_format = "custom"``."""
