@@ -26,7 +26,10 @@ class ClientConfig(_Config):
     timed out). Each retry reuses the request's idempotency key, so the service never checks the
     same batch twice."""
     backoff_s: float = Field(default=0.2, ge=0)
-    """First pause between tries; it doubles after each try."""
+    """First pause between tries; it doubles after each try (each pause is jittered down by up
+    to half, so clients failing together do not retry in lockstep)."""
+    max_backoff_s: float = Field(default=10.0, ge=0)
+    """Longest pause between tries, also for a service's ``Retry-After``."""
     connect_timeout_s: float = Field(default=5.0, gt=0)
     """How long to wait for a TCP (or unix socket) connection."""
     request_timeout_s: float = Field(default=900.0, gt=0)

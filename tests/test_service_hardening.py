@@ -216,3 +216,31 @@ async def test_a_step_queued_behind_a_failing_step_does_not_run_on_the_closed_se
         queued = await http.post(step, json={"proof_state": 0, "tactic": "skip"})
         assert (await hang).status_code == 504
         assert queued.status_code == 404 and "timed out" in queued.json()["error"]
+
+
+async def test_backoff_is_jittered_capped_and_honours_retry_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import leanrl.service.client as client_mod
+
+    pauses: list[float] = []
+
+    async def record(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(client_mod.asyncio, "sleep", record)
+    answers = iter(
+        [httpx.Response(503, json={"error": "busy"}, headers={"Retry-After": "1.5"})]
+        + [httpx.Response(503, json={"error": "busy"})] * 6
+        + [httpx.Response(200, json={"status": "ok"})]
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: next(answers))
+    ) as http:
+        cfg = ClientConfig(retries=7, backoff_s=1.0, max_backoff_s=4.0)
+        health = await ServiceClient("http://svc", config=cfg, http=http).health()
+    assert health.status == "ok" and len(pauses) == 7
+    assert pauses[0] == 1.5  # the service's Retry-After
+    # then doubling from 1 s, each jittered to [50%, 100%] and never above the 4 s cap
+    for pause, nominal in zip(pauses[1:], [2.0, 4.0, 4.0, 4.0, 4.0, 4.0], strict=True):
+        assert nominal / 2 <= pause <= nominal

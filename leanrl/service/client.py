@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -183,6 +184,7 @@ class ServiceClient:
             hdrs["Authorization"] = f"Bearer {self.token}"
         tries = 1 + (self.config.retries if retries is None else retries)
         delay = self.config.backoff_s
+        wait_hint: float | None = None
         last = ""
         status: int | None = None
         url = self.base_url + path
@@ -191,8 +193,14 @@ class ServiceClient:
         for i in range(tries):
             if i:
                 self.retries_done += 1
-                await asyncio.sleep(delay)
+                # Jittered, so many batches failing together do not retry in lockstep; capped;
+                # a service that says when to come back (Retry-After) is believed, within a cap.
+                pause = min(delay, self.config.max_backoff_s) * random.uniform(0.5, 1.0)
+                if wait_hint is not None:
+                    pause = min(wait_hint, self.config.max_backoff_s)
+                await asyncio.sleep(pause)
                 delay *= 2
+                wait_hint = None
             try:
                 r = await self._client().request(
                     method, url, json=json, headers=hdrs, timeout=timeout
@@ -221,6 +229,7 @@ class ServiceClient:
                 idempotent or r.status_code in _NOT_STARTED_STATUS
             ):
                 last, status = f"{r.status_code}: {msg}", r.status_code
+                wait_hint = _retry_after(r)
                 continue
             if 400 <= r.status_code < 500:
                 raise ServiceRejected(
@@ -270,6 +279,15 @@ class RemoteTacticSession(TacticSession):
         # The service reaps idle sessions anyway; a failed close must not hide the real error.
         with contextlib.suppress(ServiceError, ConfigError):
             await self.client._request("DELETE", f"/sessions/{self.session_id}", retries=0)
+
+
+def _retry_after(r: httpx.Response) -> float | None:
+    """Seconds from a ``Retry-After: <seconds>`` header (HTTP dates are ignored)."""
+    try:
+        value = float(r.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
 
 
 def _error_text(r: httpx.Response) -> str:
