@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -290,3 +291,24 @@ async def test_oneshot_plain_output_finds_a_report_without_position(
     await checker.start()
     (v,) = await checker.check([att("rfl")])
     assert v.accepted, v.detail
+
+
+async def test_a_cancelled_tactic_step_kills_its_process() -> None:
+    """A step cancelled by its caller (a service timeout, a client gone) may still be answered by
+    the REPL later; that process must never serve another session or check."""
+    rt = runtime(workers=1)
+    async with rt:
+        async with rt.tactic_session("import Mathlib\n") as s:
+            assert isinstance(s, LocalTacticSession)
+            st = await s.start("theorem t (p : Prop) (hp : p) : p := by")
+            proc = s.worker.proc.proc
+            assert proc is not None
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(s.apply(st.proof_state or 0, "hang"), 0.5)
+            assert s.broken == "cancelled mid-step"
+            after = await s.apply(st.proof_state or 0, "simp")
+            assert after.error and "session ended" in after.error
+        assert proc.returncode is not None  # killed, not handed back to the pool
+        async with rt.tactic_session("import Mathlib\n") as s2:
+            assert isinstance(s2, LocalTacticSession)
+            assert s2.worker.proc.proc is not None and s2.worker.proc.proc.pid != proc.pid

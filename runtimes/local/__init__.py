@@ -8,6 +8,7 @@ Configured by :class:`~leanrl.RuntimeConfig` (``mode``, ``workers``, ``timeout_s
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -216,6 +217,12 @@ class LocalTacticSession(TacticSession):
             return TacticState(proof_state=None, error=f"session ended: {self.broken}")
         try:
             return await coro
+        except asyncio.CancelledError:
+            # The REPL may still be writing the answer to the cancelled step; the next reader
+            # would take it for its own. The process is killed, not returned to the pool.
+            self.broken = "cancelled mid-step"
+            await asyncio.shield(self.worker.proc.kill())
+            raise
         except ReplTimeout as e:
             self.broken = f"timeout ({e})"
         except ReplMemory as e:
