@@ -121,6 +121,12 @@ class Runtime(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Stop everything :meth:`start` started. Idempotent; safe after a crash."""
 
+    def metrics(self) -> dict[str, float]:
+        """Counters and costs so far, numbers only (processes started and killed, sandbox- and
+        CPU-seconds, ...). The eval runner writes them to ``summary.json`` and the trainers to
+        every ``metrics.jsonl`` row, prefixed ``runtime/``. Default: none."""
+        return {}
+
     @abc.abstractmethod
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         """Check every attempt; return one Verdict per attempt, in the same order."""

@@ -50,6 +50,9 @@ class ScriptedRuntime(Runtime):
             raise LeanNotFoundError("no Lean project (scripted failure); run `leanrl setup`")
         self.started = True
 
+    def metrics(self) -> dict[str, float]:
+        return {"checked": float(len(self.attempts)), "sessions": float(self.sessions)}
+
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         t0 = time.perf_counter()
         if self.delay_s:

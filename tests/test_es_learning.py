@@ -46,6 +46,9 @@ class NoLeanRuntime(Runtime):
 
     name = "no-lean"
 
+    def metrics(self) -> dict[str, float]:
+        return {"started": 1.0}  # any counter: the trainer must copy it into its metrics rows
+
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         return [Verdict.reject(Reason.INFRA, "no Lean in the ES toy environment") for _ in attempts]
 
@@ -147,6 +150,7 @@ def test_es_learns_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
     means = [r["reward_mean"] for r in rows]
     assert len(means) == 20
     assert not any(r["skipped"] for r in rows)
+    assert all(r["runtime/started"] == 1.0 for r in rows)  # runtime counters reach every row
     first, last = sum(means[:3]) / 3, sum(means[-3:]) / 3
     # a clear rise of the log-likelihood of the target (nats per token)
     assert last > first + 0.7, means

@@ -46,6 +46,10 @@ async def test_run_writes_every_attempt_and_the_report(shared_data: Path, tmp_pa
     s = await run_eval(cfg, policy=policy)
     recs = lines(tmp_path / "run")
     assert len(recs) == 24 and len({(r["task_id"], r["sample"]) for r in recs}) == 24
+    # the runtime's own counters and costs reach the summary
+    assert s["runtime"]["metrics"]["checked"] == 24.0
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["runtime"]["metrics"]["checked"] == 24.0
     r0 = next(r for r in recs if r["sample"] == 0)
     assert r0["accepted"] and r0["verdict"]["reason"] == "ok" and r0["reward"] == 1.0
     assert r0["proof"] == "\n  omega" and r0["completion"] == TEXTS[0]

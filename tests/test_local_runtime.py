@@ -312,3 +312,13 @@ async def test_a_cancelled_tactic_step_kills_its_process() -> None:
         async with rt.tactic_session("import Mathlib\n") as s2:
             assert isinstance(s2, LocalTacticSession)
             assert s2.worker.proc.proc is not None and s2.worker.proc.proc.pid != proc.pid
+
+
+async def test_metrics_report_the_pools_counters() -> None:
+    rt = runtime(workers=1)
+    assert rt.metrics() == {}  # nothing started yet
+    async with rt:
+        vs = await rt.check([att("rfl", i) for i in range(3)])
+        assert len(vs) == 3
+        m = rt.metrics()
+    assert m["checked"] == 3.0 and m["started"] >= 1.0 and m["killed"] == 0.0

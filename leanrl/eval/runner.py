@@ -97,6 +97,7 @@ async def run_eval(
     t_start = time.perf_counter()
     new = 0
     versions: dict[str, Any] = {}
+    runtime_metrics: dict[str, float] = {}
     try:
         if pending:
             if policy.name == "openai":
@@ -129,6 +130,7 @@ async def run_eval(
                     j.cancel()
                 progress.close()
         versions = await _versions(policy.config.model or config.policy.model, env, runtime)
+        runtime_metrics = runtime.metrics()  # cost and counters (sandbox/CPU-seconds, restarts)
     finally:
         store.close()
         if pending:
@@ -149,6 +151,7 @@ async def run_eval(
             n,
             config.ks,
         ),
+        "runtime": {"name": runtime.name or type(runtime).__name__, "metrics": runtime_metrics},
         "timing": {
             "wall_s": wall,
             "attempts_this_run": new,

@@ -31,7 +31,14 @@ from leanrl.errors import ConfigError
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.task import Task
 
-__all__ = ["MetricsLogger", "RunDir", "TrainConfig", "batch_for_step", "check_model_path"]
+__all__ = [
+    "MetricsLogger",
+    "RunDir",
+    "TrainConfig",
+    "batch_for_step",
+    "check_model_path",
+    "runtime_metrics",
+]
 
 
 class TrainConfig(BaseModel):
@@ -78,6 +85,19 @@ def check_model_path(model: str) -> None:
         raise ConfigError(
             f"{model!r} is a folder but not a Hugging Face model (it has no config.json)"
         )
+
+
+def runtime_metrics(env: Any) -> dict[str, float]:
+    """The environment's runtime counters and costs, keys prefixed ``runtime/`` for a metrics row.
+
+    Cumulative since the runtime started (sandbox- and CPU-seconds for Docker/Modal, processes
+    started/killed/recycled for the local pool). Empty when the runtime was never built here
+    (e.g. when scoring happens in worker processes).
+    """
+    rt = getattr(env, "_runtime", None)  # do not build a runtime just to ask it for numbers
+    if rt is None:
+        return {}
+    return {f"runtime/{k}": v for k, v in rt.metrics().items()}
 
 
 def batch_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -> list[Task]:

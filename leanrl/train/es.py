@@ -52,7 +52,14 @@ from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError
 from leanrl.policy import SamplingConfig
 from leanrl.runtime import run_sync
-from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, batch_for_step, check_model_path
+from leanrl.train.common import (
+    MetricsLogger,
+    RunDir,
+    TrainConfig,
+    batch_for_step,
+    check_model_path,
+    runtime_metrics,
+)
 from leanrl.train.es_history import (
     HISTORY_FILE,
     ESHistory,
@@ -410,6 +417,7 @@ class ESTrainer:
             "step_time_s": t_updated - t_start,
             "tokens_per_s": tokens / max(t_scored - t_start, 1e-9),
             "population": n,
+            **runtime_metrics(self._env),
         }
         # Metrics first, then the history: a crash in between leaves a metrics line past the
         # history, which the resume drops (truncate_metrics) before redoing that iteration.

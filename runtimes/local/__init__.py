@@ -67,6 +67,12 @@ class LocalRuntime(Runtime):
         elif cfg.mode == "oneshot" and self._option_command("lean_command") is None:
             lean_command(find_project(cfg.lean_project))
 
+    def metrics(self) -> dict[str, float]:
+        """The pool's counters: processes started, killed, recycled, attempts checked, ..."""
+        if self.pool is None:
+            return {}
+        return {k: float(v) for k, v in self.pool.stats.model_dump().items()}
+
     async def start(self) -> None:
         """Find Lean and set up the pool (processes start on first use). Idempotent."""
         if self.pool is not None or self.oneshot is not None:
