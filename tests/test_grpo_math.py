@@ -166,3 +166,19 @@ def test_samples_mask_environment_tokens_and_truncated_rollouts(tmp_path: object
     keep = GRPOConfig(policy=PolicyConfig(model="x"), group_size=2, mask_truncated=False)
     _, s2b = GRPOEngine(keep, RunDir(str(tmp_path))).make_samples([[multi, cut]])
     assert s2b.mask == [1, 1]
+
+
+def test_dual_clip_caps_only_negative_advantages() -> None:
+    # ratios 5 and 1.5 with A = -1 and A = +1, dual clip c = 3 (Ye et al. 2020)
+    logp = torch.log(torch.tensor([[5.0, 1.5], [5.0, 1.5]])).requires_grad_(True)
+    adv = torch.tensor([-1.0, 1.0])
+    loss, clipped = clipped_token_loss(logp, torch.zeros(2, 2), adv, 0.2, 0.28, dual_clip=3.0)
+    # A=-1: r=5 -> -min(-5, -1.28) = 5, capped at 3·|A| = 3; r=1.5 -> 1.5 (below the cap)
+    # A=+1: r=5 -> -1.28 (ordinary clip); r=1.5 -> -1.28: dual clip never touches A > 0
+    assert loss.tolist() == pytest.approx([[3.0, 1.5], [-1.28, -1.28]], abs=1e-6)
+    assert clipped.tolist() == [[1.0, 0.0], [1.0, 1.0]]
+    loss.sum().backward()
+    assert logp.grad is not None
+    assert logp.grad[0, 0] == 0.0 and logp.grad[0, 1] != 0.0  # a capped token has no gradient
+    plain, _ = clipped_token_loss(logp.detach(), torch.zeros(2, 2), adv, 0.2, 0.28)
+    assert plain[0, 0] == pytest.approx(5.0)  # without dual clip the loss grows with ρ
