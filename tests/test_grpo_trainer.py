@@ -107,6 +107,9 @@ class _Crash(RuntimeError):
 class NoLeanRuntime(Runtime):
     name = "test-no-lean"
 
+    def metrics(self) -> dict[str, float]:
+        return {"started": 1.0}  # any counter: the trainer copies it into its metrics rows
+
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         raise AssertionError("the test environment never calls Lean")
 
@@ -168,6 +171,7 @@ def test_grpo_learns_the_reward(tiny_model_dir: Path, tmp_path: Path) -> None:
             "time_train"}  # fmt: skip
     assert want <= set(rows[-1])
     assert rows[-1]["staleness"] == 0
+    assert all(r["runtime/started"] == 1.0 for r in rows)  # runtime counters reach every row
     assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 1000
 
 

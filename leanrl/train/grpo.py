@@ -81,7 +81,14 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy, SamplingConfig
 from leanrl.rollout import Rollout
 from leanrl.task import Task
-from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, batch_for_step, check_model_path
+from leanrl.train.common import (
+    MetricsLogger,
+    RunDir,
+    TrainConfig,
+    batch_for_step,
+    check_model_path,
+    runtime_metrics,
+)
 from leanrl.verdict import Reason
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
@@ -467,6 +474,7 @@ class GRPOTrainer:
                 async with version:
                     version.notify_all()
                 row = self._metrics_row(engine, batch, train_stats, t0, t1, t2)
+                row.update(runtime_metrics(env))  # Lean pool counters, sandbox/CPU-seconds
                 logger.log(row)
                 log.info(_step_line(row, cfg.steps))
                 rows.append(row)
