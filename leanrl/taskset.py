@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import random
 import re
-import socket
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from leanrl._hub import hub_offline, hub_reachable
 from leanrl.errors import ConfigError, DatasetError
 from leanrl.task import Task
 from leanrl.verdict import Verdict, VerificationPolicy
@@ -324,8 +323,8 @@ class Taskset:
             f"`--env.taskset.path FILE_OR_FOLDER` (Python: `load_environment({self.name!r}, "
             "path=...)`)."
         )
-        offline = _hub_offline()
-        if not offline and not _hub_reachable():
+        offline = hub_offline(datasets=True)
+        if not offline and not hub_reachable():
             raise DatasetError(f"taskset {self.name!r}: the Hugging Face hub is unreachable. {fix}")
         import datasets
 
@@ -360,22 +359,3 @@ def split_header(text: str) -> tuple[str, str]:
         if decl.match(line):
             return "".join(lines[:i]), "".join(lines[i:])
     return "", text
-
-
-def _hub_offline() -> bool:
-    return any(
-        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
-        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP probe, so that no network fails in seconds instead of the hub's ~20 s retries."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = re.sub(r"^\w+://", "", endpoint).split("/")[0]
-    host, _, port = host.partition(":")
-    try:
-        with socket.create_connection((host, int(port or 443)), timeout=timeout):
-            return True
-    except OSError:
-        return False

@@ -2,42 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from leanrl._hub import hub_offline, hub_reachable
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Prompt
 
 __all__ = [
     "cut_at_stop",
-    "hub_offline",
-    "hub_reachable",
     "resolve_model",
     "to_messages",
 ]
-
-
-def hub_offline() -> bool:
-    """True when the user switched the Hugging Face hub off (``HF_HUB_OFFLINE=1`` and friends)."""
-    return any(
-        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
-        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP probe of the hub, so that no network fails in seconds, not after retries."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = re.sub(r"^\w+://", "", endpoint).split("/")[0]
-    host, _, port = host.partition(":")
-    try:
-        with socket.create_connection((host, int(port or 443)), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _looks_like_path(model: str) -> bool:
