@@ -12,7 +12,7 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import sys; assert sys.version_info >= (3, 10), "leanrl needs Python 3.10+"'
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
-python -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel
+python -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=77" wheel
 
 torch_kind=${LEANRL_TORCH:-$(command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)}
 if ! python -c 'import torch' 2>/dev/null; then

@@ -150,3 +150,29 @@ def test_source_tree_maps_the_builtin_folders() -> None:
 
     assert Path(core.__file__).resolve().parent == REPO / "environments" / "core"
     assert leanrl.Environment is Environment
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    """pyproject lists the packages (the built-in folders are mapped under leanrl); a new folder
+    with an __init__.py that is not listed would be missing from the wheel."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = set()
+    for top, prefix in (
+        ("leanrl", "leanrl"),
+        ("environments", "leanrl.environments"),
+        ("harnesses", "leanrl.harnesses"),
+        ("runtimes", "leanrl.runtimes"),
+    ):
+        for init in (REPO / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / top).parts
+            found.add(".".join((prefix, *rel)))
+    assert found == listed, f"not listed: {sorted(found - listed)}; stale: {sorted(listed - found)}"
