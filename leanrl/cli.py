@@ -69,13 +69,13 @@ class EnvsCommand(BaseModel):
 # -- _COMMANDS: one line per command; "a b" nests b under group a (`leanrl a b`). -----------------
 _COMMANDS: dict[str, str] = {
     "envs": "leanrl.cli:EnvsCommand",
-    "serve": "leanrl.service.cli:ServeCommand",
-    "eval": "leanrl.eval.cli:EvalCommand",
-    "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
-    "train es": "leanrl.train.es_cli:ESCommand",
-    "verify": "leanrl.lean.commands:VerifyCommand",
     "setup": "leanrl.lean.commands:SetupCommand",
     "doctor": "leanrl.lean.commands:DoctorCommand",
+    "eval": "leanrl.eval.cli:EvalCommand",
+    "verify": "leanrl.lean.commands:VerifyCommand",
+    "serve": "leanrl.service.cli:ServeCommand",
+    "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
+    "train es": "leanrl.train.es_cli:ESCommand",
 }
 # -------------------------------------------------------------------------------------------------
 
