@@ -37,6 +37,7 @@ __all__ = [
     "TrainConfig",
     "batch_for_step",
     "check_model_path",
+    "print_run_summary",
     "runtime_metrics",
 ]
 
@@ -272,6 +273,18 @@ class RunDir:
         fig.savefig(out)
         plt.close(fig)
         return out
+
+
+def print_run_summary(run: RunDir, keys: Sequence[str]) -> None:
+    """What both training commands print at the end: the folder, the last step, the checkpoint."""
+    rows = run.metrics()
+    print(f"run folder: {run.path}")
+    if rows:
+        last = rows[-1]
+        print(f"step {last.get('step')}: " + " ".join(f"{k}={last.get(k)}" for k in keys))
+    latest = run.latest_checkpoint()
+    if latest is not None:
+        print(f"latest checkpoint: {latest[1]}  (leanrl eval --model {latest[1]})")
 
 
 class MetricsLogger:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from leanrl.config import ConfigCommand, validate
-from leanrl.train.common import check_model_path
+from leanrl.train.common import check_model_path, print_run_summary
 from leanrl.train.es import ESConfig
 
 __all__ = ["ESCommand"]
@@ -47,14 +47,4 @@ class ESCommand(ConfigCommand, ESConfig):
         config = self.to_es_config()
         trainer = ESTrainer(config)
         trainer.train_sync()
-        rows = trainer.run.metrics()
-        print(f"run folder: {trainer.run.path}")
-        if rows:
-            last = rows[-1]
-            print(
-                f"iteration {last.get('step')}: reward_mean={last.get('reward_mean')} "
-                f"pass_rate={last.get('pass_rate')} skipped={last.get('skipped')}"
-            )
-        latest = trainer.run.latest_checkpoint()
-        if latest is not None:
-            print(f"latest checkpoint: {latest[1]}  (leanrl eval --model {latest[1]})")
+        print_run_summary(trainer.run, ("reward_mean", "pass_rate", "skipped"))

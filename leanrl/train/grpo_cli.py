@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from leanrl.config import ConfigCommand, validate
+from leanrl.train.common import print_run_summary
 from leanrl.train.grpo import GRPOConfig
 
 __all__ = ["GRPOCommand"]
@@ -57,14 +58,4 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
         trainer = GRPOTrainer(config)
         trainer.check()  # a bad model path fails here, before anything is loaded
         trainer.train_sync()
-        rows = trainer.run.metrics()
-        last = rows[-1] if rows else {}
-        print(f"run folder: {trainer.run.path}")
-        if last:
-            print(
-                f"step {last.get('step')}: reward_mean={last.get('reward_mean')} "
-                f"pass_rate={last.get('pass_rate')}"
-            )
-        latest = trainer.run.latest_checkpoint()
-        if latest is not None:
-            print(f"latest checkpoint: {latest[1]}  (leanrl eval --model {latest[1]})")
+        print_run_summary(trainer.run, ("reward_mean", "pass_rate"))
