@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from leanrl._sandbox_config import DockerConfig, ModalConfig
 from leanrl.errors import ConfigError
-from leanrl.verdict import Attempt, Message, Verdict
+from leanrl.verdict import Attempt, Message, Verdict, VerificationPolicy
 
 __all__ = ["Runtime", "RuntimeConfig", "TacticSession", "TacticState"]
 
@@ -131,8 +131,12 @@ class Runtime(abc.ABC):
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         """Check every attempt; return one Verdict per attempt, in the same order."""
 
-    def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
-        """A REPL tactic-mode session under ``header``. Runtimes without tactic mode raise."""
+    def tactic_session(
+        self, header: str, policy: VerificationPolicy | None = None
+    ) -> AbstractAsyncContextManager[TacticSession]:
+        """A REPL tactic-mode session under ``header``; tactics are judged by ``policy`` (the
+        taskset's rules; default: the strict :class:`~leanrl.VerificationPolicy`) before they reach
+        Lean. Runtimes without tactic mode raise."""
         raise ConfigError(
             f"runtime {self.name!r} does not support tactic mode; use the `whole-proof` harness "
             "or a runtime with a REPL (`local` in `repl` mode, `docker`, `modal`)"

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from leanrl.errors import RuntimeUnavailable
 from leanrl.runtime import Runtime, TacticSession, TacticState
-from leanrl.verdict import Attempt, Message, Reason, Verdict
+from leanrl.verdict import Attempt, Message, Reason, Verdict, VerificationPolicy
 
 
 class EchoRuntime(Runtime):
@@ -52,6 +52,7 @@ class EchoRuntime(Runtime):
         self.checked = 0
         self.warmed: list[str] = []
         self.sessions_opened = 0
+        self.session_policies: list[VerificationPolicy | None] = []
 
     async def start(self) -> None:
         if self.config.options.get("start_error"):
@@ -118,7 +119,11 @@ class EchoRuntime(Runtime):
             Reason.ERROR, f"unknown tactic {proof!r}", messages=(msg,), time_s=dt, id=a.id
         )
 
-    def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
+    def tactic_session(
+        self, header: str, policy: VerificationPolicy | None = None
+    ) -> AbstractAsyncContextManager[TacticSession]:
+        self.session_policies.append(policy)
+
         @contextlib.asynccontextmanager
         async def session() -> AsyncIterator[TacticSession]:
             delay = float(self.config.options.get("session_open_s", 0.0))

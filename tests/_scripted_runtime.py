@@ -20,7 +20,7 @@ from typing import Any
 
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
-from leanrl.verdict import Attempt, Reason, Verdict
+from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
 
 __all__ = ["ScriptedPolicy", "ScriptedRuntime", "ScriptedSession"]
 
@@ -40,6 +40,7 @@ class ScriptedRuntime(Runtime):
         self.fail_start: bool = bool(opts.get("fail_start", False))
         self.attempts: list[Attempt] = []
         self.spans: list[tuple[float, float]] = []
+        self.session_policies: list[VerificationPolicy | None] = []
         self.sessions = 0
         self.started = False
 
@@ -74,7 +75,8 @@ class ScriptedRuntime(Runtime):
         self.sessions += 1
         yield ScriptedSession(self)
 
-    def tactic_session(self, header: str) -> Any:
+    def tactic_session(self, header: str, policy: VerificationPolicy | None = None) -> Any:
+        self.session_policies.append(policy)
         return self._session(header)
 
 

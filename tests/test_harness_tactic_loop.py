@@ -206,3 +206,15 @@ async def test_more_samples_than_processes_do_not_wait_forever() -> None:
         # The guard only turns a hang into a failure; the run itself takes well under a second.
         (group,) = await asyncio.wait_for(run, timeout=120)
     assert [r.verdict.reason for r in group if r.verdict] == [Reason.OK] * 3
+
+
+async def test_the_session_gets_the_tasksets_rules() -> None:
+    from leanrl import VerificationPolicy
+
+    rt = ScriptedRuntime()
+    policy = ScriptedPolicy([], per_turn=["```lean4\nsimp\n```"])
+    rules = VerificationPolicy(allow_native_decide=True)
+    h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=1))
+    async with rt:
+        await h.run([TASK], policy, rt, SamplingConfig(n=1), Taskset(TasksetConfig(policy=rules)))
+    assert rt.session_policies == [rules]

@@ -369,3 +369,20 @@ async def test_warm_headers_are_loaded_before_the_service_is_ready() -> None:
         # a header that cannot load is logged and counted, and the service runs on
         assert (await http.get(f"{url}/metrics")).json()["warm_failures"] == 1
     assert not await warm_runtime(_Broken(), "import Mathlib")  # cannot warm: says so
+
+
+async def test_a_session_carries_the_tasksets_rules_to_the_runtime() -> None:
+    """Tactics in a sandboxed session are pre-scanned under the taskset's rules, not the
+    service's defaults: the policy travels with the session request."""
+    from leanrl.verdict import VerificationPolicy
+
+    rt = echo()
+    rules = VerificationPolicy(allow_native_decide=True)
+    async with running_service(rt) as url:
+        client = ServiceClient(url, config=ClientConfig(retries=0))
+        async with client.tactic_session("import Mathlib", rules):
+            pass
+        async with client.tactic_session("import Mathlib"):
+            pass
+        await client.close()
+    assert rt.session_policies == [rules, None]

@@ -16,7 +16,6 @@ policies get the growing text (or message list). ``Rollout.meta["context"]`` say
 from __future__ import annotations
 
 import asyncio
-import inspect
 import re
 import textwrap
 import time
@@ -342,15 +341,8 @@ class TacticLoopHarness(Harness):
 def _open_session(
     runtime: Runtime, header: str, rules: VerificationPolicy
 ) -> AbstractAsyncContextManager[TacticSession]:
-    """A tactic session that pre-scans tactics under the taskset's rules where the runtime takes
-    them (``local``); other runtimes scan under their own defaults."""
-    try:
-        takes_policy = "policy" in inspect.signature(runtime.tactic_session).parameters
-    except (TypeError, ValueError):
-        takes_policy = False
-    if takes_policy:
-        return runtime.tactic_session(header, policy=rules)  # type: ignore[call-arg]
-    return runtime.tactic_session(header)
+    """A tactic session whose tactics are pre-scanned under the taskset's rules."""
+    return runtime.tactic_session(header, policy=rules)
 
 
 def _extend(context: Prompt, completion: str, feedback: str) -> Any:

@@ -50,7 +50,7 @@ from leanrl.service.protocol import (
     SessionOpened,
     StartProof,
 )
-from leanrl.verdict import Attempt, Reason, Verdict
+from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
 
 __all__ = ["ServiceConfig", "VerificationService", "create_app", "is_loopback", "warm_runtime"]
 
@@ -288,8 +288,8 @@ class VerificationService:
 
     # -- tactic sessions --------------------------------------------------------------------
 
-    async def open_session(self, header: str) -> str:
-        """Open a tactic session under ``header``; returns its id."""
+    async def open_session(self, header: str, policy: VerificationPolicy | None = None) -> str:
+        """Open a tactic session under ``header`` (tactics judged by ``policy``); returns its id."""
         # Sessions being opened count too: concurrent opens must not overshoot the limit.
         if len(self._sessions) + self._opening >= self.limits.max_sessions:
             raise _HTTPError(
@@ -301,7 +301,9 @@ class VerificationService:
         self._opening += 1
         stack = contextlib.AsyncExitStack()
         try:
-            session = await stack.enter_async_context(self.runtime.tactic_session(header))
+            session = await stack.enter_async_context(
+                self.runtime.tactic_session(header, policy=policy)
+            )
         except ConfigError as e:
             await stack.aclose()
             raise _HTTPError(501, str(e)) from None
@@ -665,7 +667,7 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
 
     @app.post("/sessions", response_model=SessionOpened)
     async def open_session(req: OpenSession) -> SessionOpened:
-        return SessionOpened(session_id=await service.open_session(req.header))
+        return SessionOpened(session_id=await service.open_session(req.header, req.policy))
 
     @app.post("/sessions/{sid}/start", response_model=TacticState)
     async def start_proof(sid: str, req: StartProof) -> TacticState:

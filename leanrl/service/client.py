@@ -34,10 +34,11 @@ from leanrl.service.protocol import (
     IDEMPOTENCY_HEADER,
     CheckResponse,
     Health,
+    OpenSession,
     ServiceMetrics,
     SessionOpened,
 )
-from leanrl.verdict import Attempt, Verdict
+from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
 __all__ = ["ServiceClient", "ServiceError", "ServiceRejected"]
 
@@ -151,13 +152,19 @@ class ServiceClient:
         """``GET /metrics``."""
         return ServiceMetrics.model_validate(await self._request("GET", "/metrics"))
 
-    def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
-        """A tactic-mode session on the service (closed on exit)."""
+    def tactic_session(
+        self, header: str, policy: VerificationPolicy | None = None
+    ) -> AbstractAsyncContextManager[TacticSession]:
+        """A tactic-mode session on the service (closed on exit); tactics judged by ``policy``."""
 
         @contextlib.asynccontextmanager
         async def session() -> AsyncIterator[TacticSession]:
             opened = SessionOpened.model_validate(
-                await self._request("POST", "/sessions", json={"header": header})
+                await self._request(
+                    "POST",
+                    "/sessions",
+                    json=OpenSession(header=header, policy=policy).model_dump(mode="json"),
+                )
             )
             remote = RemoteTacticSession(self, opened.session_id)
             try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leanrl.verdict import Attempt, Verdict
+from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
 __all__ = [
     "IDEMPOTENCY_HEADER",
@@ -64,6 +64,8 @@ class OpenSession(_Wire):
 
     header: str
     """Imports/options/opens the proofs in this session run under."""
+    policy: VerificationPolicy | None = None
+    """The rules tactics are pre-scanned under (the taskset's); default: the strict policy."""
 
 
 class SessionOpened(_Wire):

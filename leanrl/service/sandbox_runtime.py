@@ -36,7 +36,7 @@ from leanrl.runtime import Runtime, RuntimeConfig, TacticSession
 from leanrl.service.client import ServiceClient, ServiceError, ServiceRejected
 from leanrl.service.pool import WarmPool
 from leanrl.service.sandbox import Sandbox, SandboxBackend
-from leanrl.verdict import Attempt, Reason, Verdict
+from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
 
 __all__ = [
     "BatchCost",
@@ -311,7 +311,9 @@ class SandboxRuntime(Runtime):
 
     # -- tactic mode ------------------------------------------------------------------------
 
-    def tactic_session(self, header: str) -> AbstractAsyncContextManager[TacticSession]:
+    def tactic_session(
+        self, header: str, policy: VerificationPolicy | None = None
+    ) -> AbstractAsyncContextManager[TacticSession]:
         """A session in a sandbox taken from the pool. Up to ``sessions_per_sandbox`` sessions
         share one sandbox (each pins one Lean process there); the sandbox goes back to the pool
         when its last session ends, and is discarded if one of them failed on it."""
@@ -323,7 +325,7 @@ class SandboxRuntime(Runtime):
             host = await self._take_session_host(pool)
             ok = False
             try:
-                async with self._client(host.sandbox).tactic_session(header) as s:
+                async with self._client(host.sandbox).tactic_session(header, policy) as s:
                     yield s
                 ok = True
             except ServiceError:
