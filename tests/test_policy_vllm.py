@@ -94,3 +94,41 @@ def test_chat_prompts_reach_vllm_as_token_ids_with_one_bos(
     ids = seen[0]["prompt_token_ids"]  # type: ignore[index]
     assert ids[:2] != [1, 1] and ids[0] == 1 and ids.count(1) == 1
     assert seen[1] == "text prompt"  # a completion prompt is passed as text (vLLM adds BOS once)
+
+
+async def test_generate_from_ids_passes_the_exact_ids(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The glue only (vLLM's API replaced by a recorder): multi-turn contexts reach the engine as
+    the exact ids the harness recorded, and the tactic loop sees that this backend can do it."""
+    import sys
+    import types
+
+    from leanrl.harnesses.tactic_loop.context import ids_capable
+    from leanrl.policies.vllm import VLLMPolicy
+
+    seen: list[object] = []
+    out = types.SimpleNamespace(
+        text="simp", token_ids=[7, 8], logprobs=None, finish_reason="stop", cumulative_logprob=None
+    )
+
+    class LLM:
+        def get_tokenizer(self) -> _FakeTokenizer:
+            return _FakeTokenizer()
+
+        def generate(self, prompts, params, use_tqdm=False):
+            seen.extend(prompts)
+            return [
+                types.SimpleNamespace(outputs=[out], prompt_token_ids=p["prompt_token_ids"])
+                for p in prompts
+            ]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=lambda **kw: kw))
+    p = VLLMPolicy(PolicyConfig(model=str(tiny_model_dir), backend="vllm"))
+    p._llm = LLM()
+    got = await p.generate_from_ids([[1, 5, 6], [1, 9]], SamplingConfig())
+    assert seen == [{"prompt_token_ids": [1, 5, 6]}, {"prompt_token_ids": [1, 9]}]
+    assert got[0][0].prompt_token_ids == (1, 5, 6) and got[0][0].token_ids == (7, 8)
+    assert ids_capable(p, chat=False)
+    with pytest.raises(PolicyError, match="empty prompt"):
+        await p.generate_from_ids([[]], SamplingConfig())

@@ -58,20 +58,38 @@ class VLLMPolicy(Policy):
             raise PolicyError("call `await policy.start()` before tokenize()")
         return list(self._llm.get_tokenizer().encode(text, add_special_tokens=False))
 
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's Hugging Face tokenizer (multi-turn harnesses build id contexts with it)."""
+        return None if self._llm is None else self._llm.get_tokenizer()
+
     async def generate(
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         await self.start()
+        async with self._loop_lock():
+            return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
+
+    async def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """Generate from exact token ids (vLLM's ``{"prompt_token_ids": ...}`` inputs)."""
+        await self.start()
+        inputs: list[Any] = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids]
+        if any(not x["prompt_token_ids"] for x in inputs):
+            raise PolicyError("generate_from_ids got an empty prompt; give at least one token id")
+        async with self._loop_lock():
+            return await asyncio.to_thread(self._run_sync, inputs, sampling)
+
+    def _loop_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
         if self._lock is None or self._lock_loop is not loop:  # one lock per event loop
             self._lock, self._lock_loop = asyncio.Lock(), loop
-        async with self._lock:
-            return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
+        return self._lock
 
     def _generate_sync(
         self, prompts: list[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
-        vllm = import_vllm()
         tok = self._llm.get_tokenizer()
         texts: list[Any] = []
         for p in prompts:
@@ -86,6 +104,10 @@ class VLLMPolicy(Policy):
                 texts.append({"prompt_token_ids": list(tok.encode(text, add_special_tokens=False))})
             else:
                 texts.append(p)
+        return self._run_sync(texts, sampling)
+
+    def _run_sync(self, texts: list[Any], sampling: SamplingConfig) -> list[list[Completion]]:
+        vllm = import_vllm()
         params = vllm.SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
