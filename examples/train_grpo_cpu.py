@@ -77,14 +77,7 @@ class OneTurnHarness(Harness):
                     sample=j,
                     prompt=task.formal_statement,
                     prompt_ids=list(c.prompt_token_ids),
-                    turns=[
-                        Turn(
-                            completion=c.text,
-                            completion_ids=list(c.token_ids),
-                            logprobs=list(c.logprobs) if c.logprobs is not None else None,
-                            finish_reason=c.finish_reason,
-                        )
-                    ],
+                    turns=[Turn.from_completion(c)],
                 )
                 for j, c in enumerate(group)
             ]

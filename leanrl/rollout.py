@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from leanrl.verdict import Verdict
+
+if TYPE_CHECKING:
+    from leanrl.policy import Completion
 
 __all__ = ["ChatMessage", "Rollout", "Turn"]
 
@@ -39,6 +43,21 @@ class Turn(BaseModel):
     """Token ids of ``feedback`` as inserted into the context (environment tokens: masked)."""
     finish_reason: str | None = None
     """``stop`` or ``length`` (truncated)."""
+
+    @classmethod
+    def from_completion(
+        cls, c: Completion, feedback: str = "", feedback_ids: Sequence[int] = ()
+    ) -> Turn:
+        """The turn a policy :class:`~leanrl.Completion` makes (text, ids, logprobs, finish),
+        with the environment's answer to it, if any."""
+        return cls(
+            completion=c.text,
+            completion_ids=list(c.token_ids),
+            logprobs=list(c.logprobs) if c.logprobs is not None else None,
+            feedback=feedback,
+            feedback_ids=list(feedback_ids),
+            finish_reason=c.finish_reason,
+        )
 
 
 class Rollout(BaseModel):

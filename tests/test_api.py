@@ -109,3 +109,16 @@ def test_verdict_and_task_are_frozen() -> None:
     t = leanrl.Task(name="t", header="", formal_statement="theorem t : True := by")
     assert t.id == "t"
     assert t.lean_text("trivial") == "theorem t : True := by\n  trivial\n"
+
+
+def test_turn_from_completion_and_the_token_mask() -> None:
+    c = leanrl.Completion(
+        text="simp", token_ids=(5, 6), logprobs=(-0.1, -0.2), finish_reason="length"
+    )
+    t = leanrl.Turn.from_completion(c, "Goals: ⊢ p", [9])
+    assert (t.completion, t.completion_ids, t.logprobs) == ("simp", [5, 6], [-0.1, -0.2])
+    assert (t.feedback, t.feedback_ids, t.finish_reason) == ("Goals: ⊢ p", [9], "length")
+    r = leanrl.Rollout(task_id="t", prompt="p", turns=[t, leanrl.Turn.from_completion(c)])
+    ids, mask, lps = r.token_ids_and_mask()
+    assert ids == [5, 6, 9, 5, 6] and mask == [1, 1, 0, 1, 1]
+    assert lps == [-0.1, -0.2, None, -0.1, -0.2] and r.truncated

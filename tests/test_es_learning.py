@@ -82,14 +82,7 @@ class TargetHarness(Harness):
                     task_id=task.id,
                     sample=i,
                     prompt=prompt,
-                    turns=[
-                        Turn(
-                            completion=c.text,
-                            completion_ids=list(c.token_ids),
-                            logprobs=list(c.logprobs) if c.logprobs is not None else None,
-                            finish_reason=c.finish_reason,
-                        )
-                    ],
+                    turns=[Turn.from_completion(c)],
                     reward=reward,
                 )
                 for i, c in enumerate(comps)

@@ -320,16 +320,7 @@ class TacticLoopHarness(Harness):
                 fb_ids = policy.tokenize(feedback) if feedback else []
             except NotImplementedError:
                 pass  # a backend that cannot tokenize: the mask still holds for model tokens
-        ep.turns.append(
-            Turn(
-                completion=c.text,
-                completion_ids=list(c.token_ids),
-                logprobs=list(c.logprobs) if c.logprobs is not None else None,
-                feedback=feedback,
-                feedback_ids=fb_ids,
-                finish_reason=c.finish_reason,
-            )
-        )
+        ep.turns.append(Turn.from_completion(c, feedback, fb_ids))
         ep.tokens += len(c.token_ids) + len(fb_ids)
         ep.context = _extend(ep.context, c.text, feedback)
 

@@ -68,14 +68,7 @@ class WholeProofHarness(Harness):
                     sample=i,
                     prompt=prompt,
                     prompt_ids=list(c.prompt_token_ids),
-                    turns=[
-                        Turn(
-                            completion=c.text,
-                            completion_ids=list(c.token_ids),
-                            logprobs=list(c.logprobs) if c.logprobs is not None else None,
-                            finish_reason=c.finish_reason,
-                        )
-                    ],
+                    turns=[Turn.from_completion(c)],
                     proof=ex.proof,
                     preamble=ex.preamble,
                     timings={"generate": per_sample, "generate_batch": gen_s},
