@@ -78,7 +78,10 @@ class Server:
                 if code == 429:
                     self.send_header("Retry-After", "0")
                 self.end_headers()
-                self.wfile.write(blob)
+                try:
+                    self.wfile.write(blob)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up first (the timeout tests do that on purpose)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"

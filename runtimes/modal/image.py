@@ -39,7 +39,6 @@ LEAN_HOME = "/opt/lean"
 REMOTE_SRC = "/opt/leanrl-src"
 SOURCE_PATHS = (
     "pyproject.toml",
-    "setup.py",
     "README.md",
     "leanrl",
     "environments",
