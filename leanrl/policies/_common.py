@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,10 +12,26 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Prompt
 
 __all__ = [
+    "LoopLock",
     "cut_at_stop",
     "resolve_model",
     "to_messages",
 ]
+
+
+class LoopLock:
+    """One ``asyncio.Lock`` per event loop: a policy started in one loop (a notebook cell, a
+    fixture) may generate in another, and a lock is bound to the loop it was first used in."""
+
+    def __init__(self) -> None:
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._loop is not loop:
+            self._lock, self._loop = asyncio.Lock(), loop
+        return self._lock
 
 
 def _looks_like_path(model: str) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from leanrl.errors import PolicyError
-from leanrl.policies._common import cut_at_stop, resolve_model, to_messages
+from leanrl.policies._common import LoopLock, cut_at_stop, resolve_model, to_messages
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 
 __all__ = ["HFPolicy"]
@@ -27,8 +27,7 @@ class HFPolicy(Policy):
         self._model: Any = None
         self._tok: Any = None
         self._device: Any = None
-        self._lock: asyncio.Lock | None = None
-        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._lock = LoopLock()
 
     @property
     def model(self) -> Any:
@@ -39,14 +38,6 @@ class HFPolicy(Policy):
     def tokenizer(self) -> Any:
         """The loaded tokenizer (None before :meth:`start`)."""
         return self._tok
-
-    def _loop_lock(self) -> asyncio.Lock:
-        # One lock per event loop: a policy started in one loop (a notebook cell, a fixture)
-        # may generate in another.
-        loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock_loop is not loop:
-            self._lock, self._lock_loop = asyncio.Lock(), loop
-        return self._lock
 
     async def start(self) -> None:
         if self._model is not None:
@@ -107,7 +98,7 @@ class HFPolicy(Policy):
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         await self.start()
-        async with self._loop_lock():
+        async with self._lock.get():
             return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
 
     async def generate_from_ids(
@@ -116,7 +107,7 @@ class HFPolicy(Policy):
         """``sampling.n`` completions for each prompt given as token ids (used as they are)."""
         await self.start()
         encoded = check_prompt_ids(prompt_ids, len(self._tok))
-        async with self._loop_lock():
+        async with self._lock.get():
             return await asyncio.to_thread(self._generate_ids_sync, encoded, sampling)
 
     def _generate_sync(

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from leanrl.errors import PolicyError
-from leanrl.policies._common import resolve_model, to_messages
+from leanrl.policies._common import LoopLock, resolve_model, to_messages
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 
-__all__ = ["VLLMPolicy", "import_vllm"]
+__all__ = ["VLLMPolicy", "completions_from_vllm", "import_vllm"]
 
 
 def import_vllm() -> Any:
@@ -34,8 +34,7 @@ class VLLMPolicy(Policy):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__(config)
         self._llm: Any = None
-        self._lock: asyncio.Lock | None = None
-        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._lock = LoopLock()
 
     async def start(self) -> None:
         if self._llm is not None:
@@ -67,7 +66,7 @@ class VLLMPolicy(Policy):
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         await self.start()
-        async with self._loop_lock():
+        async with self._lock.get():
             return await asyncio.to_thread(self._generate_sync, list(prompts), sampling)
 
     async def generate_from_ids(
@@ -78,14 +77,8 @@ class VLLMPolicy(Policy):
         inputs: list[Any] = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids]
         if any(not x["prompt_token_ids"] for x in inputs):
             raise PolicyError("generate_from_ids got an empty prompt; give at least one token id")
-        async with self._loop_lock():
+        async with self._lock.get():
             return await asyncio.to_thread(self._run_sync, inputs, sampling)
-
-    def _loop_lock(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock_loop is not loop:  # one lock per event loop
-            self._lock, self._lock_loop = asyncio.Lock(), loop
-        return self._lock
 
     def _generate_sync(
         self, prompts: list[Prompt], sampling: SamplingConfig
@@ -117,24 +110,29 @@ class VLLMPolicy(Policy):
             stop=list(sampling.stop) or None,
             logprobs=0,  # the sampled token's logprob
         )
-        results = self._llm.generate(texts, params, use_tqdm=False)
-        out: list[list[Completion]] = []
-        for res in results:
-            row = []
-            for o in res.outputs:
-                lps = None
-                if o.logprobs is not None:
-                    lps = tuple(
-                        float(d[t].logprob) for d, t in zip(o.logprobs, o.token_ids, strict=False)
-                    )
-                row.append(
-                    Completion(
-                        text=o.text,
-                        token_ids=tuple(o.token_ids),
-                        logprobs=lps,
-                        prompt_token_ids=tuple(res.prompt_token_ids or ()),
-                        finish_reason="length" if o.finish_reason == "length" else "stop",
-                    )
+        return completions_from_vllm(self._llm.generate(texts, params, use_tqdm=False))
+
+
+def completions_from_vllm(results: Any) -> list[list[Completion]]:
+    """vLLM ``RequestOutput``s as Completions (with the sampled tokens' logprobs, when the
+    request asked for ``logprobs=0``)."""
+    out: list[list[Completion]] = []
+    for res in results:
+        row = []
+        for o in res.outputs:
+            lps = None
+            if o.logprobs is not None:
+                lps = tuple(
+                    float(d[t].logprob) for d, t in zip(o.logprobs, o.token_ids, strict=False)
                 )
-            out.append(row)
-        return out
+            row.append(
+                Completion(
+                    text=o.text,
+                    token_ids=tuple(o.token_ids),
+                    logprobs=lps,
+                    prompt_token_ids=tuple(res.prompt_token_ids or ()),
+                    finish_reason="length" if o.finish_reason == "length" else "stop",
+                )
+            )
+        out.append(row)
+    return out

@@ -689,25 +689,7 @@ class _EnginePolicy(Policy):
             )
             for p in prompts
         ]
+        from leanrl.policies.vllm import completions_from_vllm
+
         outs = await asyncio.to_thread(self.llm.generate, texts, params, use_tqdm=False)
-        result = []
-        for o in outs:
-            comps = []
-            for c in o.outputs:
-                lps = None
-                if c.logprobs is not None:
-                    lps = tuple(
-                        float(step[t].logprob)
-                        for step, t in zip(c.logprobs, c.token_ids, strict=True)
-                    )
-                comps.append(
-                    Completion(
-                        text=c.text,
-                        token_ids=tuple(c.token_ids),
-                        logprobs=lps,
-                        prompt_token_ids=tuple(o.prompt_token_ids or ()),
-                        finish_reason="length" if c.finish_reason == "length" else "stop",
-                    )
-                )
-            result.append(comps)
-        return result
+        return completions_from_vllm(outs)
