@@ -117,6 +117,12 @@ class Attempt(_Frozen):
     preamble: str = ""
     """Helper lemmas/definitions the model wrote before the theorem (placed between header and
     statement; they can never change what the statement means, the checker makes sure)."""
+    restated_statement: str = ""
+    """The model's own copy of the statement (ending in ``:= by``), used in the Lean text in place
+    of ``formal_statement`` when the model restated the theorem in a way a text comparison cannot
+    match (extra parentheses, a different cast placement). It is model text: pre-scanned like the
+    proof, and it decides nothing. The trusted checker compares the type it elaborates to with
+    ``formal_statement`` elaborated in a clean environment, and rejects any difference."""
     policy: VerificationPolicy = Field(default_factory=VerificationPolicy)
     """The rules this attempt is judged by (from the taskset)."""
     id: str | None = None

@@ -100,7 +100,7 @@ class Assembled(BaseModel):
 def assemble(attempt: Attempt) -> Assembled:
     """Preamble + statement + proof, laid out like :meth:`leanrl.Task.lean_text`."""
     pre = attempt.preamble.rstrip() + "\n\n" if attempt.preamble.strip() else ""
-    stmt = attempt.formal_statement.rstrip()
+    stmt = (attempt.restated_statement or attempt.formal_statement).rstrip()
     body = attempt.proof if attempt.proof.startswith("\n") else "\n  " + attempt.proof
     text = f"{pre}{stmt}{body}\n"
     first = pre.count("\n") + 1
@@ -110,7 +110,7 @@ def assemble(attempt: Attempt) -> Assembled:
 
 def model_text(attempt: Attempt) -> str:
     """The part of the attempt the model wrote (what the pre-scan looks at)."""
-    return attempt.preamble + "\n" + attempt.proof
+    return "\n".join((attempt.preamble, attempt.restated_statement, attempt.proof))
 
 
 def lean_string(s: str) -> str:
