@@ -51,8 +51,16 @@ class RuntimeConfig(BaseModel):
     """Replace a REPL process after this many attempts (bounds memory growth)."""
     recycle_memory_mb: int = Field(default=6144, ge=64)
     """Replace a REPL process once its resident memory passes this many MiB."""
-    isolate: bool = False
-    """Run each Lean process under bubblewrap (no network, read-only file system). Linux only."""
+    judges: int = Field(default=0, ge=0)
+    """Trusted checker processes per header, beside the ``workers`` that elaborate attempts
+    (0: one per four workers). A judge only reads compiled constants and replays them through
+    the kernel, which takes a fraction of the time elaboration took."""
+    isolate: bool | None = None
+    """Run each Lean process under bubblewrap: read-only file system, no network, a private
+    ``/tmp``, and only its own scratch folder visible (Linux). None (the default): on wherever
+    bubblewrap works, with a loud warning where it does not. True: refuse to start without it.
+    False: off (the verdicts stay sound -- every proof is replayed in a clean checker -- but an
+    attempt that runs code could read other attempts' files or reach the network)."""
     startup_timeout_s: float = Field(default=600.0, gt=0)
     """How long a fresh process may take to load its header (``import Mathlib`` is slow)."""
     docker: DockerConfig = Field(default_factory=DockerConfig)

@@ -7,9 +7,11 @@ exception: it is a :class:`Verdict` with ``accepted=False`` and a :class:`Reason
 
 from __future__ import annotations
 
+import warnings
 from enum import Enum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "STANDARD_AXIOMS",
@@ -68,39 +70,82 @@ class Reason(str, Enum):
     AXIOM = "axiom"
     """The proof depends on an axiom outside the allowed set."""
     NATIVE = "native"
-    """The proof trusts compiled code (``native_decide``, ``Lean.ofReduceBool``) and the
-    policy does not allow it."""
+    """The proof trusts compiled code (``native_decide``, ``decide +native``,
+    ``Lean.ofReduceBool``) and the policy does not allow it."""
     STATEMENT_CHANGED = "statement_changed"
     """The theorem with the expected name is missing, is not a theorem, or its type differs
     from the reference statement elaborated in a clean environment."""
     FORBIDDEN = "forbidden"
-    """The proof text uses something that could switch off or fake the checks
-    (``#exit``, kernel-skipping options, declaration-adding metaprograms, ...)."""
+    """The proof text uses something the pre-scan does not allow (code that runs inside Lean,
+    new syntax, kernel-skipping options, ...), or the trusted checker found the attempt's
+    declarations tampered with (the kernel rejected their replay)."""
     TIMEOUT = "timeout"
     """The attempt ran past its time limit; the Lean process was killed and replaced."""
     MEMORY = "memory"
     """The attempt went over its memory limit; the Lean process was killed and replaced."""
     CRASH = "crash"
     """The Lean process died or answered garbage; it was replaced."""
+    TOO_LARGE = "too_large"
+    """The model's text is longer than the policy's ``max_proof_chars``; nothing ran."""
     INFRA = "infra"
     """Infrastructure failure outside Lean (a sandbox died twice, the service was
     unreachable). The attempt is not the model's fault but still costs one attempt."""
 
 
 class VerificationPolicy(_Frozen):
-    """The soundness rules for accepting a proof. The defaults are the strict ones."""
+    """The soundness rules for accepting a proof. The defaults are the strict ones.
+
+    See docs/verification.md for what each rule stops and what turning it off gives up.
+    """
 
     allowed_axioms: tuple[str, ...] = STANDARD_AXIOMS
     """Axioms a proof may depend on. ``sorryAx`` is never allowed, whatever this says."""
     allow_native_decide: bool = False
-    """Trust compiled code (``native_decide``, ``Lean.ofReduceBool``,
-    ``Lean.trustCompiler``). Off by default: it trusts the whole compiler."""
-    kernel_replay: bool = False
-    """Stricter opt-in mode: re-check the accepted declarations by replaying them through the
-    kernel in a fresh environment (slower; catches environment tampering)."""
+    """Trust compiled code (``native_decide``, ``decide +native``, ``Lean.ofReduceBool``,
+    ``Lean.trustCompiler``). Off by default: it trusts the whole compiler, and the evaluation
+    behind such a proof happened in the process that ran the attempt's code, so with it on an
+    attempt that runs code during elaboration can forge a native proof."""
+    trust_elaboration: bool = False
+    """Skip the kernel replay in the clean checker, i.e. trust that the process which elaborated
+    the attempt sent every declaration through the kernel. Off by default. With it on, an attempt
+    that runs code during elaboration (a construct the pre-scan missed) can add a theorem without
+    the kernel (``addDeclWithoutChecking``, ``debug.skipKernelTC``) and have it accepted: use it
+    only for proofs from a trusted source, to check them faster."""
+    allow_new_inductives: bool = False
+    """Accept proofs that depend on inductive types the attempt declares itself (``inductive``,
+    ``structure``, ``class``). Off by default: the kernels of the Lean versions the benchmarks pin
+    have known soundness bugs in checking inductive declarations (lean4#14576, lean4#14807), which
+    the clean checker's replay, run by the same kernel, cannot catch."""
     forbid_tokens: bool = True
-    """Reject proof texts containing commands that can switch off or fake the checks before
-    running Lean at all (cheap, and gives a clear reason)."""
+    """Run the syntax pre-scan (deny by default: only declarations, ``open``, sections, safe
+    options and attributes, and term/tactic syntax pass) before Lean runs. A cheap first filter
+    with clear messages; the trusted checker does not depend on it."""
+    max_proof_chars: int = Field(default=200_000, ge=1)
+    """Longest model text (preamble + restated statement + proof) accepted, in characters; a
+    longer one is rejected as ``too_large`` before anything runs."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        # ``kernel_replay`` (an opt-in before the replay became the default) is still read.
+        if isinstance(data, dict) and "kernel_replay" in data:
+            data = dict(data)
+            replay = data.pop("kernel_replay")
+            if not replay:
+                warnings.warn(
+                    "VerificationPolicy.kernel_replay is gone (the replay is on by default); "
+                    "kernel_replay=false now means trust_elaboration=true, which lets attempts "
+                    "that run code forge theorems",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                data.setdefault("trust_elaboration", True)
+        return data
+
+    @property
+    def kernel_replay(self) -> bool:
+        """Whether the clean checker replays the attempt's declarations through the kernel."""
+        return not self.trust_elaboration
 
 
 class Attempt(_Frozen):

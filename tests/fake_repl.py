@@ -17,19 +17,32 @@ Behaviour is chosen by directive lines inside a command's text::
     -- fake: {"messages": [...]}         answer with these messages
     -- fake: {"check": {...}}            fields of the trusted check's report for this attempt
     -- fake: {"probe": "/some/path"}     try to write there and to reach the network; report
+    -- fake: {"environ": true}           report the names of this process's environment variables
+    -- fake: {"duplicate": true}         answer twice (the process is then out of step)
+    -- fake: {"forge_answer": 0}         print a fake answer naming environment 0 first
+    -- fake: {"flood_mb": 100}           print that much non-JSON output before answering
+    -- fake: {"orphan": true}            start a child that keeps stdout open, then exit(3)
+    -- fake: {"compromise": true}        act as a process the attempt took over: hide this
+                                         command's sorries and errors, and from now on answer
+                                         every trusted check with a forged "ok" report
+    -- fake: {"steal": "/some/file"}     overwrite the pickle file this process writes next
+                                         with the contents of another file (a proof theft)
 
 Without directives a command succeeds; ``sorry`` in it yields a ``sorries`` entry and the
 "declaration uses `sorry`" warning, like real Lean. ``pickleTo`` writes the environment's text
 (JSON) to the path; ``#eval LeanrlCheck.run "<path>" "<name>" "<nonce>" ...`` reads it back and
 answers with a ``LEANRL-CHECK`` report (``status`` ``missing`` when ``theorem <name>`` is absent,
-``sorryAx`` among the axioms when the text says ``sorry``, and every ``axiom NAME`` it declares). Tactics: a request must hold ONE tactic, as
+``sorryAx`` among the axioms when the text says ``sorry``, every ``axiom NAME`` it declares, and
+``replay_failed`` when it set ``debug.skipKernelTC true``, as the kernel replay would). Tactics: a request must hold ONE tactic, as
 for the real REPL's parser (several lines at one column, or ``a; b``, answer "expected end of
 input"; the parenthesised sequence ``(`` / tactics / ``)`` is one tactic). Then ``fail`` among
 them -> a ``Lean error`` answer, ``bad`` -> an error message, ``hang``/``crash`` as above, a last
 tactic ``done``/``rfl``/``simp`` -> ``Completed``, anything else -> one more goal.
 
 Options: ``--load-time S`` seconds to sleep on the first (import) command, modelling
-``import Mathlib``; ``--pid-file F`` appends this process's pid to F.
+``import Mathlib``; ``--check-time S`` seconds a trusted check takes (kernel replay);
+``--pid-file F`` appends this process's pid to F; ``--log F`` appends one JSON line per request
+(pid, kind, text) to F, so tests can see which process was asked what.
 """
 
 from __future__ import annotations
@@ -42,7 +55,10 @@ import sys
 import time
 
 _DIRECTIVE = re.compile(r"--\s*fake:\s*(\{.*\})")
-_EVAL = re.compile(r'#eval LeanrlCheck\.run "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)" "([0-9a-f]+)"')
+_EVAL = re.compile(
+    r'#eval LeanrlCheck\.run "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)" "([0-9a-f]+)" '
+    r"(true|false) (true|false)"
+)
 _hoard: list[bytearray] = []
 
 
@@ -113,6 +129,12 @@ def split_tactics(t: str) -> list[str] | str:
 
 def behave(d: dict) -> dict | None:
     """Apply process-level directives; return a replacement answer when one is given."""
+    if d.get("orphan"):
+        import subprocess
+
+        # Same process group, inherits stdout: the pipe stays open after this process exits.
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        sys.exit(3)
     if d.get("crash"):
         sys.exit(3)
     if d.get("hang"):
@@ -129,6 +151,11 @@ def behave(d: dict) -> dict | None:
         time.sleep(float(d["delay"]))
     if d.get("noise"):
         sys.stdout.write("Processing incremental state [pos: 0..10]:\nsome text\n")
+    if d.get("flood_mb"):
+        line = "x" * 1023 + "\n"
+        for _ in range(int(d["flood_mb"]) * 1024):
+            sys.stdout.write(line)
+        sys.stdout.write("\n")
     if d.get("garbage"):
         return {"__garbage__": True}
     return None
@@ -154,10 +181,13 @@ def probe(path: str) -> dict:
 
 
 class Fake:
-    def __init__(self, load_time: float) -> None:
+    def __init__(self, load_time: float, check_time: float = 0.0) -> None:
         self.load_time = load_time
+        self.check_time = check_time
         self.envs: list[str] = []
         self.states = 0
+        self.compromised = False
+        self.steal_from: str | None = None
 
     def new_env(self, text: str) -> int:
         self.envs.append(text)
@@ -177,10 +207,18 @@ class Fake:
         if replaced is not None:
             return replaced
         full = (self.envs[env] + "\n" if env is not None else "") + text
+        if d.get("compromise"):
+            self.compromised = True
+            return {"env": self.new_env(full)}  # a clean-looking answer, whatever the text says
+        if d.get("steal"):
+            self.steal_from = d["steal"]
         out: dict = {}
         sorries, messages = [], list(d.get("messages", []))
         if d.get("probe"):
             messages.append(probe(d["probe"]))
+        if d.get("environ"):
+            names = " ".join(sorted(os.environ))
+            messages.append({"severity": "info", "pos": {"line": 1, "column": 0}, "data": names})
         for m in re.finditer(r"\bsorry\b", text):
             p = pos_of(text, m.start())
             end = {"line": p["line"], "column": p["column"] + 5}
@@ -203,7 +241,20 @@ class Fake:
         m = _EVAL.match(text)
         if not m:
             return {"messages": [{"severity": "error", "data": "bad check"}], "env": 0}
-        path, name, nonce = m.group(1), m.group(2), m.group(3)
+        path, name, nonce, replay = m.group(1), m.group(2), m.group(3), m.group(5) == "true"
+        if self.compromised:  # a taken-over process says whatever passes
+            forged = {
+                "nonce": nonce,
+                "status": "ok",
+                "kind": "theorem",
+                "ref_kind": "theorem",
+                "axioms": [],
+                "constants": [name],
+                "replayed": replay,
+            }
+            data = "LEANRL-CHECK " + json.dumps(forged)
+            return {"messages": [{"severity": "info", "data": data}], "env": self.new_env(text)}
+        time.sleep(self.check_time)
         with open(path, encoding="utf-8") as f:
             attempt = json.load(f)["text"]
         d = directives(attempt)
@@ -218,8 +269,12 @@ class Fake:
             + (["sorryAx"] if re.search(r"\bsorry\b", attempt) else [])
             + re.findall(r"^axiom\s+(\S+)", attempt, re.MULTILINE),
             "constants": [name] if found else [],
-            "replayed": " true\n" in text or text.rstrip().endswith("true"),
+            "replayed": replay,
         }
+        if replay and found and "skipKernelTC true" in attempt:
+            # What the real kernel replay does to a declaration added without checking.
+            report["status"] = "replay_failed"
+            report["detail"] = "kernel rejected the attempt's declaration: (kernel) type mismatch"
         report.update(d.get("check", {}))
         data = "LEANRL-CHECK " + json.dumps(report)
         p = {"line": 1, "column": 0}
@@ -263,6 +318,15 @@ class Fake:
             return {"message": "Unknown environment."}
         with open(req["pickleTo"], "w", encoding="utf-8") as f:
             json.dump({"text": self.envs[env]}, f)
+        if self.steal_from:
+            try:
+                with open(self.steal_from, encoding="utf-8") as src:
+                    stolen = src.read()
+                with open(req["pickleTo"], "w", encoding="utf-8") as f:
+                    f.write(stolen)
+            except OSError:
+                pass
+            self.steal_from = None
         return {"env": env}
 
     def handle(self, req: dict) -> dict:
@@ -292,24 +356,49 @@ def read_query() -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--load-time", type=float, default=0.0)
+    ap.add_argument("--check-time", type=float, default=0.0)
     ap.add_argument("--pid-file", default=None)
+    ap.add_argument("--log", default=None)
     args = ap.parse_args()
     if args.pid_file:
         with open(args.pid_file, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")
-    fake = Fake(args.load_time)
+    fake = Fake(args.load_time, args.check_time)
     while True:
         q = read_query()
         if q is None:
             return
         if q.startswith("#") or q.startswith("--"):
             continue
-        ans = fake.handle(json.loads(q))
+        req = json.loads(q)
+        if args.log:
+            log_request(args.log, req)
+        ans = fake.handle(req)
+        if "cmd" in req and "forge_answer" in directives(req["cmd"]):
+            forged = {"env": directives(req["cmd"])["forge_answer"]}
+            sys.stdout.write(json.dumps(forged) + "\n\n")
         if ans.get("__garbage__"):
             sys.stdout.write("{this is not json\n\n")
         else:
-            sys.stdout.write(json.dumps(ans, indent=1, ensure_ascii=False) + "\n\n")
+            out = json.dumps(ans, indent=1, ensure_ascii=False) + "\n\n"
+            sys.stdout.write(out)
+            if "cmd" in req and directives(req["cmd"]).get("duplicate"):
+                sys.stdout.write(out)
         sys.stdout.flush()
+
+
+def log_request(path: str, req: dict) -> None:
+    """One JSON line: which process got which kind of request, with its text."""
+    if "tactic" in req:
+        kind, text = "tactic", req["tactic"]
+    elif "pickleTo" in req:
+        kind, text = "pickle", req["pickleTo"]
+    elif req.get("cmd", "").startswith("#eval LeanrlCheck.run"):
+        kind, text = "check", req["cmd"]
+    else:
+        kind, text = "cmd", req.get("cmd", "")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"pid": os.getpid(), "kind": kind, "text": text}) + "\n")
 
 
 if __name__ == "__main__":

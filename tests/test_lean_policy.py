@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from leanrl.lean.checker import assemble, parse_report, split_header
-from leanrl.lean.judge import judge_elaboration, judge_prescan, judge_report
 from leanrl.lean.protocol import CommandResponse, ReplError, parse_response
+from leanrl.lean.source import assemble, split_header
+from leanrl.lean.trust.report import parse_report
+from leanrl.lean.trust.rules import judge_elaboration, judge_prescan, judge_report
 from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
 
 HEADER = (
@@ -51,7 +52,7 @@ def report(**kw: Any) -> list[dict]:
         "ref_kind": "theorem",
         "axioms": ["propext"],
         "constants": ["t"],
-        "replayed": False,
+        "replayed": True,  # the clean checker replays by default
     }
     body.update(kw)
     return [
@@ -358,18 +359,75 @@ def test_no_report_at_all_is_rejected() -> None:
 
 
 def test_cheat_metaprogram_added_unchecked_declaration_caught_by_replay() -> None:
-    pol = VerificationPolicy(kernel_replay=True, forbid_tokens=False)
+    pol = VerificationPolicy(forbid_tokens=False)
     rep = report(status="replay_failed", detail="kernel rejected t: (kernel) type mismatch")
     v = judge(attempt("exact h.symm", "run_cmd addFakeDecl", pol), check=rep)
     assert v.reason is Reason.FORBIDDEN and "kernel rejected" in v.detail
 
 
-def test_kernel_replay_requested_but_not_done() -> None:
-    pol = VerificationPolicy(kernel_replay=True)
+def test_kernel_replay_is_required_by_default() -> None:
+    pol = VerificationPolicy()
+    assert pol.kernel_replay and not pol.trust_elaboration
     v = judge(attempt("exact h.symm", policy=pol), check=report(replayed=False))
     assert not v.accepted and v.reason is Reason.INFRA
     ok = judge(attempt("exact h.symm", policy=pol), check=report(replayed=True))
     assert ok.accepted
+
+
+def test_trusting_elaboration_skips_the_replay_requirement() -> None:
+    pol = VerificationPolicy(trust_elaboration=True)
+    assert not pol.kernel_replay
+    v = judge(attempt("exact h.symm", policy=pol), check=report(replayed=False))
+    assert v.accepted
+
+
+def test_old_kernel_replay_flag_maps_to_trust_elaboration() -> None:
+    assert VerificationPolicy.model_validate({"kernel_replay": True}).kernel_replay
+    with pytest.warns(DeprecationWarning, match="trust_elaboration"):
+        old = VerificationPolicy.model_validate({"kernel_replay": False})
+    assert old.trust_elaboration
+
+
+def test_native_auxiliary_axioms_reported_by_the_checker_are_native() -> None:
+    # Recent `native_decide` leaves an auxiliary axiom of the proof's own; the checker reports
+    # it in `native` (by its shape), and the policy treats it like Lean.ofReduceBool.
+    aux = "t._native.native_decide.ax_1_1"
+    rep = report(axioms=["propext", aux], native=[aux])
+    v = judge(attempt("exact h.symm"), check=rep)
+    assert v.reason is Reason.NATIVE and aux in v.detail
+    ok = judge(
+        attempt("exact h.symm", policy=VerificationPolicy(allow_native_decide=True)), check=rep
+    )
+    assert ok.accepted, ok.detail
+
+
+def test_an_axiom_merely_named_like_a_native_one_is_an_axiom() -> None:
+    # The name alone proves nothing: only what the checker classified as native counts.
+    fake = "t._native.native_decide.ax_1_1"
+    pol = VerificationPolicy(allow_native_decide=True)
+    v = judge(attempt("exact h.symm", policy=pol), check=report(axioms=[fake], native=[]))
+    assert v.reason is Reason.AXIOM and fake in v.detail
+
+
+def test_replay_needing_compiled_code_is_native_not_tampering() -> None:
+    rep = report(status="replay_failed", uses_reduce=True, detail="(kernel) failed to evaluate")
+    for pol in (VerificationPolicy(), VerificationPolicy(allow_native_decide=True)):
+        v = judge(attempt("exact h.symm", policy=pol), check=rep)
+        assert v.reason is Reason.NATIVE and "cannot be replayed" in v.detail
+
+
+def test_new_inductive_types_are_refused_unless_allowed() -> None:
+    rep = report(inductives=["MyNat"])
+    v = judge(attempt("exact h.symm"), check=rep)
+    assert v.reason is Reason.FORBIDDEN and "MyNat" in v.detail and "lean4#14576" in v.detail
+    pol = VerificationPolicy(allow_new_inductives=True)
+    assert judge(attempt("exact h.symm", policy=pol), check=rep).accepted
+
+
+def test_oversized_model_text_is_rejected_before_lean() -> None:
+    pol = VerificationPolicy(max_proof_chars=100)
+    v = judge_prescan(attempt("simp\n" * 50, policy=pol))
+    assert v is not None and v.reason is Reason.TOO_LARGE and "max_proof_chars" in v.detail
 
 
 def test_cheat_dangling_reference_means_tampering() -> None:
@@ -443,7 +501,7 @@ def test_header_split() -> None:
 def test_check_command_matches_the_checker_signature() -> None:
     import re
 
-    from leanrl.lean.checker import check_command, checker_source
+    from leanrl.lean.trust.report import check_command, checker_source
 
     src = checker_source()
     assert src.count("namespace LeanrlCheck") == 1 and src.rstrip().endswith("end LeanrlCheck")

@@ -245,7 +245,8 @@ def test_versions_and_lakefile() -> None:
 
 def test_doctor_smoke_runs_the_checker_through_a_repl(bare: Path, tmp_path: Path) -> None:
     # A project whose `repl` is the stand-in REPL (tests/fake_repl.py, not Lean): doctor's smoke
-    # test drives the real pool and policy end to end (a valid proof, then an axiom cheat).
+    # test drives the real pool and policy end to end (a valid proof, a theorem forged without
+    # the kernel, an axiom cheat).
     proj = tmp_path / "proj"
     binp = proj / ".lake" / "packages" / "REPL" / ".lake" / "build" / "bin"
     binp.mkdir(parents=True)
@@ -256,7 +257,9 @@ def test_doctor_smoke_runs_the_checker_through_a_repl(bare: Path, tmp_path: Path
     checks = {c.name: c for c in doctor(proj, None, None, "core", smoke=True)}
     assert checks["REPL"].ok
     assert checks["checker"].ok, checks["checker"].found
-    assert checks["checker"].found == "valid proof: ok; axiom cheat: axiom"
+    assert checks["checker"].found == (
+        "valid proof: ok; forged theorem: forbidden; axiom cheat: axiom"
+    )
 
 
 def test_resolve_lake_env_passes_other_commands_through(bare: Path) -> None:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from leanrl.errors import LeanNotFoundError
+from leanrl.lean.project import FORGED_PREAMBLE
 from leanrl.runtime import RuntimeConfig
 from leanrl.runtimes.local import LocalRuntime
 from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
@@ -55,8 +56,37 @@ CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
         "inductive Color where\n  | red\n  | blue\n\ndef Color.f : Color → Nat\n"
         "  | .red => 0\n  | .blue => 1",
         "have : Color.f .red = 0 := rfl\n  exact h.symm",
-        VerificationPolicy(kernel_replay=True),
+        VerificationPolicy(allow_new_inductives=True),
         {Reason.OK},
+    ),
+    (
+        "new_inductive_refused_by_default",
+        SYMM,
+        "inductive Color where\n  | red\n  | blue\n\ndef Color.f : Color → Nat\n"
+        "  | .red => 0\n  | .blue => 1\n\ntheorem uses : Color.f .red = 0 := rfl",
+        "have := uses\n  exact h.symm",
+        VerificationPolicy(),
+        {Reason.FORBIDDEN},
+    ),
+    (
+        # Code run during elaboration adds `False` as a theorem without the kernel; only the
+        # clean checker's replay can see it.
+        "forged_theorem_without_kernel",
+        FALSE,
+        FORGED_PREAMBLE,
+        "exact leanrl_doctor_forged.elim",
+        NO_SCAN,
+        {Reason.FORBIDDEN},
+    ),
+    (
+        # The attempt prints something shaped like a REPL answer into the REPL's own output
+        # (old `#eval` does not capture stdout); the pool must not take it for an answer.
+        "fake_repl_answer_on_stdout",
+        FALSE,
+        'axiom cheat : False\n#eval IO.println "{\\"env\\": 0}\\n"',
+        "exact cheat.elim",
+        NO_SCAN,
+        {Reason.AXIOM, Reason.CRASH},
     ),
     ("sorry", SYMM, "", "sorry", NO_SCAN, {Reason.SORRY}),
     (
@@ -191,6 +221,26 @@ async def test_every_rule_against_real_lean(lean_runtime: LocalRuntime) -> None:
     assert not wrong, wrong
     classical = verdicts[2]
     assert "Classical.choice" in classical.axioms
+
+
+async def test_restated_statement_is_judged_by_its_elaborated_type(
+    lean_runtime: LocalRuntime,
+) -> None:
+    """A restatement that differs only cosmetically is accepted; one that changes the theorem is
+    `statement_changed`, decided by the clean checker's type comparison."""
+    base = Attempt(name="t", header="", formal_statement=SYMM, proof="exact h.symm")
+    same = base.model_copy(
+        update={"restated_statement": "theorem t (a b : Nat) (h : (a = b)) : (b = a) := by"}
+    )
+    other = base.model_copy(
+        update={
+            "restated_statement": "theorem t (a b : Nat) (h : a = b) : a = a := by",
+            "proof": "rfl",
+        }
+    )
+    ok, changed = await lean_runtime.check([same, other])
+    assert ok.accepted, ok.detail
+    assert changed.reason is Reason.STATEMENT_CHANGED, changed.detail
 
 
 async def test_tactic_session_real_lean() -> None:

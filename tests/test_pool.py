@@ -118,7 +118,8 @@ async def test_recycle_after_n_attempts() -> None:
     finally:
         await p.close()
     assert all(v.accepted for v in vs)
-    assert p.stats.recycled == 2 and p.stats.started == 3
+    # Elaborating processes and judges both retire after 2 attempts: 3 of each for 5 attempts.
+    assert p.stats.recycled == 4 and p.stats.started == 6
 
 
 async def test_recycle_above_memory_threshold() -> None:
@@ -147,7 +148,8 @@ async def test_headers_with_same_imports_share_processes() -> None:
         vs = await p.check([att(i=0, header=HEADER), att(i=1, header="import Mathlib\nopen Nat\n")])
     finally:
         await p.close()
-    assert all(v.accepted for v in vs) and p.stats.started == 1
+    # One elaborating process and one judge serve both headers.
+    assert all(v.accepted for v in vs) and p.stats.started == 2
 
 
 async def test_other_imports_evict_idle_processes() -> None:
@@ -158,7 +160,8 @@ async def test_other_imports_evict_idle_processes() -> None:
     finally:
         await p.close()
     assert a[0].accepted and b[0].accepted
-    assert p.stats.evicted == 1 and p.stats.started == 2
+    # The second header's elaborating process and judge each evict the first's.
+    assert p.stats.evicted == 2 and p.stats.started == 4
 
 
 async def test_broken_header_is_an_error_verdict_not_a_crash() -> None:
@@ -189,7 +192,9 @@ async def test_close_kills_every_process(tmp_path: Path) -> None:
     try:
         await p.warm(HEADER)
         started = [int(x) for x in pids.read_text().split()]
-        assert len(started) == 3 and len(p.live_processes()) == 3
+        # Two elaborating processes, one spare, one judge.
+        assert len(started) == 4 and len(p.live_processes()) == 4
+        assert len(p.live_processes("judge")) == 1
     finally:
         await p.close()
     for pid in started:

@@ -1,30 +1,35 @@
-"""A pool of warm Lean REPL processes, keyed by the header's imports.
+"""A pool of warm Lean REPL processes, keyed by the header's imports and by role.
 
-- Each process loads its imports once (``import Mathlib``: seconds and gigabytes) and then checks
-  attempt after attempt; headers that differ only in options/``open`` lines share processes.
-- At most ``workers`` attempts are in flight; at most ``workers + spares`` processes live. As soon
-  as a key is used, one spare process is warmed beside the busy ones, so when a process is killed
-  (timeout, memory) the next attempt finds a warm one instead of waiting for ``import Mathlib``;
-  the replacement is started at once in the background.
-- Per-attempt time limit (kill and replace), per-process memory cap (RSS watch plus
-  ``RLIMIT_DATA``), recycling after ``recycle_after`` attempts or above ``recycle_memory_mb``.
-- Every attempt gets exactly one verdict: a dead, hung or memory-hungry process costs the attempt
-  it was working on (``crash``/``timeout``/``memory``), never the others.
-- Tactic sessions (:meth:`ReplPool.acquire`) get processes of their own: a process that ran model
-  tactics never checks a proof. Tactic mode elaborates the model's text in the process itself, so
-  a construct the pre-scan missed could leave state behind (swap a scratch pickle, change an
-  option) that a later check would trust. Those processes form a separate warm sub-pool (key
-  ``("tactic", *imports)`` beside ``("check", *imports)``) instead of being retired after each
-  session, so a session still starts on a warm process without re-loading the imports. Both
-  kinds share the ``workers + spares`` cap; an idle process of one kind is evicted when the
-  other needs room.
+Three roles never share a process (the key is ``(role, *imports)``):
+
+- ``elab``: elaborates attempts. It runs model text, so its answers can only reject.
+- ``judge``: the trusted checker (:mod:`leanrl.lean.trust.judge`). It loads the checker and only
+  ever elaborates the taskset's own text; it reads each attempt's compiled constants as data,
+  replays them through the kernel, and its report is the only thing that can accept a proof.
+- ``tactic``: REPL tactic-mode sessions (:meth:`ReplPool.acquire`); model tactics run there, and
+  such a process never elaborates a whole attempt or checks anything.
+
+Every process has a private folder (under one :class:`~leanrl.lean.trust.containment.ScratchRoot`
+per pool), a minimal environment, and -- with ``isolate`` -- a bubblewrap sandbox in which it
+sees only that folder (a judge also sees the hand-off folder, read-only).
+
+Speed: each process loads its imports once (``import Mathlib``: seconds and gigabytes) and then
+works attempt after attempt. At most ``workers`` attempts are in elaboration at once; as soon as
+a key is used, ``spares`` warm processes wait beside the busy ones, so a process killed for a
+timeout or memory is replaced without waiting for an import. Judges are fewer (``judges``):
+checking compiled constants and replaying them through the kernel takes a fraction of the time
+elaboration took. An elaborating process is released before its attempt waits for a judge, so
+elaboration of the next attempt overlaps the check of this one.
+
+Every attempt gets exactly one verdict: a dead, hung, flooding or memory-hungry process costs the
+attempt it was working on (``crash``/``timeout``/``memory``), never the others, and is replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
+import math
+import os
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
@@ -33,14 +38,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leanrl.lean.checker import split_header
-from leanrl.lean.judge import judge_prescan
 from leanrl.lean.protocol import ProtocolError
 from leanrl.lean.repl import ReplDied, ReplMemory, ReplProcess, ReplTimeout
+from leanrl.lean.source import split_header
+from leanrl.lean.trust.containment import ScratchRoot, bwrap_argv, minimal_env
+from leanrl.lean.trust.judge import (
+    CHECK_FLOOR_S,
+    JudgeStartError,
+    JudgeWorker,
+    ReferenceProblem,
+    take_pickle,
+)
+from leanrl.lean.trust.rules import judge_prescan, judge_report
 from leanrl.lean.worker import ReplWorker, WorkerStartError
 from leanrl.verdict import Attempt, Reason, Verdict
 
 __all__ = ["PoolConfig", "PoolError", "PoolStats", "ReplPool"]
+
+Role = Literal["elab", "judge", "tactic"]
 
 
 class PoolConfig(BaseModel):
@@ -49,55 +64,75 @@ class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     command: list[str]
-    """The REPL command line (for example ``["lake", "env", ".../bin/repl"]``)."""
+    """The REPL command line (for example ``["/path/to/repl"]`` with ``env`` from ``lake env``)."""
     cwd: Path | None = None
     """Folder to run it in (the Lean project)."""
     env: dict[str, str] | None = None
-    """Environment variables for the process (None: inherit)."""
+    """Where the processes' environment comes from (None: this process's). Only the variables
+    in :data:`~leanrl.lean.trust.containment.ENV_KEYS` are passed on; ``HOME`` and ``TMPDIR``
+    point at each process's private folder."""
     workers: int = Field(default=1, ge=1)
-    """Attempts in flight at once."""
+    """Attempts in elaboration at once."""
     spares: int = Field(default=1, ge=0)
     """Warm processes kept beside the busy ones, so a kill does not stall the queue."""
+    judges: int | None = Field(default=None, ge=1)
+    """Trusted checker processes per set of imports (None: one per four workers, at least one)."""
     timeout_s: float = Field(default=60.0, gt=0)
-    """Per-attempt wall-clock limit."""
+    """Per-attempt wall-clock limit for elaboration and the trusted check together (the check
+    gets at least :data:`CHECK_FLOOR_S`); waiting for a free process is not counted."""
     memory_mb: int | None = Field(default=8192, ge=16)
     """Per-process memory cap in MiB (None: no cap)."""
     recycle_after: int = Field(default=200, ge=1)
-    """Replace a process after this many attempts."""
+    """Replace a process after this many attempts (1: a fresh process for every attempt)."""
     recycle_memory_mb: int = Field(default=6144, ge=16)
     """Replace a process once its resident memory passes this many MiB."""
     isolate: bool = False
-    """Run each process under bubblewrap (no network, read-only file system)."""
+    """Run each process under bubblewrap: read-only file system, no network, only its own
+    private folder visible."""
     startup_timeout_s: float = Field(default=600.0, gt=0)
-    """How long a process may take to load its imports and the checker."""
+    """How long a process may take to load its imports (and, for a judge, the checker)."""
     start_retries: int = Field(default=2, ge=1)
     """Failed starts in a row (not caused by the header) before a key's attempts get ``infra``."""
+    max_output_mb: float = Field(default=64.0, gt=0)
+    """Most output one request may produce before the process is killed (``memory``)."""
+    max_pickle_mb: int = Field(default=1024, ge=1)
+    """Largest compiled environment handed from an elaborating process to a judge."""
+    scratch_parent: Path | None = None
+    """Where the pool's scratch root is made (None: the system's temporary folder)."""
+
+    @property
+    def judge_count(self) -> int:
+        """``judges``, or its default for ``workers``."""
+        return self.judges or max(1, math.ceil(self.workers / 4))
 
 
 class PoolStats(BaseModel):
     """Counters, for tests, logs and the benchmark."""
 
     started: int = 0
-    """Processes started successfully."""
+    """Processes started successfully (all roles)."""
     start_failures: int = 0
     """Processes that failed to start."""
     killed: int = 0
-    """Processes killed after a timeout, memory overrun or crash."""
+    """Processes killed after a timeout, memory overrun, flood, crash or protocol error."""
     recycled: int = 0
     """Processes retired after ``recycle_after`` attempts or above the memory threshold."""
     evicted: int = 0
     """Idle processes closed to make room for another header's imports."""
     checked: int = 0
-    """Attempts that reached a Lean process."""
+    """Attempts that reached an elaborating process."""
+    judged: int = 0
+    """Attempts that reached a judge."""
     start_seconds: float = 0.0
     """Total time spent starting processes."""
     max_busy: int = 0
-    """Most attempts that were in Lean processes at the same time."""
+    """Most attempts that were in elaborating processes at the same time."""
 
 
 class _Key:
-    def __init__(self) -> None:
-        self.ready: deque[ReplWorker] = deque()
+    def __init__(self, role: Role) -> None:
+        self.role = role
+        self.ready: deque[Any] = deque()
         self.starting = 0
         self.waiting = 0
         self.fails = 0
@@ -113,8 +148,13 @@ class PoolError(RuntimeError):
         self.header_fault = header_fault
 
 
+def _group(role: Role) -> str:
+    """Elaborating and tactic processes share one cap; judges have their own."""
+    return "judge" if role == "judge" else "work"
+
+
 class ReplPool:
-    """Warm REPL processes per set of imports; ``await pool.check(attempts)``."""
+    """Warm REPL processes per role and set of imports; ``await pool.check(attempts)``."""
 
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
@@ -122,38 +162,48 @@ class ReplPool:
         self._keys: dict[tuple[str, ...], _Key] = {}
         self._cond: asyncio.Condition | None = None
         self._sem: asyncio.Semaphore | None = None
-        self._live = 0
+        self._live: dict[str, int] = {"work": 0, "judge": 0}
         self._tasks: set[asyncio.Task[None]] = set()
         self._starts: set[asyncio.Task[None]] = set()
-        self._busy: set[ReplWorker] = set()
-        self._scratch: Path | None = None
+        self._busy: set[Any] = set()
+        self._root: ScratchRoot | None = None
+        self._handoff: Path | None = None
         self._closed = False
         self.events: deque[tuple[str, int]] = deque(maxlen=10_000)
         """(event, pid) in the order they happened: ready, acquire, kill, retire (diagnostics)."""
+        self.roles: dict[int, Role] = {}
+        """The role of every process started, by pid (diagnostics and tests)."""
 
     async def start(self) -> None:
-        """Create the scratch folder and the locks. Processes start on demand."""
+        """Create the scratch root (sweeping stale ones of dead owners) and the locks.
+        Processes start on demand."""
         if self._cond is None:
             self._cond = asyncio.Condition()
             self._sem = asyncio.Semaphore(self.config.workers)
-            self._scratch = Path(tempfile.mkdtemp(prefix="leanrl-pool-"))
+            self._root = ScratchRoot("pool", self.config.scratch_parent)
+            await asyncio.to_thread(self._root.create)
+            self._handoff = self._root.folder("handoff")
             self._closed = False
 
     async def warm(self, header: str, n: int | None = None) -> None:
-        """Start ``n`` processes for ``header`` now (default: workers), plus the spares, and wait
-        until they are all ready."""
+        """Start ``n`` elaborating processes for ``header`` now (default: workers), the spares
+        and the judges, and wait until they are all ready."""
         await self.start()
-        key = self._key_of(header, "check")
         n = n or self.config.workers
-        ws = [await self._acquire(key) for _ in range(n)]
-        for w in ws:
-            await self._release(key, w, healthy=True)
+        targets = {
+            self._key_of(header, "elab"): (n, min(n + self.config.spares, self._cap("elab"))),
+            self._key_of(header, "judge"): (self._cap("judge"), self._cap("judge")),
+        }
+        for key, (count, _) in targets.items():
+            ws = [await self._acquire(key) for _ in range(count)]
+            for w in ws:
+                await self._release(key, w)
         assert self._cond is not None
-        target = min(n + self.config.spares, self._cap)
         async with self._cond:
-            k = self._keys[key]
-            while len(k.ready) < target and k.error is None and (k.starting or k.ready):
-                await self._cond.wait()
+            for key, (_, target) in targets.items():
+                k = self._keys[key]
+                while len(k.ready) < target and k.error is None and (k.starting or k.ready):
+                    await self._cond.wait()
 
     # -- checking -------------------------------------------------------------------------------
 
@@ -165,66 +215,130 @@ class ReplPool:
     async def check_one(self, attempt: Attempt) -> Verdict:
         """Check one attempt; never raises for anything the attempt or Lean did.
 
-        ``time_s`` is the time a Lean process spent on the attempt (not the wait for one).
+        ``time_s`` is the time Lean processes spent on the attempt (not the waits for them).
         """
-        clock = [time.monotonic()]
+        spent = [0.0]
         try:
-            verdict = await self._check(attempt, clock)
+            verdict = await self._check(attempt, spent)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - an attempt must always get a verdict
             verdict = Verdict.reject(Reason.INFRA, f"internal error: {type(e).__name__}: {e}")
-        elapsed = time.monotonic() - clock[0]
-        return verdict.model_copy(update={"id": attempt.id, "time_s": elapsed})
+        return verdict.model_copy(update={"id": attempt.id, "time_s": spent[0]})
 
-    async def _check(self, attempt: Attempt, clock: list[float]) -> Verdict:
-        early = judge_prescan(attempt)
+    async def _check(self, attempt: Attempt, spent: list[float]) -> Verdict:
+        # The pre-scan is CPU work: off the event loop, so a batch of long texts cannot stall
+        # the reading of every process's answers (and turn into false timeouts).
+        early = await asyncio.to_thread(judge_prescan, attempt)
         if early is not None:
             return early
-        assert self._sem is not None
-        key = self._key_of(attempt.header, "check")
+        imports = split_header(attempt.header)[0]
+        assert self._sem is not None and self._handoff is not None
+        key = ("elab", *imports)
         async with self._sem:
             try:
-                worker = await self._acquire(key)
+                worker: ReplWorker = await self._acquire(key)
             except PoolError as e:
-                reason = Reason.ERROR if e.header_fault else Reason.INFRA
-                return Verdict.reject(reason, str(e))
+                return Verdict.reject(Reason.ERROR if e.header_fault else Reason.INFRA, str(e))
             self.stats.checked += 1
-            clock[0] = time.monotonic()
+            t0 = time.monotonic()
             try:
-                verdict = await worker.check(attempt, self.config.timeout_s)
-            except ReplTimeout as e:
-                await self._discard(key, worker)
-                return Verdict.reject(
-                    Reason.TIMEOUT, f"time limit of {self.config.timeout_s:g} s exceeded ({e})"
-                )
-            except ReplMemory as e:
-                await self._discard(key, worker)
-                return Verdict.reject(Reason.MEMORY, str(e))
-            except (ReplDied, ProtocolError, OSError) as e:
-                memory = self._near_cap(worker)
-                await self._discard(key, worker)
-                if memory:
-                    return Verdict.reject(
-                        Reason.MEMORY,
-                        f"the Lean process died near its memory cap of "
-                        f"{self.config.memory_mb} MiB: {e}",
+                elab = await worker.elaborate(attempt, self.config.timeout_s)
+                if elab.verdict is None and elab.pickle is not None:
+                    # Copied while this process is still ours: nothing else writes there.
+                    copy = await asyncio.to_thread(
+                        take_pickle, elab.pickle, self._handoff, self.config.max_pickle_mb << 20
                     )
-                return Verdict.reject(Reason.CRASH, f"the Lean process failed: {e}")
-            except BaseException:
-                await self._discard(key, worker)
+                else:
+                    copy = None
+            except BaseException as e:
+                spent[0] += time.monotonic() - t0
+                failed = await self._failure(key, worker, e, "elaborating the attempt")
+                if failed is None:
+                    raise
+                return failed
+            spent[0] += time.monotonic() - t0
+            await self._release(key, worker)
+        if elab.verdict is not None:
+            return elab.verdict
+        if not isinstance(copy, Path):
+            return Verdict.reject(Reason.CRASH, str(copy), messages=elab.messages)
+        try:
+            left = max(self.config.timeout_s - spent[0], CHECK_FLOOR_S)
+            return await self._judge(attempt, copy, elab.messages, imports, spent, left)
+        finally:
+            copy.unlink(missing_ok=True)
+
+    async def _judge(
+        self,
+        attempt: Attempt,
+        pickle: Path,
+        messages: tuple[Any, ...],
+        imports: list[str],
+        spent: list[float],
+        timeout: float,
+    ) -> Verdict:
+        key = ("judge", *imports)
+        try:
+            judge: JudgeWorker = await self._acquire(key)
+        except PoolError as e:
+            return Verdict.reject(Reason.ERROR if e.header_fault else Reason.INFRA, str(e))
+        self.stats.judged += 1
+        t0 = time.monotonic()
+        try:
+            report = await judge.check(
+                header=attempt.header,
+                statement=attempt.formal_statement,
+                name=attempt.name,
+                pickle=pickle,
+                olean=False,
+                replay=attempt.policy.kernel_replay,
+                timeout=timeout,
+            )
+        except BaseException as e:
+            spent[0] += time.monotonic() - t0
+            failed = await self._failure(key, judge, e, "the trusted check")
+            if failed is None:
                 raise
-            await self._release(key, worker, healthy=True)
-            return verdict
+            return failed.model_copy(update={"messages": messages})
+        spent[0] += time.monotonic() - t0
+        await self._release(key, judge)
+        if isinstance(report, ReferenceProblem):
+            return Verdict.reject(Reason.ERROR, str(report), messages=messages)
+        return judge_report(attempt, report, messages)
+
+    async def _failure(
+        self, key: tuple[str, ...], w: Any, e: BaseException, what: str
+    ) -> Verdict | None:
+        """Kill a process that failed its attempt; the verdict that costs (None: re-raise)."""
+        near_cap = self._near_cap(w)
+        await self._discard(key, w)
+        if isinstance(e, ReplTimeout):
+            return Verdict.reject(
+                Reason.TIMEOUT,
+                f"time limit of {self.config.timeout_s:g} s exceeded in {what} ({e})",
+            )
+        if isinstance(e, ReplMemory):
+            return Verdict.reject(Reason.MEMORY, f"{e} ({what})")
+        if isinstance(e, (ReplDied, ProtocolError, OSError)):
+            if near_cap:
+                return Verdict.reject(
+                    Reason.MEMORY,
+                    f"the Lean process died near its memory cap of {self.config.memory_mb} MiB "
+                    f"({what}): {e}",
+                )
+            return Verdict.reject(Reason.CRASH, f"the Lean process failed ({what}): {e}")
+        return None
 
     # -- pinning a process (tactic sessions) ----------------------------------------------------
 
     async def acquire(self, header: str) -> ReplWorker:
         """Take a warm tactic-mode process for ``header`` for exclusive use (raises
         :class:`PoolError`). It comes from the tactic sub-pool and goes back there: it never
-        checks proofs."""
+        elaborates whole attempts or checks proofs."""
         await self.start()
-        return await self._acquire(self._key_of(header, "tactic"))
+        w: ReplWorker = await self._acquire(self._key_of(header, "tactic"))
+        return w
 
     async def release(self, header: str, worker: ReplWorker, *, broken: bool = False) -> None:
         """Give a process from :meth:`acquire` back; a ``broken`` one is killed and replaced."""
@@ -232,28 +346,32 @@ class ReplPool:
         if broken:
             await self._discard(key, worker)
         else:
-            await self._release(key, worker, healthy=True)
+            await self._release(key, worker)
 
-    def _near_cap(self, w: ReplWorker) -> bool:
+    def _near_cap(self, w: Any) -> bool:
         cap = self.config.memory_mb
         if cap is None:
             return False
-        return w.proc.out_of_memory() or w.proc.peak_rss_mb >= 0.8 * cap
+        return bool(w.proc.out_of_memory() or w.proc.peak_rss_mb >= 0.8 * cap)
 
-    def _key_of(self, header: str, purpose: Literal["check", "tactic"]) -> tuple[str, ...]:
-        """``(purpose, *imports)``: check and tactic processes never mix."""
-        return (purpose, *split_header(header)[0])
+    def _key_of(self, header: str, role: Role) -> tuple[str, ...]:
+        """``(role, *imports)``: processes of different roles never mix."""
+        return (role, *split_header(header)[0])
 
     # -- the process book-keeping ---------------------------------------------------------------
 
-    @property
-    def _cap(self) -> int:
+    def _cap(self, role: Role) -> int:
+        if _group(role) == "judge":
+            return self.config.judge_count
         return self.config.workers + self.config.spares
 
-    async def _acquire(self, key: tuple[str, ...]) -> ReplWorker:
+    def _spares(self, role: Role) -> int:
+        return 0 if role == "judge" else self.config.spares
+
+    async def _acquire(self, key: tuple[str, ...]) -> Any:
         assert self._cond is not None
         async with self._cond:
-            k = self._keys.setdefault(key, _Key())
+            k = self._keys.setdefault(key, _Key(key[0]))  # type: ignore[arg-type]
             k.waiting += 1
             try:
                 while True:
@@ -262,45 +380,55 @@ class ReplPool:
                     if k.ready:
                         w = k.ready.popleft()
                         if not w.proc.alive:  # died while idle: forget it
-                            self._live -= 1
+                            self._live[_group(k.role)] -= 1
+                            self._background(w.close())
                             continue
                         self._busy.add(w)
-                        self.stats.max_busy = max(self.stats.max_busy, len(self._busy))
+                        if k.role == "elab":
+                            busy = sum(1 for b in self._busy if isinstance(b, ReplWorker))
+                            self.stats.max_busy = max(self.stats.max_busy, busy)
                         self._event("acquire", w)
                         k.last_used = time.monotonic()
                         self._top_up(key, k)
                         return w
-                    if k.starting < k.waiting and not self._spawn_for(key, k):
-                        pass  # no room: wait for a release
+                    if k.starting < k.waiting:
+                        self._spawn_for(key, k)  # no room: wait for a release
                     await self._cond.wait()
             finally:
                 k.waiting -= 1
 
     def _top_up(self, key: tuple[str, ...], k: _Key) -> None:
-        """Keep ``spares`` warm processes ready (or starting) for a key in use."""
-        while len(k.ready) + k.starting < self.config.spares and self._live < self._cap:
+        """Keep the role's spare warm processes ready (or starting) for a key in use."""
+        group = _group(k.role)
+        while len(k.ready) + k.starting < self._spares(k.role) and self._live[group] < self._cap(
+            k.role
+        ):
             self._spawn(key, k)
 
     def _spawn_for(self, key: tuple[str, ...], k: _Key) -> bool:
-        if self._live >= self._cap and not self._evict(key):
+        if self._live[_group(k.role)] >= self._cap(k.role) and not self._evict(key, k.role):
             return False
         self._spawn(key, k)
         return True
 
-    def _evict(self, key: tuple[str, ...]) -> bool:
-        """Close the least recently used idle process of another key."""
-        others = [(kk, k) for kk, k in self._keys.items() if kk != key and k.ready]
+    def _evict(self, key: tuple[str, ...], role: Role) -> bool:
+        """Close the least recently used idle process of another key of the same cap group."""
+        others = [
+            (kk, k)
+            for kk, k in self._keys.items()
+            if kk != key and k.ready and _group(k.role) == _group(role)
+        ]
         if not others:
             return False
         _, victim = min(others, key=lambda p: p[1].last_used)
         w = victim.ready.pop()
-        self._live -= 1
+        self._live[_group(victim.role)] -= 1
         self.stats.evicted += 1
         self._background(w.close())
         return True
 
     def _spawn(self, key: tuple[str, ...], k: _Key) -> None:
-        self._live += 1
+        self._live[_group(k.role)] += 1
         k.starting += 1
         task = asyncio.ensure_future(self._start_worker(key, k))
         self._starts.add(task)
@@ -312,26 +440,48 @@ class ReplPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _new_worker(self, role: Role, imports: tuple[str, ...]) -> Any:
+        """A process for ``role``: its private folder, minimal environment and sandbox."""
+        cfg = self.config
+        assert self._root is not None and self._handoff is not None and self._root.path
+        folder = self._root.folder(role)
+        env = minimal_env(cfg.env if cfg.env is not None else os.environ, folder)
+        argv = list(cfg.command)
+        if cfg.isolate:
+            readable = [self._handoff] if role == "judge" else []
+            argv = bwrap_argv([folder], readable, hide=[self._root.path]) + argv
+        proc = ReplProcess(
+            argv,
+            cwd=cfg.cwd,
+            env=env,
+            memory_mb=cfg.memory_mb,
+            max_output_mb=cfg.max_output_mb,
+            on_spawn=self._registered(role),
+        )
+        if role == "judge":
+            return JudgeWorker(proc, imports, folder)
+        return ReplWorker(proc, imports, folder)
+
+    def _registered(self, role: Role) -> Any:
+        def on_spawn(pid: int) -> None:
+            self.roles[pid] = role
+            assert self._root is not None
+            self._root.register(pid)
+
+        return on_spawn
+
     async def _start_worker(self, key: tuple[str, ...], k: _Key) -> None:
         cfg = self.config
-        assert self._scratch is not None and self._cond is not None
-        proc = ReplProcess(
-            cfg.command,
-            cwd=cfg.cwd,
-            env=cfg.env,
-            memory_mb=cfg.memory_mb,
-            isolate=cfg.isolate,
-            scratch=self._scratch,
-        )
-        w = ReplWorker(proc, key[1:], self._scratch)
+        assert self._cond is not None
+        w = self._new_worker(k.role, key[1:])
         t0 = time.monotonic()
-        error: WorkerStartError | None = None
+        error: WorkerStartError | JudgeStartError | None = None
         try:
             await w.start(cfg.startup_timeout_s)
         except asyncio.CancelledError:
-            await w.proc.kill()
+            await w.close()
             raise
-        except WorkerStartError as e:
+        except (WorkerStartError, JudgeStartError) as e:
             error = e
         except Exception as e:  # noqa: BLE001 - any start failure is reported the same way
             error = WorkerStartError(f"the Lean REPL did not start: {e}", header_fault=False)
@@ -344,7 +494,7 @@ class ReplPool:
                 k.ready.append(w)
                 self._event("ready", w)
             else:
-                self._live -= 1
+                self._live[_group(k.role)] -= 1
                 if error is not None:
                     self.stats.start_failures += 1
                     if error.header_fault:
@@ -356,56 +506,65 @@ class ReplPool:
                             k.error = error.detail
             self._cond.notify_all()
         if error is not None or self._closed:
-            await w.proc.kill()
+            await w.close()
 
-    async def _release(self, key: tuple[str, ...], w: ReplWorker, *, healthy: bool) -> None:
+    async def _release(self, key: tuple[str, ...], w: Any) -> None:
         assert self._cond is not None
-        recycle = healthy and (
+        recycle = (
             w.attempts >= self.config.recycle_after
             or w.proc.rss_mb() > self.config.recycle_memory_mb
         )
         async with self._cond:
             self._busy.discard(w)
             k = self._keys[key]
-            if healthy and not recycle and not self._closed and w.proc.alive:
+            if not recycle and not self._closed and w.proc.alive:
                 k.ready.append(w)
             else:
-                self._live -= 1
+                self._live[_group(k.role)] -= 1
                 self._event("retire", w)
                 if recycle:
                     self.stats.recycled += 1
                 self._background(w.close())
                 if not self._closed:
                     self._top_up(key, k)
+                    if k.waiting > k.starting:
+                        self._spawn_for(key, k)
             self._cond.notify_all()
 
-    async def _discard(self, key: tuple[str, ...], w: ReplWorker) -> None:
+    async def _discard(self, key: tuple[str, ...], w: Any) -> None:
         """Kill a process that failed an attempt; a replacement starts at once."""
         self.stats.killed += 1
         self._event("kill", w)
         await w.proc.kill()
+        self._background(w.close())
         assert self._cond is not None
         async with self._cond:
             self._busy.discard(w)
-            self._live -= 1
             k = self._keys[key]
+            self._live[_group(k.role)] -= 1
             if not self._closed:
                 self._top_up(key, k)
                 if k.waiting > k.starting:
                     self._spawn_for(key, k)
             self._cond.notify_all()
 
-    def _event(self, what: str, w: ReplWorker) -> None:
-        pid = w.proc.proc.pid if w.proc.proc is not None else -1
-        self.events.append((what, pid))
+    def _event(self, what: str, w: Any) -> None:
+        self.events.append((what, w.proc.pid if w.proc.pid is not None else -1))
 
-    def live_processes(self) -> list[ReplProcess]:
-        """The processes alive now (idle and busy), for tests and diagnostics."""
-        procs = [w.proc for k in self._keys.values() for w in k.ready]
-        return [p for p in procs + [w.proc for w in self._busy] if p.alive]
+    def live_processes(self, role: Role | None = None) -> list[ReplProcess]:
+        """The processes alive now (idle and busy), optionally of one role."""
+        keys = [k for k in self._keys.values() if role is None or k.role == role]
+        procs = [w.proc for k in keys for w in k.ready]
+        busy = [w.proc for w in self._busy if role is None or self.roles.get(w.proc.pid) == role]
+        return [p for p in procs + busy if p.alive]
+
+    @property
+    def scratch(self) -> Path | None:
+        """The pool's scratch root (None before :meth:`start` and after :meth:`close`)."""
+        return self._root.path if self._root is not None else None
 
     async def close(self) -> None:
-        """Stop every process and remove the scratch folder. Idempotent."""
+        """Stop every process and remove the scratch root. Idempotent."""
         self._closed = True
         if self._cond is None:
             return
@@ -414,15 +573,18 @@ class ReplPool:
             for k in self._keys.values():
                 k.ready.clear()
             self._cond.notify_all()
+        # Killed, not asked to exit: busy ones are mid-request; the folders go with the root.
         await asyncio.gather(*(w.proc.kill() for w in workers), return_exceptions=True)
         for t in list(self._starts):
             t.cancel()
         await asyncio.gather(*self._starts, return_exceptions=True)
         # Closing processes: let them finish (each is bounded by a kill after a short wait).
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._live = 0
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+        self._live = {"work": 0, "judge": 0}
+        if self._root is not None:
+            await asyncio.to_thread(self._root.remove)
+        self._root = None
+        self._handoff = None
         self._cond = None
         self._sem = None
         self._keys.clear()

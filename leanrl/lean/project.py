@@ -274,8 +274,21 @@ def doctor(
 ) -> list[Check]:
     """What is installed and what is missing, each with the command that fixes it. With
     ``smoke``, also run the trusted checker once through a real REPL (:func:`smoke_test`)."""
+    from leanrl.lean.trust.containment import isolation_problem
+
     checks: list[Check] = []
     setup = f"leanrl setup --env {env_id}"
+    problem = isolation_problem()
+    checks.append(
+        Check(
+            name="sandbox",
+            ok=problem is None,
+            found="bubblewrap works: Lean processes run isolated" if problem is None else problem,
+            fix=""
+            if problem is None
+            else "apt-get install bubblewrap   (or use the docker runtime)",
+        )
+    )
     for tool in ("elan", "lake", "lean"):
         path = which(tool)
         ver = _version([tool, "--version"]) if path else None
@@ -341,9 +354,19 @@ def doctor(
     return checks
 
 
+FORGED_PREAMBLE = """set_option debug.skipKernelTC true in
+#eval show Lean.Elab.Command.CommandElabM Unit from Lean.Elab.Command.liftCoreM <|
+  Lean.addDecl <| .thmDecl { name := `leanrl_doctor_forged, levelParams := [],
+    type := Lean.mkConst ``False, value := Lean.mkConst ``True.intro }"""
+"""A forgery for :func:`smoke_test`: code run during elaboration adds ``False`` as a theorem
+without the kernel. Only the clean checker's kernel replay can catch it."""
+
+
 def smoke_test(project: Path, timeout: float = 600.0) -> Check:
-    """Start one REPL process, load leanrl's trusted checker into it, and check a tiny proof and
-    a tiny cheat end to end (this is what proves the checker works with this Lean version)."""
+    """Check three attempts end to end through a real REPL pool (elaborating process, trusted
+    checker process, kernel replay): a valid proof must be accepted; a forgery that adds a false
+    theorem without the kernel, and a proof from a new axiom, must be rejected. The pre-scan is
+    off for the two cheats, so the trusted checker itself has to catch them."""
     import asyncio
 
     from leanrl.lean.pool import PoolConfig, ReplPool
@@ -351,27 +374,42 @@ def smoke_test(project: Path, timeout: float = 600.0) -> Check:
 
     async def go() -> Check:
         cmd, cwd = repl_command(project)
+        cmd, env = resolve_lake_env(cmd, cwd)
         pool = ReplPool(
-            PoolConfig(command=cmd, cwd=cwd, workers=1, spares=0, startup_timeout_s=timeout)
+            PoolConfig(
+                command=cmd, cwd=cwd, env=env, workers=1, spares=0, startup_timeout_s=timeout
+            )
         )
         stmt = "theorem leanrl_doctor (a b : Nat) (h : a = b) : b = a := by"
         good = Attempt(name="leanrl_doctor", header="", formal_statement=stmt, proof="exact h.symm")
-        # The pre-scan is off for the cheat, so the trusted check itself must catch it.
-        bad = good.model_copy(
+        unscanned = VerificationPolicy(forbid_tokens=False)
+        forged = good.model_copy(
             update={
-                "proof": "exact cheat.elim",
+                "preamble": FORGED_PREAMBLE,
+                "proof": "exact leanrl_doctor_forged.elim",
+                "policy": unscanned,
+            }
+        )
+        axiom = good.model_copy(
+            update={
                 "preamble": "axiom cheat : False",
-                "policy": VerificationPolicy(forbid_tokens=False),
+                "proof": "exact cheat.elim",
+                "policy": unscanned,
             }
         )
         try:
-            v_good, v_bad = await pool.check([good, bad])
+            v_good, v_forged, v_axiom = await pool.check([good, forged, axiom])
         finally:
             await pool.close()
-        ok = v_good.accepted and v_bad.reason is Reason.AXIOM
-        found = f"valid proof: {v_good.reason.value}; axiom cheat: {v_bad.reason.value}"
+        ok = v_good.accepted and not v_forged.accepted and v_axiom.reason is Reason.AXIOM
+        found = (
+            f"valid proof: {v_good.reason.value}; forged theorem: {v_forged.reason.value}; "
+            f"axiom cheat: {v_axiom.reason.value}"
+        )
+        if v_forged.reason is not Reason.FORBIDDEN:
+            found += f" (the forgery did not reach the kernel replay: {v_forged.detail[:200]})"
         if not ok:
-            found += f" ({v_good.detail or v_bad.detail})"
+            found += f" ({v_good.detail or v_forged.detail or v_axiom.detail})"
         return Check(
             name="checker",
             ok=ok,

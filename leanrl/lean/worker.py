@@ -1,41 +1,25 @@
-"""A warm REPL process for one header, and the check of one attempt in it.
+"""A warm REPL process that elaborates attempts (or runs tactic sessions) for one set of imports.
 
-Start-up (once per process)::
+This process runs model text, so nothing it says can accept a proof. It is started with the
+header's imports only -- never the trusted checker -- and per attempt::
 
-    {"cmd": "import Lean\\nimport Mathlib"}                  -> E_imp  (the header's imports)
-    {"cmd": <LeanrlCheck.lean>, "env": E_imp}                -> E_chk  (trusted checker)
-    {"cmd": <header rest: options, open>, "env": E_imp}      -> env0   (where attempts run)
-    {"cmd": <header rest>, "env": E_chk}                     -> envC   (clean, for checks)
-
-Per attempt::
-
+    {"cmd": <header rest: options, open>, "env": E_imp}      -> env0  (once per header)
     {"cmd": preamble + statement + proof, "env": env0}       -> envK, messages, sorries
-    {"pickleTo": "<scratch>/<nonce>.olean", "env": envK}
-    {"cmd": statement + " sorry", "env": envC}               -> envR   (once per statement)
-    {"cmd": "#eval LeanrlCheck.run ... <nonce>", "env": envR} -> one tagged report
+    {"pickleTo": "<its private folder>/attempt.olean", "env": envK}
 
-The check command is parsed and run in ``envR``, which descends from ``envC`` and never saw the
-attempt: the attempt's macros, notations, options and elaborators do not exist there, and its
-constants are only read from the pickle file as data. A fresh random nonce per check is echoed in
-the report, and the report must be the only tagged message of the check step's own answer.
+Its errors and ``sorries`` can reject the attempt at once (a clean answer proves nothing: the
+attempt's code may have written it). The pickle is then handed, as data, to a judge process
+(:mod:`leanrl.lean.trust.judge`), which alone can accept.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from leanrl.lean.checker import (
-    assemble,
-    check_command,
-    checker_source,
-    parse_report,
-    reference_command,
-    split_header,
-)
-from leanrl.lean.judge import judge_elaboration, judge_report
 from leanrl.lean.messages import from_repl
 from leanrl.lean.protocol import (
     CommandRequest,
@@ -49,11 +33,15 @@ from leanrl.lean.protocol import (
     TacticResponse,
 )
 from leanrl.lean.repl import ReplProcess
+from leanrl.lean.source import assemble, split_header
 from leanrl.lean.tactic_input import as_one_tactic, relocate_positions
+from leanrl.lean.trust.rules import judge_elaboration
 from leanrl.runtime import TacticState
-from leanrl.verdict import Attempt, Reason, Verdict
+from leanrl.verdict import Attempt, Message, Reason, Verdict
 
-__all__ = ["ReplWorker", "WorkerStartError"]
+__all__ = ["Elaboration", "ReplWorker", "WorkerStartError"]
+
+PICKLE_NAME = "attempt.olean"
 
 
 class WorkerStartError(RuntimeError):
@@ -66,42 +54,49 @@ class WorkerStartError(RuntimeError):
         self.header_fault = header_fault
 
 
-class ReplWorker:
-    """One REPL process, warmed for one set of imports (header variants share it)."""
+@dataclass(frozen=True)
+class Elaboration:
+    """What elaborating one attempt gave: a rejection, or the pickle for the judge."""
 
-    def __init__(self, proc: ReplProcess, imports: tuple[str, ...], scratch: Path) -> None:
+    verdict: Verdict | None
+    """A rejection decided from the elaborating process's own answer (errors, sorries)."""
+    messages: tuple[Message, ...]
+    """Lean's messages about the attempt (for the verdict; they decide nothing else)."""
+    pickle: Path | None
+    """Where the process wrote the attempt's environment (inside its private folder)."""
+
+
+class ReplWorker:
+    """One REPL process, warmed for one set of imports (header variants share it). It
+    elaborates model text and never checks anything."""
+
+    def __init__(self, proc: ReplProcess, imports: tuple[str, ...], folder: Path) -> None:
         self.proc = proc
         self.imports = imports
-        self.scratch = scratch
+        self.folder = folder
         self.attempts = 0
         self._e_imp = -1
-        self._e_chk = -1
-        self._headers: dict[str, tuple[int, int]] = {}
-        self._refs: dict[tuple[str, str], int] = {}
+        self._headers: dict[str, int] = {}
 
     async def start(self, timeout: float) -> None:
-        """Spawn and load the imports (the expensive part: ``import Mathlib``) and the checker."""
+        """Spawn and load the imports (the expensive part: ``import Mathlib``)."""
         deadline = time.monotonic() + timeout
         try:
             await self.proc.start()
             self._e_imp = await self._cmd("\n".join(self.imports), None, deadline, "the imports")
-            self._e_chk = await self._cmd(
-                checker_source(), self._e_imp, deadline, "leanrl's checker", header_fault=False
-            )
         except (ProtocolError, OSError, RuntimeError) as e:
             if isinstance(e, WorkerStartError):
                 raise
             raise WorkerStartError(f"the Lean REPL did not start: {e}", header_fault=False) from e
 
-    async def _envs(self, header_rest: str, deadline: float) -> tuple[int, int]:
-        """(env0, envC) for a header's non-import part, elaborated once per process."""
+    async def _env0(self, header_rest: str, deadline: float) -> int:
+        """The environment attempts under this header run in (elaborated once per process)."""
         if header_rest not in self._headers:
-            if header_rest.strip():
-                env0 = await self._cmd(header_rest, self._e_imp, deadline, "the header")
-                env_c = await self._cmd(header_rest, self._e_chk, deadline, "the header")
-            else:
-                env0, env_c = self._e_imp, self._e_chk
-            self._headers[header_rest] = (env0, env_c)
+            self._headers[header_rest] = (
+                await self._cmd(header_rest, self._e_imp, deadline, "the header")
+                if header_rest.strip()
+                else self._e_imp
+            )
         return self._headers[header_rest]
 
     async def _cmd(
@@ -125,65 +120,39 @@ class ReplWorker:
     async def _ask(self, req: Request, deadline: float) -> Response:
         return await self.proc.request(req, _left(deadline))
 
-    async def check(self, attempt: Attempt, timeout: float) -> Verdict:
-        """Elaborate the attempt, then run the trusted check. Process failures propagate."""
+    async def elaborate(self, attempt: Attempt, timeout: float) -> Elaboration:
+        """Elaborate the attempt and pickle its environment. Process failures propagate."""
         deadline = time.monotonic() + timeout
         self.attempts += 1
+        path = self.folder / PICKLE_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # whatever an earlier attempt's code left there
         try:
-            env0, env_c = await self._envs(split_header(attempt.header)[1], deadline)
+            env0 = await self._env0(split_header(attempt.header)[1], deadline)
         except WorkerStartError as e:
             if not e.header_fault:
                 raise ProtocolError(e.detail) from e
-            return Verdict.reject(Reason.ERROR, f"taskset header problem: {e.detail}")
+            bad = Verdict.reject(Reason.ERROR, f"taskset header problem: {e.detail}")
+            return Elaboration(bad, (), None)
         asm = assemble(attempt)
-        ans = await self._ask(CommandRequest(cmd=asm.text, env=env0), deadline)
+        ans = await self.proc.request(CommandRequest(cmd=asm.text, env=env0), _left(deadline))
         if isinstance(ans, TacticResponse):
             raise ProtocolError("the REPL answered a command with a proof state")
         verdict, messages = judge_elaboration(attempt, asm, ans)
         if verdict is not None:
-            return verdict
+            return Elaboration(verdict, messages, None)
         assert isinstance(ans, CommandResponse)
-        nonce = secrets.token_hex(16)
-        path = self.scratch / f"{nonce}.olean"
-        try:
-            pick = await self._ask(PickleEnvRequest(pickleTo=str(path), env=ans.env), deadline)
-            if isinstance(pick, ReplError):
-                return Verdict.reject(
-                    Reason.INFRA, f"pickling the attempt failed: {pick.message}", messages=messages
-                )
-            env_ref = await self._reference(attempt.formal_statement, env_c, deadline)
-            if isinstance(env_ref, str):
-                return Verdict.reject(Reason.ERROR, env_ref, messages=messages)
-            cmd = check_command(
-                str(path), attempt.name, nonce, olean=False, replay=attempt.policy.kernel_replay
+        pick = await self.proc.request(
+            PickleEnvRequest(pickleTo=str(path), env=ans.env), _left(deadline)
+        )
+        if isinstance(pick, ReplError):
+            failed = Verdict.reject(
+                Reason.INFRA, f"pickling the attempt failed: {pick.message}", messages=messages
             )
-            rep = await self._ask(CommandRequest(cmd=cmd, env=env_ref), deadline)
-        finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        if isinstance(rep, ReplError):
-            return judge_report(attempt, f"the trusted check failed: {rep.message}", messages)
-        if not isinstance(rep, CommandResponse):
-            raise ProtocolError("the REPL answered the check with a proof state")
-        return judge_report(attempt, parse_report(rep.messages, nonce), messages)
-
-    async def _reference(self, statement: str, env_c: int, deadline: float) -> int | str:
-        """The clean environment holding the reference statement (cached per statement)."""
-        key = (statement, str(env_c))
-        if key in self._refs:
-            return self._refs[key]
-        ans = await self._ask(CommandRequest(cmd=reference_command(statement), env=env_c), deadline)
-        if isinstance(ans, ReplError):
-            return f"the reference statement could not be elaborated: {ans.message}"
-        if not isinstance(ans, CommandResponse):
-            raise ProtocolError("unexpected answer to the reference statement")
-        if ans.errors:
-            return (
-                "the reference statement itself does not elaborate in a clean environment "
-                f"(a taskset problem): {ans.errors[0].data[:300]}"
-            )
-        self._refs[key] = ans.env
-        return ans.env
+            return Elaboration(failed, messages, None)
+        if not isinstance(pick, CommandResponse):
+            raise ProtocolError("the REPL answered a pickle request with a proof state")
+        return Elaboration(None, messages, path)
 
     # -- tactic mode ----------------------------------------------------------------------------
 
@@ -194,7 +163,7 @@ class ReplWorker:
         deadline = time.monotonic() + timeout
         self.attempts += 1  # a proof started counts towards ``recycle_after`` like a check
         try:
-            env0, _ = await self._envs(split_header(header)[1], deadline)
+            env0 = await self._env0(split_header(header)[1], deadline)
         except WorkerStartError as e:
             if not e.header_fault:
                 raise ProtocolError(e.detail) from e
@@ -242,8 +211,9 @@ class ReplWorker:
         return TacticState(proof_state=ans.proof_state, goals=ans.goals, messages=messages)
 
     async def close(self) -> None:
-        """Stop the process."""
+        """Stop the process and remove its folder."""
         await self.proc.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _left(deadline: float) -> float:

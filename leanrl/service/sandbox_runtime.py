@@ -58,6 +58,7 @@ _INNER_FIELDS = (
     "memory_mb",
     "recycle_after",
     "recycle_memory_mb",
+    "judges",
     "isolate",
     "startup_timeout_s",
 )
@@ -84,6 +85,8 @@ def inner_runtime_args(
         value = getattr(config, f)
         if f == "workers" and not value and cpus is not None:
             value = max(1, int(cpus))
+        if value is None:
+            continue  # "auto": the service inside decides (and warns) for itself
         if isinstance(value, bool):
             args.append(f"--runtime.{f}" if value else f"--no-runtime.{f}")
         else:
@@ -108,6 +111,8 @@ def batch_timeouts(
     gives up; a retried request then never races the first one.
     """
     workers = config.workers or max(1, int(cpus))
+    # Each attempt: elaboration and the trusted check within the per-attempt limit, and the
+    # check's floor of a few seconds (leanrl.lean.trust.judge.CHECK_FLOOR_S) inside the slack.
     need = -(-batch_size // workers) * (config.timeout_s + 5.0) + config.startup_timeout_s
     if "request_timeout_s" not in service.model_fields_set:
         service = service.model_copy(

@@ -1,14 +1,20 @@
 """The ``local`` runtime: a pool of warm Lean REPL processes on this machine (or one-shot ``lean``).
 
-Configured by :class:`~leanrl.RuntimeConfig` (``mode``, ``workers``, ``timeout_s``, ``memory_mb``,
-``recycle_after``, ``recycle_memory_mb``, ``isolate``, ``lean_project``). Keys understood in
-``RuntimeConfig.options``: ``spares`` (warm spare processes, default 1), ``repl_command`` and
-``lean_command`` (explicit command lines, for custom installs and for tests), ``cwd``.
+Configured by :class:`~leanrl.RuntimeConfig` (``mode``, ``workers``, ``judges``, ``timeout_s``,
+``memory_mb``, ``recycle_after``, ``recycle_memory_mb``, ``isolate``, ``lean_project``). Keys
+understood in ``RuntimeConfig.options``: ``spares`` (warm spare processes, default 1),
+``repl_command`` and ``lean_command`` (explicit command lines, for custom installs and for
+tests), ``cwd``.
+
+Lean processes are started directly (``lake env`` is resolved once, here), with a minimal
+environment, and under bubblewrap wherever it works (see
+:mod:`leanrl.lean.trust.containment`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -22,11 +28,40 @@ from leanrl.lean.project import find_project, lean_command, repl_command, resolv
 from leanrl.lean.protocol import ProtocolError
 from leanrl.lean.repl import ReplDied, ReplMemory, ReplTimeout
 from leanrl.lean.tactic_input import prescan_tactic
+from leanrl.lean.trust.containment import isolation_problem
 from leanrl.lean.worker import ReplWorker
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
 from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
-__all__ = ["LocalRuntime", "LocalTacticSession"]
+__all__ = ["LocalRuntime", "LocalTacticSession", "resolve_isolation"]
+
+log = logging.getLogger("leanrl.runtime")
+
+
+def resolve_isolation(isolate: bool | None) -> bool:
+    """``RuntimeConfig.isolate`` made definite: True/False as given (True fails without
+    bubblewrap), None as "wherever bubblewrap works", with a loud warning where it does not."""
+    if isolate is False:
+        return False
+    problem = isolation_problem()
+    if problem is None:
+        return True
+    if isolate:
+        raise RuntimeUnavailable(
+            f"runtime.isolate is on but {problem}. Install bubblewrap, or set "
+            "--env.runtime.isolate false to run Lean without a sandbox"
+        )
+    log.warning(
+        "\n%s\nLean processes run WITHOUT a sandbox: %s.\nVerdicts stay sound (every proof "
+        "is replayed in a clean checker process), but a proof that manages to run code could "
+        "read other attempts' files, this user's files, or the network. Install bubblewrap "
+        "(apt-get install bubblewrap) or use the docker runtime; set --env.runtime.isolate "
+        "false to silence this.\n%s",
+        "!" * 78,
+        problem,
+        "!" * 78,
+    )
+    return False
 
 
 class LocalRuntime(Runtime):
@@ -78,14 +113,15 @@ class LocalRuntime(Runtime):
         if self.pool is not None or self.oneshot is not None:
             return
         cfg = self.config
+        isolate = await asyncio.to_thread(resolve_isolation, cfg.isolate)
         if cfg.mode == "repl":
-            cmd = self._option_command("repl_command")
+            found = self._option_command("repl_command")
             cwd: Path | None = None
-            env: dict[str, str] | None = None
-            if cmd is None:
-                cmd, cwd = repl_command(find_project(cfg.lean_project))
-            if cfg.isolate:
-                cmd, env = resolve_lake_env(cmd, cwd)
+            if found is None:
+                found, cwd = repl_command(find_project(cfg.lean_project))
+            # Run the REPL itself, not `lake env` around it: lake could write to the project
+            # (read-only in the sandbox), and the REPL must be the child that dies with us.
+            cmd, env = await asyncio.to_thread(resolve_lake_env, found, cwd)
             spares = int(cfg.options.get("spares", 1))
             self.pool = ReplPool(
                 PoolConfig(
@@ -94,23 +130,22 @@ class LocalRuntime(Runtime):
                     env=env,
                     workers=self._workers(),
                     spares=spares,
+                    judges=cfg.judges or None,
                     timeout_s=cfg.timeout_s,
                     memory_mb=cfg.memory_mb,
                     recycle_after=cfg.recycle_after,
                     recycle_memory_mb=cfg.recycle_memory_mb,
-                    isolate=cfg.isolate,
+                    isolate=isolate,
                     startup_timeout_s=cfg.startup_timeout_s,
                 )
             )
             await self.pool.start()
         else:
-            cmd = self._option_command("lean_command")
+            found = self._option_command("lean_command")
             cwd = None
-            env = None
-            if cmd is None:
-                cmd, cwd = lean_command(find_project(cfg.lean_project))
-            if cfg.isolate:
-                cmd, env = resolve_lake_env(cmd, cwd)
+            if found is None:
+                found, cwd = lean_command(find_project(cfg.lean_project))
+            cmd, env = await asyncio.to_thread(resolve_lake_env, found, cwd)
             self.oneshot = OneShotChecker(
                 cmd,
                 cwd=self._cwd(cwd),
@@ -118,7 +153,7 @@ class LocalRuntime(Runtime):
                 workers=self._workers(),
                 timeout_s=cfg.timeout_s,
                 memory_mb=cfg.memory_mb,
-                isolate=cfg.isolate,
+                isolate=isolate,
             )
             try:
                 await self.oneshot.start()

@@ -3,22 +3,24 @@
 Every rule of :class:`~leanrl.VerificationPolicy` is decided here, from three inputs that the
 runtimes collect in order:
 
-1. the pre-scan of the model's text (:func:`leanrl.lean.forbidden.scan`), before Lean runs;
-2. Lean's answer to elaborating the attempt (errors, ``sorries``);
-3. the trusted checker's report (:class:`~leanrl.lean.checker.CheckReport`), produced in a clean
-   environment after the attempt.
+1. the pre-scan of the model's text (:mod:`leanrl.lean.trust.syntax`), before Lean runs;
+2. the elaborating process's answer (errors, ``sorries``). That process may have run the
+   attempt's code, so its answer can only ever *reject*: a clean answer from it proves nothing;
+3. the trusted checker's report (:class:`~leanrl.lean.trust.report.CheckReport`), produced by a
+   judge process that never ran model text. Only this report can accept.
 
 Nothing here depends on the wording of Lean's messages: errors are recognised by severity, sorries
 by the REPL's structured ``sorries`` list and by the ``sorryAx`` axiom, native code by the axioms
-it leaves behind. Keeping this pure makes every rule testable without Lean.
+the checker classified. Keeping this pure makes every rule testable without Lean.
 """
 
 from __future__ import annotations
 
-from leanrl.lean.checker import Assembled, CheckReport, model_text
 from leanrl.lean.forbidden import scan
 from leanrl.lean.messages import from_repl
 from leanrl.lean.protocol import CommandResponse, ReplError
+from leanrl.lean.source import Assembled, model_text
+from leanrl.lean.trust.report import CheckReport
 from leanrl.verdict import Attempt, Message, Reason, Verdict
 
 __all__ = [
@@ -30,7 +32,8 @@ __all__ = [
 ]
 
 SORRY_AXIOM = "sorryAx"
-#: Axioms that mean "trust the compiler": `native_decide` and `Lean.ofReduceBool` leave these.
+#: Axioms of Lean's core that mean "trust the compiler". Recent versions of ``native_decide``
+#: leave auxiliary axioms of their own instead; the checker reports those in ``native``.
 NATIVE_AXIOMS = frozenset({"Lean.ofReduceBool", "Lean.ofReduceNat", "Lean.trustCompiler"})
 
 _STATEMENT = {"missing", "wrong_kind", "type_mismatch", "helper_mismatch"}
@@ -39,12 +42,22 @@ _PRIORITY = [Reason.FORBIDDEN, Reason.AXIOM, Reason.NATIVE, Reason.SORRY]
 
 
 def judge_prescan(attempt: Attempt) -> Verdict | None:
-    """Reject before Lean runs: empty proof, or a forbidden construct in the model's text."""
+    """Reject before Lean runs: empty or oversized proof, or a construct the pre-scan does not
+    allow in the model's text. CPU-bound: call it off the event loop for large batches."""
     if not attempt.proof.strip():
         return Verdict.reject(Reason.NO_PROOF, "the proof is empty", id=attempt.id)
+    text = model_text(attempt)
+    limit = attempt.policy.max_proof_chars
+    if len(text) > limit:
+        return Verdict.reject(
+            Reason.TOO_LARGE,
+            f"the model's text is {len(text):,} characters, over the limit of {limit:,} "
+            "(VerificationPolicy.max_proof_chars)",
+            id=attempt.id,
+        )
     if not attempt.policy.forbid_tokens:
         return None
-    findings = scan(model_text(attempt), attempt.policy)
+    findings = scan(text, attempt.policy)
     if not findings:
         return None
     findings.sort(key=lambda f: _PRIORITY.index(f.reason))
@@ -99,6 +112,14 @@ def judge_report(
             f"statement check failed ({report.status}): {report.detail}",
             **kw,
         )
+    if report.status == "replay_failed" and report.uses_reduce:
+        return Verdict.reject(
+            Reason.NATIVE,
+            "the proof needs compiled code to check (`Lean.reduceBool`/`Lean.reduceNat`, as "
+            "`native_decide` used them before Lean's auxiliary-axiom scheme); the clean checker "
+            "never runs the attempt's code, so it cannot be replayed: " + report.detail,
+            **kw,
+        )
     if report.status in _TAMPER:
         return Verdict.reject(
             Reason.FORBIDDEN,
@@ -111,14 +132,23 @@ def judge_report(
         return Verdict.reject(Reason.STATEMENT_CHANGED, f"{attempt.name} is a {report.kind}", **kw)
     if SORRY_AXIOM in axioms:
         return Verdict.reject(Reason.SORRY, "depends on `sorry` (sorryAx)", **kw)
-    native = [a for a in axioms if a in NATIVE_AXIOMS]
+    if report.inductives and not policy.allow_new_inductives:
+        return Verdict.reject(
+            Reason.FORBIDDEN,
+            f"the proof depends on inductive types it declares ({', '.join(report.inductives)}); "
+            "the kernel of this Lean version has known soundness bugs in inductive declarations "
+            "(lean4#14576, lean4#14807), so they are refused unless the taskset sets "
+            "allow_new_inductives",
+            **kw,
+        )
+    native = sorted(set(report.native) | {a for a in axioms if a in NATIVE_AXIOMS})
     if native and not policy.allow_native_decide:
         return Verdict.reject(
             Reason.NATIVE,
             f"trusts compiled code ({', '.join(native)}); the policy does not allow it",
             **kw,
         )
-    allowed = set(policy.allowed_axioms) | (NATIVE_AXIOMS if policy.allow_native_decide else set())
+    allowed = set(policy.allowed_axioms) | (set(native) if policy.allow_native_decide else set())
     allowed.discard(SORRY_AXIOM)
     extra = [a for a in axioms if a not in allowed]
     if extra:

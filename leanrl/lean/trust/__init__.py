@@ -1,0 +1,17 @@
+"""leanrl's trust boundary: everything that decides whether a proof is accepted, in one place.
+
+Read docs/verification.md (the threat model) first. The modules, in the order an attempt meets
+them:
+
+- ``lexer`` / ``syntax``: the pre-scan of the model's text (a cheap first filter with clear
+  messages; never the defence);
+- ``containment``: what a Lean process can see, inherit and outlive;
+- ``judge``: the trusted checker processes, which never run model text, and the hand-off of an
+  attempt's compiled constants to them;
+- ``LeanrlCheck.lean`` and ``report``: the checker itself and how its report is read;
+- ``rules``: the verification policy as pure functions, Lean's facts in, a Verdict out.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,125 @@
+"""The trusted checker's Lean text, and reading its report.
+
+The checker (``LeanrlCheck.lean``) runs in a judge process that never elaborated model text
+(:mod:`leanrl.lean.trust.judge`). There, the reference statement is elaborated with ``sorry``
+(:func:`reference_command`), and one ``#eval`` (:func:`check_command`) reads the attempt's
+constants from a file as data and logs one ``LEANRL-CHECK <json>`` info message carrying a nonce
+made after the attempt was elaborated. :func:`parse_report` accepts exactly one such message from
+the judge's own answer, with no error beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from leanrl.lean.protocol import ReplMessage
+
+__all__ = [
+    "CHECK_TAG",
+    "CheckReport",
+    "check_command",
+    "checker_source",
+    "lean_string",
+    "parse_report",
+    "reference_command",
+]
+
+CHECK_TAG = "LEANRL-CHECK "
+"""Prefix of the checker's one info message."""
+
+
+@cache
+def checker_source() -> str:
+    """The trusted Lean checker (``LeanrlCheck.lean``, shipped with the package)."""
+    here = resources.files("leanrl.lean.trust")
+    return here.joinpath("LeanrlCheck.lean").read_text(encoding="utf-8")
+
+
+def lean_string(s: str) -> str:
+    """A Lean string literal for ``s``."""
+    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{out}"'
+
+
+def reference_command(formal_statement: str) -> str:
+    """The reference statement with a ``sorry`` proof, elaborated in the clean environment."""
+    return formal_statement.rstrip() + "\n  sorry\n"
+
+
+def check_command(path: str, name: str, nonce: str, *, olean: bool, replay: bool) -> str:
+    """The ``#eval`` that runs the trusted check (in the judge's clean environment).
+
+    ``LeanrlCheck.run`` is a ``CoreM`` action; it is lifted to ``CommandElabM`` because before
+    Lean's ``#eval`` rewrite (lean4#5627) ``#eval`` ran a ``CoreM`` action on a fresh message log
+    and dropped the report it logs, while a ``CommandElabM`` action logs into the command's own
+    messages in every Lean version.
+    """
+    flag = {True: "true", False: "false"}
+    return (
+        f"#eval LeanrlCheck.run {lean_string(path)} {lean_string(name)} {lean_string(nonce)} "
+        f"{flag[olean]} {flag[replay]} |> Lean.Elab.Command.liftCoreM\n"
+    )
+
+
+class CheckReport(BaseModel):
+    """What the trusted checker found (facts only; the policy is applied in Python)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    nonce: str
+    """Echo of the per-check nonce."""
+    status: str
+    """``ok``, ``missing``, ``wrong_kind``, ``type_mismatch``, ``helper_mismatch``,
+    ``missing_dependency``, ``no_reference`` or ``replay_failed``."""
+    detail: str = ""
+    """Why, when ``status`` is not ``ok``."""
+    kind: str = "missing"
+    """Kind of the attempt's declaration (``theorem``, ``def``, ... or ``missing``)."""
+    ref_kind: str = "missing"
+    """Kind of the reference declaration."""
+    axioms: tuple[str, ...] = ()
+    """Axioms the attempt's declaration depends on (transitively)."""
+    native: tuple[str, ...] = ()
+    """Those of ``axioms`` that stand for a compiled-code evaluation: ``Lean.ofReduceBool``,
+    ``Lean.ofReduceNat``, ``Lean.trustCompiler``, and the auxiliary axioms recent Lean versions
+    make for ``native_decide`` -- recognised by their shape (``aux = true`` for a definition
+    ``aux : Bool`` of the attempt), not by their name."""
+    uses_reduce: bool = False
+    """The proof mentions ``Lean.reduceBool``/``Lean.reduceNat``: the kernel would have to run
+    compiled code to check it."""
+    inductives: tuple[str, ...] = ()
+    """New inductive types (``inductive``, ``structure``, ``class``) the theorem depends on."""
+    constants: tuple[str, ...] = ()
+    """Every constant the attempt added."""
+    replayed: bool = False
+    """True when the kernel replay ran and accepted everything."""
+    extra: dict[str, str] = Field(default_factory=dict)
+    """Anything else the checker said (forward compatibility)."""
+
+
+def parse_report(
+    messages: tuple[ReplMessage, ...] | list[ReplMessage], nonce: str
+) -> CheckReport | str:
+    """The checker's report from the messages of the check step, or why there is none.
+
+    Exactly one message must carry the tag and the right nonce, and the step must have produced
+    no error: anything else means the check did not run as intended.
+    """
+    errors = [m.data for m in messages if m.severity == "error"]
+    if errors:
+        return "the trusted check failed to run: " + errors[0][:500]
+    tagged = [m.data for m in messages if m.data.startswith(CHECK_TAG)]
+    if len(tagged) != 1:
+        return f"the trusted check produced {len(tagged)} reports (expected exactly 1)"
+    try:
+        obj = json.loads(tagged[0][len(CHECK_TAG) :])
+        report = CheckReport.model_validate(obj)
+    except (ValueError, TypeError) as e:
+        return f"the trusted check's report is unreadable: {e}"
+    if report.nonce != nonce:
+        return "the trusted check's report carries the wrong nonce"
+    return report
