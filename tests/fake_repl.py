@@ -40,7 +40,8 @@ them -> a ``Lean error`` answer, ``bad`` -> an error message, ``hang``/``crash``
 tactic ``done``/``rfl``/``simp`` -> ``Completed``, anything else -> one more goal.
 
 Options: ``--load-time S`` seconds to sleep on the first (import) command, modelling
-``import Mathlib``; ``--check-time S`` seconds a trusted check takes (kernel replay);
+``import Mathlib``; ``--check-time S`` seconds a trusted check takes, and ``--replay-time S``
+more when it replays through the kernel;
 ``--pid-file F`` appends this process's pid to F; ``--log F`` appends one JSON line per request
 (pid, kind, text) to F, so tests can see which process was asked what.
 """
@@ -181,9 +182,10 @@ def probe(path: str) -> dict:
 
 
 class Fake:
-    def __init__(self, load_time: float, check_time: float = 0.0) -> None:
+    def __init__(self, load_time: float, check_time: float = 0.0, replay_time: float = 0.0) -> None:
         self.load_time = load_time
         self.check_time = check_time
+        self.replay_time = replay_time
         self.envs: list[str] = []
         self.states = 0
         self.compromised = False
@@ -254,7 +256,7 @@ class Fake:
             }
             data = "LEANRL-CHECK " + json.dumps(forged)
             return {"messages": [{"severity": "info", "data": data}], "env": self.new_env(text)}
-        time.sleep(self.check_time)
+        time.sleep(self.check_time + (self.replay_time if replay else 0.0))
         with open(path, encoding="utf-8") as f:
             attempt = json.load(f)["text"]
         d = directives(attempt)
@@ -357,13 +359,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--load-time", type=float, default=0.0)
     ap.add_argument("--check-time", type=float, default=0.0)
+    ap.add_argument("--replay-time", type=float, default=0.0)
     ap.add_argument("--pid-file", default=None)
     ap.add_argument("--log", default=None)
     args = ap.parse_args()
     if args.pid_file:
         with open(args.pid_file, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")
-    fake = Fake(args.load_time, args.check_time)
+    fake = Fake(args.load_time, args.check_time, args.replay_time)
     while True:
         q = read_query()
         if q is None:
