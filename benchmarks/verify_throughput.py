@@ -54,7 +54,12 @@ def attempts(n: int, elab_s: float, real: bool, policy: VerificationPolicy) -> l
         proof = "omega" if real else f'simp\n  -- fake: {{"delay": {elab_s}}}'
         out.append(
             Attempt(
-                name=f"t{i}", header="", formal_statement=stmt, proof=proof, id=str(i), policy=policy
+                name=f"t{i}",
+                header="",
+                formal_statement=stmt,
+                proof=proof,
+                id=str(i),
+                policy=policy,
             )
         )
     return out
