@@ -22,6 +22,8 @@ Behaviour is chosen by directive lines inside a command's text::
     -- fake: {"forge_answer": 0}         print a fake answer naming environment 0 first
     -- fake: {"flood_mb": 100}           print that much non-JSON output before answering
     -- fake: {"orphan": true}            start a child that keeps stdout open, then exit(3)
+    -- fake: {"spawn": "/some/file"}     start a child that keeps running (it writes its pid to
+                                         the file), and answer normally
     -- fake: {"compromise": true}        act as a process the attempt took over: hide this
                                          command's sorries and errors, and from now on answer
                                          every trusted check with a forged "ok" report
@@ -138,6 +140,12 @@ def behave(d: dict) -> dict | None:
         sys.exit(3)
     if d.get("crash"):
         sys.exit(3)
+    if d.get("spawn"):
+        import subprocess
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        with open(d["spawn"], "w", encoding="utf-8") as f:
+            f.write(str(child.pid))
     if d.get("hang"):
         while True:
             time.sleep(3600)

@@ -413,6 +413,25 @@ async def test_a_crash_whose_child_holds_the_pipe_is_reported_at_once() -> None:
     assert not [q for q in orphans if q.status() != psutil.STATUS_ZOMBIE]
 
 
+async def test_what_an_attempt_started_dies_with_the_attempt(tmp_path: Path) -> None:
+    """Leak: a process the attempt's code started could outlive it in a warm REPL (and rewrite
+    files or disturb the next attempt). It is killed when the attempt ends; the REPL stays."""
+    pid_file = tmp_path / "child.pid"
+    p = make_pool()
+    try:
+        vs = await p.check([att(spawn=str(pid_file), i=0)])
+        repl = p.live_processes("elab")
+        child = int(pid_file.read_text())
+        await asyncio.sleep(0.1)
+        alive = _running(child)
+        vs += await p.check([att(i=1)])
+    finally:
+        await p.close()
+    assert [v.reason for v in vs] == [Reason.OK, Reason.OK]
+    assert not alive and p.stats.strays_killed == 1
+    assert len(repl) == 1 and p.stats.killed == 0  # the REPL itself was kept
+
+
 async def test_the_prescan_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault: a batch of long texts stalled the event loop in the pre-scan, which turned into
     false timeouts of every other attempt. The pre-scan now runs in a worker thread."""

@@ -123,6 +123,9 @@ class PoolStats(BaseModel):
     """Attempts that reached an elaborating process."""
     judged: int = 0
     """Attempts that reached a judge."""
+    strays_killed: int = 0
+    """Processes an attempt's code started inside an elaborating or tactic process, killed when
+    the attempt (or session) ended."""
     start_seconds: float = 0.0
     """Total time spent starting processes."""
     max_busy: int = 0
@@ -244,6 +247,8 @@ class ReplPool:
             t0 = time.monotonic()
             try:
                 elab = await worker.elaborate(attempt, self.config.timeout_s)
+                # Nothing the attempt's code started may outlive it (or touch its pickle).
+                self.stats.strays_killed += worker.end_attempt()
                 if elab.verdict is None and elab.pickle is not None:
                     # Copied while this process is still ours: nothing else writes there.
                     copy = await asyncio.to_thread(
@@ -346,6 +351,7 @@ class ReplPool:
         if broken:
             await self._discard(key, worker)
         else:
+            self.stats.strays_killed += worker.end_attempt()
             await self._release(key, worker)
 
     def _near_cap(self, w: Any) -> bool:

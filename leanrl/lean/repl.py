@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -107,6 +108,7 @@ class ReplProcess:
         self._reader: asyncio.Task[None] | None = None
         self._budget = self.max_output_bytes
         self._next_env = 0  # the REPL numbers environments in order
+        self._spine: set[int] = set()
 
     @property
     def pid(self) -> int | None:
@@ -157,6 +159,24 @@ class ReplProcess:
         mb = total / (1024 * 1024)
         self.peak_rss_mb = max(self.peak_rss_mb, mb)
         return mb
+
+    def mark_spine(self) -> None:
+        """Remember the processes that make up this REPL now (it, a sandbox's init): any other
+        descendant that appears later was started by an attempt (see :meth:`kill_strays`)."""
+        if self.alive and self.proc is not None:
+            self._spine = set(_tree(self.proc.pid))
+
+    def kill_strays(self) -> int:
+        """Kill every descendant that is not part of the REPL itself: what an attempt's code
+        started must not outlive the attempt (it could rewrite files or disturb the next one).
+        Returns how many were killed. Cheap: it reads only this process tree."""
+        if not self.alive or self.proc is None or not self._spine:
+            return 0
+        strays = [p for p in _tree(self.proc.pid) if p not in self._spine and not _zombie(p)]
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return len(strays)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -421,6 +441,15 @@ def _children(pid: int) -> list[int] | None:
         except (OSError, ValueError):
             continue
     return kids
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (killing it again does nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _private_bytes(pid: int) -> int:

@@ -84,6 +84,7 @@ class ReplWorker:
         try:
             await self.proc.start()
             self._e_imp = await self._cmd("\n".join(self.imports), None, deadline, "the imports")
+            self.proc.mark_spine()
         except (ProtocolError, OSError, RuntimeError) as e:
             if isinstance(e, WorkerStartError):
                 raise
@@ -153,6 +154,10 @@ class ReplWorker:
         if not isinstance(pick, CommandResponse):
             raise ProtocolError("the REPL answered a pickle request with a proof state")
         return Elaboration(None, messages, path)
+
+    def end_attempt(self) -> int:
+        """Kill whatever the attempt's code started (see :meth:`ReplProcess.kill_strays`)."""
+        return self.proc.kill_strays()
 
     # -- tactic mode ----------------------------------------------------------------------------
 

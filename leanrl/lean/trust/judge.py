@@ -135,6 +135,7 @@ class JudgeWorker:
             self._e_chk = await self._cmd(
                 checker_source(), e_imp, deadline, "leanrl's checker", header_fault=False
             )
+            self.proc.mark_spine()
         except (ProtocolError, OSError, RuntimeError) as e:
             if isinstance(e, JudgeStartError):
                 raise
