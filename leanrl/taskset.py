@@ -19,14 +19,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leanrl._hub import hub_offline, hub_reachable
+from leanrl.decontam_config import DecontaminationConfig
 from leanrl.errors import ConfigError, DatasetError
 from leanrl.task import Task
 from leanrl.verdict import Verdict, VerificationPolicy
 
 if TYPE_CHECKING:
+    from leanrl.decontam import DecontaminationReport
     from leanrl.rollout import Rollout
 
-__all__ = ["ColumnMap", "RawRow", "Taskset", "TasksetConfig"]
+__all__ = [
+    "ColumnMap",
+    "RawRow",
+    "Taskset",
+    "TasksetConfig",
+    "declared_name",
+    "strip_sorry_proof",
+]
 
 
 class ColumnMap(BaseModel):
@@ -49,6 +58,9 @@ class ColumnMap(BaseModel):
     ``informal_stmt``, ``informal_prefix``, ``nl_statement``)."""
     split: str | None = None
     """Column with the split name, for files that hold several splits (default: ``split``)."""
+    name_from_statement: bool = False
+    """Take the name from the theorem the statement declares, for corpora without a name column
+    (Goedel-Pset, NuminaMath-LEAN); ``name``, when given, still wins."""
 
 
 # The spellings public datasets use for each field, tried in order when no column is named.
@@ -77,8 +89,12 @@ class TasksetConfig(BaseModel):
     unset, the taskset loads from the Hugging Face hub (``hub_id``)."""
     hub_id: str | None = None
     """Hugging Face dataset id to load instead of the taskset's default."""
+    revision: str | None = None
+    """Hub revision (commit, tag or branch) to load; default: the taskset's pinned revision, if
+    it has one. Ignored for local files."""
     split: str | None = "test"
-    """Split to keep (``test``, ``valid``, ...). ``None`` keeps every split."""
+    """Split to keep (``test``, ``valid``, ...). ``None`` keeps every split. Training corpora
+    (``goedel-pset``, ``lean-workbook``, ...) use ``train`` unless a split is given."""
     limit: int | None = Field(default=None, ge=1)
     """Keep at most this many tasks (after filtering and shuffling)."""
     names: list[str] | None = None
@@ -96,6 +112,9 @@ class TasksetConfig(BaseModel):
     shortest_proof_bonus: float = Field(default=0.0, ge=0.0)
     """Reward shaping: extra reward for the shortest accepted proof in a group of samples of the
     same task. 0 (the default) keeps the reward binary."""
+    decontaminate: DecontaminationConfig = Field(default_factory=DecontaminationConfig)
+    """Drop rows that match a row of the evaluation benchmarks (off until ``against`` names
+    some); see ``leanrl decontaminate``."""
 
     @field_validator("split")
     @classmethod
@@ -129,6 +148,14 @@ class Taskset:
     """One line for ``leanrl envs``."""
     hub_id: ClassVar[str | None] = None
     """Default Hugging Face dataset id."""
+    hub_revision: ClassVar[str | None] = None
+    """The hub revision (commit) the taskset is pinned to (None: the hub's newest)."""
+    default_split: ClassVar[str | None] = "test"
+    """The split kept when the config does not name one (training corpora: ``train``)."""
+    default_columns: ClassVar[ColumnMap] = ColumnMap()
+    """Column names of the taskset's source; ``config.columns`` overrides them field by field."""
+    default_header: ClassVar[str] = ""
+    """Header for rows that carry none (neither a header column nor imports in the statement)."""
     filename: ClassVar[str | None] = None
     """The file to look for when ``config.path`` is a folder."""
     lean_toolchain: ClassVar[str | None] = None
@@ -141,6 +168,21 @@ class Taskset:
     def __init__(self, config: TasksetConfig | None = None) -> None:
         self.config = config or TasksetConfig()
         self._tasks: list[Task] | None = None
+        self.decontamination: DecontaminationReport | None = None
+        """What ``config.decontaminate`` dropped (set by :meth:`tasks`, None when it is off)."""
+
+    @property
+    def split(self) -> str | None:
+        """The split kept: the configured one, or the taskset's default when none was given."""
+        if "split" in self.config.model_fields_set:
+            return self.config.split
+        return self.default_split
+
+    @property
+    def columns(self) -> ColumnMap:
+        """The column map: the taskset's defaults, with the configured fields laid over them."""
+        given = self.config.columns.model_dump(exclude_unset=True)
+        return self.default_columns.model_copy(update=given)
 
     # -- the hook -------------------------------------------------------------------------------
 
@@ -154,13 +196,25 @@ class Taskset:
 
     def row_to_task(self, row: RawRow) -> Task:
         """Turn one raw row into a Task (validated). Override to add fields or categories."""
-        cols = self.config.columns
+        cols = self.columns
         data = row.data
-        name = self._field(row, "name", cols.name, required=True)
         statement = self._field(row, "formal_statement", cols.formal_statement, required=True)
+        name = self._field(row, "name", cols.name, required=not cols.name_from_statement)
+        if name is None:
+            name = declared_name(statement)
+            if name is None:
+                raise DatasetError(
+                    f"{row.origin}, row {row.index}, field 'formal_statement': no theorem is "
+                    "declared in it, so its name cannot be taken from it. Map a name column "
+                    "with `columns.name`."
+                )
         header = self._field(row, "header", cols.header, required=False)
         if header is None:
             header, statement = split_header(statement)
+            if not header.strip():
+                header = self.default_header
+        # Training corpora ship statements with a placeholder proof; the proof goes after `:= by`.
+        statement = strip_sorry_proof(statement)
         informal = self._field(row, "informal_statement", cols.informal_statement, required=False)
         task_id = self._field(row, "id", cols.id, required=False) or name
         split = self._field(row, "split", cols.split, required=False)
@@ -168,7 +222,8 @@ class Taskset:
             raise DatasetError(
                 f"{row.origin}, row {row.index}, field 'formal_statement': the statement of "
                 f"{name!r} must end in ':= by' (the proof goes after it), but it ends in "
-                f"{statement.rstrip()[-30:]!r}. Strip any proof or trailing 'sorry'."
+                f"{statement.rstrip()[-30:]!r}. Strip any proof (a trailing `sorry` is removed "
+                "for you)."
             )
         if not re.search(rf"(?<![\w.']){re.escape(name)}(?![\w'])", statement):
             raise DatasetError(
@@ -214,8 +269,17 @@ class Taskset:
     def tasks(self) -> list[Task]:
         """Load, validate and filter the tasks (cached after the first call)."""
         if self._tasks is None:
-            self._tasks = self._filter(self._load_all())
+            self._tasks = self._filter(self._decontaminate(self._load_all()))
         return list(self._tasks)
+
+    def _decontaminate(self, tasks: list[Task]) -> list[Task]:
+        """``tasks`` without those that match an evaluation benchmark (when configured)."""
+        if not self.config.decontaminate.against:
+            return tasks
+        from leanrl.decontam import decontaminate  # loads the benchmarks: only when asked
+
+        kept, self.decontamination = decontaminate(tasks, self.config.decontaminate)
+        return kept
 
     def __len__(self) -> int:
         return len(self.tasks())
@@ -226,7 +290,7 @@ class Taskset:
     def _load_all(self) -> list[Task]:
         tasks: list[Task] = []
         seen: dict[str, str] = {}
-        want_split = self.config.split
+        want_split = self.split
         for row in self.load_rows():
             task = self.row_to_task(row)
             if want_split is not None and task.split is not None and task.split != want_split:
@@ -329,22 +393,28 @@ class Taskset:
         import datasets
 
         split = self._hub_split(hub_id)
+        revision = self.config.revision or (self.hub_revision if hub_id == self.hub_id else None)
         try:
-            ds = datasets.load_dataset(hub_id, split=split)
+            ds = datasets.load_dataset(hub_id, split=split, revision=revision)
         except Exception as e:
             why = "offline mode is on and it is not cached" if offline else str(e)[:200]
             raise DatasetError(
                 f"taskset {self.name!r}: cannot load {hub_id!r} ({why}). {fix}"
             ) from e
-        for i, data in enumerate(ds, start=1):
-            row = dict(data)
-            if split is not None and "split" not in row and self.config.split is not None:
-                row["split"] = self.config.split
-            yield RawRow(origin=f"hf://{hub_id}", index=i, data=row)
+        # Without a split the hub gives every split (a DatasetDict): each row keeps its split.
+        parts = ds.items() if isinstance(ds, dict) else [(split, ds)]
+        i = 0
+        for part, rows in parts:
+            for data in rows:
+                i += 1
+                row = dict(data)
+                if part is not None and "split" not in row:
+                    row["split"] = {"validation": "valid"}.get(part, part)
+                yield RawRow(origin=f"hf://{hub_id}", index=i, data=row)
 
     def _hub_split(self, hub_id: str) -> str | None:
         """The hub split to request (hub datasets name the validation split ``validation``)."""
-        s = self.config.split
+        s = self.split
         return {"valid": "validation"}.get(s, s) if s else None
 
 
@@ -359,3 +429,39 @@ def split_header(text: str) -> tuple[str, str]:
         if decl.match(line):
             return "".join(lines[:i]), "".join(lines[i:])
     return "", text
+
+
+_SORRY_PROOF = re.compile(r"\s*:=\s*(?:by\s+)?sorry\s*$")
+
+
+def strip_sorry_proof(statement: str) -> str:
+    """A statement whose proof is a placeholder ``sorry`` (``:= by sorry``, ``:= sorry``,
+    ``:= by\\n  sorry``), as training corpora ship them, ending in ``:= by`` instead. Any other
+    statement is returned unchanged."""
+    clean = _strip_line_comments(statement.rstrip()).rstrip()
+    if _SORRY_PROOF.search(clean) is None:
+        return statement
+    return _SORRY_PROOF.sub(" := by", clean)
+
+
+def _strip_line_comments(text: str) -> str:
+    # A `sorry` after `--` on the last line is a comment, not the proof.
+    last = text.rsplit("\n", 1)[-1]
+    return text if "--" not in last else text[: len(text) - len(last)] + last.split("--", 1)[0]
+
+
+_DECLARED = re.compile(
+    r"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(?:theorem|lemma)\s+"
+    r"([^\s(:{\[]+)"
+)
+
+
+def declared_name(statement: str) -> str | None:
+    """The name of the last theorem (or lemma) ``statement`` declares, None when there is none.
+
+    Comments are skipped, so a theorem quoted in a doc comment is not taken for the declaration.
+    """
+    code = re.sub(r"/-.*?-/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), statement, flags=re.S)
+    code = re.sub(r"--[^\n]*", "", code)
+    found = _DECLARED.findall(code)
+    return found[-1] if found else None
