@@ -26,6 +26,7 @@ from leanrl.eval.config import EvalConfig
 from leanrl.eval.report import package_versions, summarize, write_report
 from leanrl.eval.store import ResultStore
 from leanrl.policy import Policy
+from leanrl.proofs import PROOFS_FILE, ProofStore, kept_from
 from leanrl.rollout import Rollout
 from leanrl.task import Task
 
@@ -87,6 +88,7 @@ async def run_eval(
     store = ResultStore(config.out_dir)
     command = shlex.join(sys.argv) if sys.argv and sys.argv[0] else ""
     store.open(config.fingerprint(), config.fingerprint_data(), command)
+    kept = _kept_proofs(config, tasks, store)
     n = config.samples
     chunks = [tasks[i : i + config.chunk_tasks] for i in range(0, len(tasks), config.chunk_tasks)]
     pending = [
@@ -94,6 +96,7 @@ async def run_eval(
         for i, ch in enumerate(chunks)
         if any(not store.has((t.id, s)) for t in ch for s in range(n))
     ]
+    model_name = policy.config.model or config.policy.model
     t_start = time.perf_counter()
     new = 0
     versions: dict[str, Any] = {}
@@ -118,6 +121,9 @@ async def run_eval(
                 _check_groups(harness.name, chunks[i], groups, n)
                 written = store.append(
                     _record(t, r, i) for t, g in zip(chunks[i], groups, strict=True) for r in g
+                )
+                kept.add_rollouts(
+                    chunks[i], (r for g in groups for r in g), source="eval", model=model_name
                 )
                 progress.update(chunks[i], written)
                 return written
@@ -178,6 +184,34 @@ def _make_policy(config: EvalConfig) -> Policy:
     if config.policy.backend in ("hf", "vllm"):
         resolve_model(config.policy.model)  # a missing folder or offline hub id fails now
     return policy
+
+
+def _kept_proofs(config: EvalConfig, tasks: Sequence[Task], store: ResultStore) -> ProofStore:
+    """``proofs.jsonl`` of the run: every accepted attempt once per distinct proof, including
+    those a resumed run recorded before it kept proofs."""
+    kept = ProofStore(config.out_dir / PROOFS_FILE).open()
+    by_id = {t.id: t for t in tasks}
+    earlier = []
+    for rec in store.records.values():
+        task = by_id.get(str(rec.get("task_id")))
+        if task is None or not rec.get("accepted") or rec.get("proof") is None:
+            continue
+        verdict = rec.get("verdict") or {}
+        earlier.append(
+            kept_from(
+                task,
+                rec["proof"],
+                rec.get("preamble") or "",
+                completion=rec.get("completion") or "",
+                source="eval",
+                model=config.policy.model,
+                sample=int(rec.get("sample", 0)),
+                axioms=list(verdict.get("axioms") or []),
+                verify_s=float(verdict.get("time_s") or 0.0),
+            )
+        )
+    kept.add(earlier)
+    return kept
 
 
 def _check_groups(
