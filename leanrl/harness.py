@@ -1,6 +1,7 @@
 """Harness: how the model works on a task. Prompts, turns, and pulling the proof out of text.
 
-Built-ins: ``whole-proof`` (one turn) and ``tactic-loop`` (many turns, REPL tactic mode).
+Built-ins: ``whole-proof`` (one turn), ``tactic-loop`` (many turns, REPL tactic mode) and
+``self-correction`` (a whole proof, then revisions shown Lean's errors).
 Subclass :class:`Harness` and implement :meth:`Harness.run`.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,12 +30,14 @@ class HarnessConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str = "whole-proof"
-    """Harness id: ``whole-proof`` (one turn, the whole proof) or ``tactic-loop`` (tactics one
-    turn at a time against the REPL), or a third-party harness (``leanrl.harnesses`` entry
-    points)."""
+    """Harness id: ``whole-proof`` (one turn, the whole proof), ``tactic-loop`` (tactics one
+    turn at a time against the REPL), ``self-correction`` (a whole proof, then revisions that
+    see Lean's errors), or a third-party harness (``leanrl.harnesses`` entry points)."""
     prompt_format: str = "deepseek"
     """Prompt style. ``deepseek``: DeepSeek-Prover-V1.5 completion style ("Complete the following
-    Lean 4 code", the prompt ends in ``:= by`` and a newline). ``kimina``: the chat layout of
+    Lean 4 code", the prompt ends in ``:= by`` and a newline). ``deepseek-cot``: its
+    chain-of-thought variant ("... with explanatory comments preceding each line of code").
+    ``kimina``: the chat layout of
     Kimina-Prover-72B and its distills (8B, 1.7B). ``kimina-preview``: the Kimina-Prover-Preview
     cards' layout. ``goedel``: the Goedel-Prover-V2 README layout (one user turn, statement ending
     in ``sorry``, no system prompt). ``chat``: a generic chat prompt asking for reasoning and a
@@ -46,7 +50,20 @@ class HarnessConfig(BaseModel):
     max_turns: int = Field(default=8, ge=1)
     """``tactic-loop``: most model turns per attempt."""
     max_total_tokens: int = Field(default=8192, ge=1)
-    """``tactic-loop``: most tokens (model + environment) per attempt."""
+    """``tactic-loop``, ``self-correction``: most tokens (model + environment) per attempt."""
+    max_revisions: int = Field(default=2, ge=0)
+    """``self-correction``: most revisions after the first attempt, each shown Lean's errors on
+    the previous one (Goedel-Prover-V2 uses 2)."""
+    feedback_errors: int = Field(default=8, ge=1)
+    """``self-correction``: most Lean errors shown per revision (the rest are counted)."""
+    few_shot: Path | None = None
+    """A JSONL file of solved examples (``name``, ``formal_statement``, ``proof`` or
+    ``formal_proof``, optional ``header`` and informal statement; a ``proofs.jsonl`` works)
+    put before the prompt, DeepSeek-Prover-V1.5's few-shot layout. ``deepseek`` and
+    ``deepseek-cot`` formats only."""
+    few_shot_num: int = Field(default=3, ge=1)
+    """Examples per prompt (DeepSeek-Prover-V1.5 uses 3), drawn per task with a fixed seed
+    from ``few_shot``, never the task itself."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Free-form settings for third-party harnesses."""
 

@@ -1,9 +1,16 @@
 """Prompt formats for whole-proof generation.
 
-- ``deepseek``: DeepSeek-Prover-V1.5 completion style (its ``quick_start.py``). The prompt opens
-  a ```lean4 block with the header, the informal statement as a doc comment and the statement,
-  ending in ``:= by`` and a newline; the model continues with the indented proof and closes the
-  block (so ``"```"`` is the natural stop string).
+- ``deepseek``: DeepSeek-Prover-V1.5 completion style (its ``quick_start.py``, the ``non-cot``
+  mode of its ``prover/utils.py``). The prompt opens a ```lean4 block with the header, the
+  informal statement as a doc comment and the statement, ending in ``:= by`` and a newline; the
+  model continues with the indented proof and closes the block (so ``"```"`` is the natural stop
+  string).
+- ``deepseek-cot``: the same with DeepSeek-Prover-V1.5's ``cot`` instruction, "Complete the
+  following Lean 4 code with explanatory comments preceding each line of code:" (the model
+  writes a comment before each tactic).
+- Few-shot (``HarnessConfig.few_shot``, both DeepSeek formats): solved examples go before the
+  prompt, each as a closed block in the same layout followed by two blank lines, as
+  DeepSeek-Prover-V1.5's few-shot sampling does.
 - ``chat``: a chat prompt (system + user) asking to reason step by step and then give the
   complete Lean 4 code in a ```lean4 block. Suits reasoning provers (Kimina, Goedel-V2 style).
 - ``kimina``: the chat layout of the Kimina-Prover models (Kimina-Prover-72B and its
@@ -21,15 +28,35 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import random
+from pathlib import Path
+
 from leanrl.errors import ConfigError
 from leanrl.harness import HarnessConfig
 from leanrl.policy import Prompt
 from leanrl.rollout import ChatMessage
 from leanrl.task import Task
 
-__all__ = ["FORMATS", "build_prompt", "default_stop", "informal_comment", "is_completion_style"]
+__all__ = [
+    "FORMATS",
+    "FewShotExample",
+    "build_prompt",
+    "default_stop",
+    "few_shot_examples",
+    "informal_comment",
+    "is_completion_style",
+]
 
-FORMATS = ("deepseek", "chat", "kimina", "kimina-preview", "goedel", "custom")
+FORMATS = ("deepseek", "deepseek-cot", "chat", "kimina", "kimina-preview", "goedel", "custom")
+
+#: DeepSeek-Prover-V1.5's two instructions (``non-cot`` and ``cot``), word for word.
+DEEPSEEK_INSTRUCTION = "Complete the following Lean 4 code:"
+DEEPSEEK_COT_INSTRUCTION = (
+    "Complete the following Lean 4 code with explanatory comments preceding each line of code:"
+)
+_DEEPSEEK = {"deepseek": DEEPSEEK_INSTRUCTION, "deepseek-cot": DEEPSEEK_COT_INSTRUCTION}
 
 DEFAULT_SYSTEM = (
     "You are an expert in mathematics and in proving theorems in Lean 4 with Mathlib. "
@@ -64,12 +91,17 @@ def _check(config: HarnessConfig) -> None:
         raise ConfigError(
             "prompt_format 'custom' needs a template (--env.harness.template '...{formal_statement}')"
         )
+    if config.few_shot is not None and config.prompt_format not in _DEEPSEEK:
+        raise ConfigError(
+            f"few_shot examples go with the deepseek and deepseek-cot formats, not "
+            f"{config.prompt_format!r}: unset --env.harness.few_shot or change the format"
+        )
 
 
 def is_completion_style(config: HarnessConfig) -> bool:
     """True when the model continues the statement in an open code block (no fences to find)."""
     _check(config)
-    if config.prompt_format == "deepseek":
+    if config.prompt_format in _DEEPSEEK:
         return True
     if config.prompt_format == "custom":
         return bool(config.template and config.template.rstrip().endswith("{formal_statement}"))
@@ -87,11 +119,15 @@ def build_prompt(task: Task, config: HarnessConfig) -> Prompt:
     fmt = config.prompt_format
     statement = task.formal_statement
     informal = (task.informal_statement or "").strip()
-    if fmt == "deepseek":
+    if fmt in _DEEPSEEK:
         # Ends in a newline after `:= by`, as in DeepSeek-Prover-V1.5's own prompt: the model
         # then starts with the indented first tactic, the way it was trained.
+        shots = "".join(
+            _example_block(ex, _DEEPSEEK[fmt], task.header)
+            for ex in few_shot_examples(task, config)
+        )
         return (
-            "Complete the following Lean 4 code:\n\n```lean4\n"
+            f"{shots}{_DEEPSEEK[fmt]}\n\n```lean4\n"
             f"{task.header}{informal_comment(task)}{statement.rstrip()}\n"
         )
     if fmt == "custom":
@@ -142,3 +178,76 @@ def build_prompt(task: Task, config: HarnessConfig) -> Prompt:
         )
         system = config.system_prompt or DEFAULT_SYSTEM
     return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
+
+
+# -- few-shot examples ---------------------------------------------------------------------------
+
+
+class FewShotExample(Task):
+    """A solved example for few-shot prompts: a task with its proof (what goes after ``:= by``).
+    Its ``header`` is empty when the file gave none (the prompted task's header is used)."""
+
+    proof: str
+    """The proof body."""
+
+
+def few_shot_examples(task: Task, config: HarnessConfig) -> list[FewShotExample]:
+    """The examples put before ``task``'s prompt: ``few_shot_num`` of the file's, never one of
+    the same name, drawn with a seed fixed by the task's id (the same for every sample and
+    run)."""
+    if config.few_shot is None:
+        return []
+    pool = [ex for ex in _load_examples(*_file_key(config.few_shot)) if ex.name != task.name]
+    k = min(config.few_shot_num, len(pool))
+    return random.Random(f"leanrl-few-shot:{task.id}").sample(pool, k)
+
+
+def _file_key(path: Path) -> tuple[str, float]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"few_shot file {p} does not exist")
+    return str(p), p.stat().st_mtime
+
+
+@functools.lru_cache(maxsize=8)
+def _load_examples(path: str, mtime: float) -> tuple[FewShotExample, ...]:
+    """The examples of a few-shot file (cached per path and modification time)."""
+    out: list[FewShotExample] = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            proof = row.get("proof", row.get("formal_proof"))
+            informal = row.get("informal_statement")
+            if informal is None and row.get("informal_prefix"):
+                informal = str(row["informal_prefix"]).strip()
+                informal = informal.removeprefix("/--").removesuffix("-/").strip()
+            out.append(
+                FewShotExample(
+                    name=row["name"],
+                    header=row.get("header") or "",
+                    formal_statement=row["formal_statement"].rstrip(),
+                    informal_statement=informal,
+                    proof=proof,
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(
+                f"few_shot file {path}, line {i}: not an example ({type(e).__name__}: {e}); each "
+                "line needs name, formal_statement and proof (or formal_proof)"
+            ) from None
+    if not out:
+        raise ConfigError(f"few_shot file {path} holds no examples")
+    return tuple(out)
+
+
+def _example_block(ex: FewShotExample, instruction: str, header: str) -> str:
+    """One solved example in DeepSeek-Prover-V1.5's few-shot layout."""
+    proof = ex.proof
+    if not proof.startswith("\n"):
+        proof = "\n" + (proof if proof.startswith((" ", "\t")) else "  " + proof)
+    return (
+        f"{instruction}\n\n```lean4\n{ex.header or header}{informal_comment(ex)}"
+        f"{ex.formal_statement.rstrip()}{proof.rstrip()}\n```\n\n\n"
+    )
