@@ -73,6 +73,7 @@ _COMMANDS: dict[str, str] = {
     "doctor": "leanrl.lean.commands:DoctorCommand",
     "eval": "leanrl.eval.cli:EvalCommand",
     "verify": "leanrl.lean.commands:VerifyCommand",
+    "decontaminate": "leanrl.decontam_cli:DecontaminateCommand",
     "serve": "leanrl.service.cli:ServeCommand",
     "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
     "train es": "leanrl.train.es_cli:ESCommand",

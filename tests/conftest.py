@@ -80,3 +80,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) 
         texts.append(row["header"] + row["formal_statement"] + "\n  nlinarith [sq_nonneg x]\n")
     texts += ["```lean4\n", "```", "Complete the following Lean 4 code:", "omega", "simp", "rfl"]
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts)
+
+
+TOY_TASKS = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+
+
+@pytest.fixture(scope="session")
+def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama model + a BPE tokenizer trained on the toy tasks (tests/fixtures; no
+    shared data, no download). ``omega`` is one token of its vocabulary."""
+    from leanrl.testing import make_tiny_model
+
+    texts = []
+    for line in TOY_TASKS.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        texts += [row["formal_statement"] + "\n  omega\n```", row["informal_statement"]]
+    texts += ["Complete the following Lean 4 code:\n\n```lean4\n", "omega", "simp", "rfl"] * 4
+    return make_tiny_model(tmp_path_factory.mktemp("toy-model"), texts, vocab_size=320)

@@ -172,7 +172,8 @@ class GRPOConfig(TrainConfig):
     """Linear warm-up over this many trainer steps (DAPO warms up over 20)."""
     norm_len: int | None = Field(default=None, ge=1)
     """``dr_grpo``: the constant length each sequence's token sum is divided by. Default:
-    ``sampling.max_tokens`` (times ``env.harness.max_turns`` for multi-turn harnesses)."""
+    ``sampling.max_tokens`` times the most turns of an attempt (``env.harness.max_turns`` for
+    ``tactic-loop``, ``max_revisions + 1`` for ``self-correction``)."""
     disable_dropout: bool = True
     """Turn off every dropout of the model for the loss forward (as TRL's ``disable_dropout``).
     The sampler draws with dropout off (eval mode); a training forward with dropout on would

@@ -240,9 +240,7 @@ class GRPOEngine:
             self._fill_logprobs(samples, self.ref_model, "ref")
 
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch.step)
-        norm_len = cfg.norm_len or cfg.sampling.max_tokens * (
-            cfg.env.harness.max_turns if cfg.env.harness.name == "tactic-loop" else 1
-        )
+        norm_len = cfg.norm_len or cfg.sampling.max_tokens * _turns_per_attempt(cfg.env.harness)
         acc = {"loss": 0.0, "kl": 0.0, "kl_mu": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0}
         acc["tok"] = 0.0
         grad_norms: list[float] = []
@@ -431,6 +429,15 @@ def device_and_precision(cfg: GRPOConfig) -> tuple[torch.device, str]:
             "precision 'bf16-mixed' needs a CUDA device; use 'fp32' (or 'bf16') on the CPU"
         )
     return device, precision
+
+
+def _turns_per_attempt(harness: Any) -> int:
+    """Most model turns one attempt of the built-in harnesses takes (for ``dr_grpo``)."""
+    if harness.name == "tactic-loop":
+        return int(harness.max_turns)
+    if harness.name == "self-correction":
+        return int(harness.max_revisions) + 1
+    return 1
 
 
 def _split(order: list[int], parts: int) -> list[list[int]]:

@@ -1,0 +1,257 @@
+"""The ``self-correction`` harness: a whole proof, then revisions that see Lean's errors.
+
+Goedel-Prover-V2's self-correction mode (Lin et al. 2025): the model writes a whole proof; when
+Lean rejects it, Lean's errors (the code around each error marked with ``<error>``, the message,
+the unsolved goals the message holds) are fed back and the model writes a revised proof, up to
+``max_revisions`` times. An episode ends at the first accepted attempt, after the last revision,
+or when its tokens (model and environment) reach ``max_total_tokens``. The rollout's proof and
+Verdict are those of its last attempt; every attempt is checked under the reference statement.
+
+- Chat formats: the context is a message list; the feedback is a user message in Goedel-Prover-V2's
+  wording ("The proof (Round N) is not correct. ...").
+- Completion formats (``deepseek``, ``deepseek-cot``, a completion ``custom`` template): the
+  feedback closes the code block, gives the errors in a Lean comment and opens the task's code
+  block again, so the model continues with a proof as it was prompted to the first time.
+
+Every round, the live episodes generate together and their attempts are checked in one
+``runtime.check`` batch. After the first turn the context is kept as token ids when the policy
+can generate from ids (the tactic loop's ``context.py``), so the sequence a trainer replays,
+``Rollout.prompt_ids + Rollout.token_ids_and_mask()[0]``, is exactly what the model saw; the
+feedback's tokens carry mask 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from leanrl.harness import Harness
+from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
+from leanrl.rollout import ChatMessage, Rollout, Turn
+from leanrl.runtime import Runtime
+from leanrl.task import Task
+from leanrl.taskset import Taskset
+from leanrl.verdict import Verdict
+
+from ..tactic_loop.context import feedback_ids, ids_capable
+from ..whole_proof.extract import extract_proof
+from ..whole_proof.harness import check_and_reward
+from ..whole_proof.prompts import DEEPSEEK_INSTRUCTION, build_prompt, default_stop, informal_comment
+from ..whole_proof.prompts import is_completion_style as _completion_style
+from .feedback import checked_text, render_errors
+
+__all__ = ["SelfCorrectionHarness"]
+
+# Goedel-Prover-V2's revision request, word for word (its models were trained on it).
+_CHAT_FEEDBACK = (
+    "The proof (Round {round}) is not correct. Following is the compilation error message, "
+    "where we use <error></error> to signal the position of the error.\n\n{errors}\n\nBefore "
+    "producing the Lean 4 code to formally prove the given theorem, provide a detailed "
+    "analysis of the error message."
+)
+
+
+@dataclass
+class _Episode:
+    task: Task
+    sample: int
+    prompt: Prompt
+    context: Prompt
+    mode: str = "text"  # "ids": the context after turn 1 is kept as token ids
+    prompt_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    tokens: int = 0
+    done: bool = False
+    proof: str | None = None
+    preamble: str = ""
+    verdict: Verdict | None = None
+    history: list[str] = field(default_factory=list)
+    gen_s: float = 0.0
+    verify_s: float = 0.0
+
+
+class SelfCorrectionHarness(Harness):
+    """A whole-proof attempt, then up to ``max_revisions`` revisions shown Lean's errors."""
+
+    name = "self-correction"
+    description = "a whole proof, then revisions shown Lean's errors (Goedel-Prover-V2 style)"
+
+    @property
+    def chat(self) -> bool:
+        """Chat prompts (messages) unless the prompt format is a completion format."""
+        return not _completion_style(self.config)
+
+    def feedback(self, ep: _Episode, verdict: Verdict, round_: int) -> str:
+        """What the model is told after attempt ``round_`` (0-based) was rejected."""
+        text = checked_text(ep.task, ep.proof or "", ep.preamble)
+        errors = render_errors(verdict, text, self.config.feedback_errors, fenced=self.chat)
+        if self.chat:
+            return _CHAT_FEEDBACK.format(round=round_, errors=errors)
+        task = ep.task
+        note = errors.replace("-/", "- /")  # must not end the comment
+        # The same instruction the first prompt used (custom templates: DeepSeek's plain one).
+        first = ep.prompt if isinstance(ep.prompt, str) else ""
+        instruction = next(
+            (ln for ln in first.split("\n") if ln.startswith("Complete the following")),
+            DEEPSEEK_INSTRUCTION,
+        )
+        return (
+            f"```\n\n/- The proof (Round {round_}) is not correct. Lean's errors, with "
+            f"<error></error> around where each one is:\n\n{note}\n\nA corrected proof "
+            f"follows. -/\n\n{instruction}\n\n```lean4\n{task.header}{informal_comment(task)}"
+            f"{task.formal_statement.rstrip()}\n"
+        )
+
+    async def run(
+        self,
+        tasks: Sequence[Task],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        taskset: Taskset,
+    ) -> list[list[Rollout]]:
+        cfg = self.config
+        prompts = [build_prompt(t, cfg) for t in tasks]
+        mode = "ids" if ids_capable(policy, self.chat) else "text"
+        episodes = [
+            _Episode(task=t, sample=i, prompt=p, context=p, mode=mode)
+            for t, p in zip(tasks, prompts, strict=True)
+            for i in range(sampling.n)
+        ]
+        turn_sampling = sampling
+        if not sampling.stop:
+            turn_sampling = sampling.model_copy(update={"stop": default_stop(cfg)})
+        for round_ in range(cfg.max_revisions + 1):
+            live = [ep for ep in episodes if not ep.done]
+            if not live:
+                break
+            seed = None if sampling.seed is None else sampling.seed + round_
+            t0 = time.perf_counter()
+            if round_ == 0:
+                got = await policy.generate(
+                    prompts, turn_sampling.model_copy(update={"seed": seed})
+                )
+                outs = [c for group in got for c in group]
+            else:
+                outs = await self._revise(live, policy, turn_sampling, seed)
+            gen_s = (time.perf_counter() - t0) / max(1, len(live))
+            for ep, c in zip(live, outs, strict=True):
+                ep.gen_s += gen_s
+                self._attempt(ep, c)
+            await self._check(live, runtime, taskset)
+            for ep, c in zip(live, outs, strict=True):
+                self._after(ep, c, policy, round_)
+        groups: list[list[Rollout]] = []
+        for k, _task in enumerate(tasks):
+            group = [self._rollout(ep) for ep in episodes[k * sampling.n : (k + 1) * sampling.n]]
+            for r, reward in zip(group, taskset.group_rewards(_task, group), strict=True):
+                r.reward = reward
+            groups.append(group)
+        return groups
+
+    async def _revise(
+        self, live: list[_Episode], policy: Policy, sampling: SamplingConfig, seed: int | None
+    ) -> list[Completion]:
+        """One batched generation for the live episodes' revisions: from their token ids when
+        they all keep them, else from their text contexts."""
+        one = sampling.model_copy(update={"n": 1, "seed": seed})
+        if all(ep.mode == "ids" for ep in live):
+            try:
+                got = await policy.generate_from_ids([ep.ids for ep in live], one)
+                return [g[0] for g in got]
+            except NotImplementedError:
+                pass  # a wrapper that cannot after all: text from here on
+        for ep in live:
+            ep.mode = "text"
+        got = await policy.generate([ep.context for ep in live], one)
+        return [g[0] for g in got]
+
+    def _attempt(self, ep: _Episode, c: Completion) -> None:
+        """Pull the proof out of this turn's completion (a failed extraction is a verdict)."""
+        ex = extract_proof(
+            c.text, ep.task, finish_reason=c.finish_reason, completion_style=not self.chat
+        )
+        ep.proof, ep.preamble = ex.proof, ex.preamble
+        ep.verdict = None if ex.reason is None else Verdict.reject(ex.reason, ex.detail)
+
+    async def _check(self, live: list[_Episode], runtime: Runtime, taskset: Taskset) -> None:
+        """Check this round's extracted proofs in one batch, under the reference statements."""
+        pending = [ep for ep in live if ep.verdict is None and ep.proof is not None]
+        if not pending:
+            return
+        probes = [
+            [Rollout(task_id=ep.task.id, sample=ep.sample, prompt="", proof=ep.proof,
+                     preamble=ep.preamble)]
+            for ep in pending
+        ]  # fmt: skip
+        t0 = time.perf_counter()
+        await check_and_reward([ep.task for ep in pending], probes, runtime, taskset)
+        share = (time.perf_counter() - t0) / len(pending)
+        for ep, [probe] in zip(pending, probes, strict=True):
+            ep.verdict = probe.verdict
+            ep.verify_s += share
+
+    def _after(self, ep: _Episode, c: Completion, policy: Policy, round_: int) -> None:
+        """Record the turn; end the episode or give it Lean's errors for the next revision."""
+        assert ep.verdict is not None
+        ep.history.append(ep.verdict.reason.value)
+        last = round_ >= self.config.max_revisions
+        if ep.verdict.accepted or last:
+            self._record(ep, c, "", policy)
+            ep.done = True
+            return
+        text = self.feedback(ep, ep.verdict, round_)
+        self._record(ep, c, text, policy)
+        if ep.tokens >= self.config.max_total_tokens:
+            ep.done = True  # no room for another attempt: the last verdict stands
+
+    def _record(self, ep: _Episode, c: Completion, feedback: str, policy: Policy) -> None:
+        if not ep.turns:
+            ep.prompt_ids = list(c.prompt_token_ids)
+            if ep.mode == "ids" and not ep.prompt_ids:
+                ep.mode = "text"  # the policy did not say what it conditioned on
+            ep.ids = list(ep.prompt_ids)
+        fb_ids: list[int] = []
+        if ep.mode == "ids":
+            fb_ids = feedback_ids(policy, c, feedback, self.chat) if feedback else []
+            ep.ids += [*c.token_ids, *fb_ids]
+        elif feedback:
+            try:
+                fb_ids = policy.tokenize(feedback)
+            except NotImplementedError:
+                pass  # a backend that cannot tokenize: the mask still holds for model tokens
+        ep.turns.append(Turn.from_completion(c, feedback, fb_ids))
+        ep.tokens += len(c.token_ids) + len(fb_ids)
+        ep.context = _extend(ep.context, c.text, feedback)
+
+    def _rollout(self, ep: _Episode) -> Rollout:
+        return Rollout(
+            task_id=ep.task.id,
+            sample=ep.sample,
+            prompt=ep.prompt,
+            prompt_ids=ep.prompt_ids,
+            turns=ep.turns,
+            proof=ep.proof,
+            preamble=ep.preamble,
+            verdict=ep.verdict,
+            timings={"generate": ep.gen_s, "verify": ep.verify_s},
+            meta={
+                "attempts": len(ep.history),
+                "revisions": max(0, len(ep.history) - 1),
+                "attempt_reasons": list(ep.history),
+                "tokens": ep.tokens,
+                "context": ep.mode,
+            },
+        )
+
+
+def _extend(context: Prompt, completion: str, feedback: str) -> Any:
+    if isinstance(context, str):
+        return context + completion + feedback
+    msgs = [*context, ChatMessage(role="assistant", content=completion)]
+    if feedback:
+        msgs.append(ChatMessage(role="user", content=feedback))
+    return msgs
