@@ -1,4 +1,4 @@
-"""What the two trainers (GRPO and ES) share: the config base, data order, and the run folder.
+"""What the trainers (GRPO, ES, SFT) share: the config base, data order, and the run folder.
 
 A run folder looks the same whichever trainer wrote it::
 
@@ -7,6 +7,8 @@ A run folder looks the same whichever trainer wrote it::
     RUN_DIR/checkpoint-N/        a Hugging Face model folder (``leanrl eval --model`` loads it)
                                  plus trainer_state.json (step, RNG state, trainer extras)
     RUN_DIR/reward_curve.png     written at the end (and whenever ``plot`` is called)
+    RUN_DIR/proofs.jsonl         every verified proof, once per distinct proof of a task
+    RUN_DIR/eval/step-N/         in-run held-out evaluations (``eval.every``), eval_curve.png
 
 Data order depends only on (seed, step), so a resumed run sees exactly the batches it would have
 seen had it never stopped.
@@ -30,6 +32,7 @@ from leanrl.environment import EnvironmentConfig
 from leanrl.errors import ConfigError
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.task import Task
+from leanrl.train.inrun_eval_config import InRunEvalConfig
 
 __all__ = [
     "MetricsLogger",
@@ -43,7 +46,7 @@ __all__ = [
 
 
 class TrainConfig(BaseModel):
-    """Options every trainer shares. ``GRPOConfig`` and ``ESConfig`` extend it."""
+    """Options every trainer shares. ``GRPOConfig``, ``ESConfig`` and ``SFTConfig`` extend it."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -69,6 +72,9 @@ class TrainConfig(BaseModel):
     """Also log metrics to W&B and/or TensorBoard (each needs its package installed)."""
     run_name: str | None = None
     """Name of the run in W&B/TensorBoard (default: the run folder's name)."""
+    eval: InRunEvalConfig = Field(default_factory=InRunEvalConfig)
+    """Held-out evaluation every ``eval.every`` steps (off by default): pass@k logged to
+    ``metrics.jsonl`` and plotted to ``eval_curve.png``."""
 
 
 def check_model_path(model: str) -> None:
@@ -242,8 +248,11 @@ class RunDir:
 
     # -- plot -----------------------------------------------------------------------------------
 
-    def plot(self, key: str = "reward_mean", title: str = "reward") -> Path | None:
-        """Write ``reward_curve.png`` from the metrics (None when there is nothing to plot)."""
+    def plot(
+        self, key: str = "reward_mean", title: str = "reward", filename: str = "reward_curve.png"
+    ) -> Path | None:
+        """Write ``filename`` (default ``reward_curve.png``) from the metrics (None when there is
+        nothing to plot)."""
         rows = [r for r in self.metrics() if r.get(key) is not None]
         if not rows:
             return None
@@ -269,7 +278,7 @@ class RunDir:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        out = self.path / "reward_curve.png"
+        out = self.path / filename
         fig.savefig(out)
         plt.close(fig)
         return out

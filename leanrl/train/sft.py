@@ -1,0 +1,430 @@
+"""Supervised fine-tuning on verified proofs, on transformers' ``Trainer``.
+
+``SFTTrainer`` turns (statement, proof) pairs (``proofs.jsonl`` files, or a dataset's proof
+column; see :mod:`leanrl.train.sft_data`) into examples in the configured harness prompt format,
+with loss on the answer's tokens only, and trains with the maintained ``transformers.Trainer``
+(AdamW, the schedule, gradient accumulation, bf16, gradient checkpointing, checkpoint
+save/resume). It writes the run folder every leanrl trainer writes: ``config.json``,
+``metrics.jsonl`` (one row per optimizer step: loss, grad norm, learning rate, tokens/s, and the
+in-run evaluation's ``eval/pass@k`` when it ran), ``checkpoint-N/`` Hugging Face model folders
+(``leanrl eval --model`` loads them; the Trainer's optimizer, scheduler and RNG state sit next to
+the weights, with its own ``trainer_state.json``), and ``loss_curve.png``. Rerunning the same
+command resumes from the newest complete checkpoint, with the same data order.
+
+Examples are batched by length (``group_by_length``) to spend less compute on padding; the
+benchmark ``benchmarks/sft_vs_trl.py`` compares the throughput with TRL's ``SFTTrainer``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from leanrl.environment import Environment, load_environment
+from leanrl.errors import ConfigError, PolicyError
+from leanrl.policy import PolicyConfig, SamplingConfig
+from leanrl.runtime import run_sync
+from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, check_model_path
+from leanrl.train.sft_data import Pair, SFTDataConfig
+
+__all__ = [
+    "SFTConfig",
+    "SFTOptions",
+    "SFTTrainer",
+    "answer_loss",
+    "device_and_precision",
+    "load_model",
+    "train_sft",
+]
+
+log = logging.getLogger("leanrl.train.sft")
+
+
+class SFTOptions(BaseModel):
+    """How SFT optimises (shared by ``leanrl train sft`` and expert iteration's SFT phase)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    epochs: float | None = Field(default=1.0, gt=0)
+    """Passes over the examples. None: train exactly ``steps`` optimizer steps instead."""
+    batch_size: int = Field(default=16, ge=1)
+    """Examples per optimizer step (``micro_batch_size`` × gradient accumulation)."""
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Examples per forward/backward; must divide ``batch_size``."""
+    lr: float = Field(default=1e-5, gt=0)
+    """AdamW learning rate (DeepSeek-Prover-V1.5's SFT used 1e-4 at 512 batch; small models and
+    batches want less)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    """Learning rate after warm-up: ``constant``, or decayed to 0 at the last step."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up over this many optimizer steps."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Clip the global gradient norm at this value."""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
+    """``fp32``; ``bf16-mixed`` (CUDA): fp32 weights, bf16 autocast; ``bf16``: bf16 weights.
+    ``auto``: bf16-mixed on a GPU, fp32 on the CPU."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    group_by_length: bool = True
+    """Batch examples of similar length together (less padding; the order is still seeded)."""
+
+    @model_validator(mode="after")
+    def _batches(self) -> SFTOptions:
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size = {self.batch_size} is not a multiple of micro_batch_size = "
+                f"{self.micro_batch_size}: gradient accumulation needs whole micro-batches"
+            )
+        return self
+
+
+class SFTConfig(SFTOptions, TrainConfig):
+    """Supervised fine-tuning on (statement, proof) pairs, loss on the proof only."""
+
+    data: SFTDataConfig = Field(default_factory=SFTDataConfig)
+    """Where the pairs come from (``--data.proofs runs/x/proofs.jsonl``, or the dataset of
+    ``env`` with ``--data.from_env``), and how they become examples."""
+    steps: int = Field(default=100, ge=1)
+    """Optimizer steps when ``epochs`` is None (otherwise set by ``epochs``)."""
+    tasks_per_step: int = Field(default=8, ge=1)
+    """Not used by SFT (a step is ``batch_size`` examples)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Not used by SFT itself (the in-run evaluation has its own, ``eval.sampling``)."""
+
+
+class SFTTrainer:
+    """Fine-tune ``config.policy.model`` on proof pairs. ``__init__`` only stores; :meth:`train`
+    (or :meth:`train_sync`) checks, loads, resumes if the run folder holds a checkpoint, and
+    trains. ``pairs`` given here are used instead of ``config.data`` (expert iteration)."""
+
+    #: Fields that may change between a run and its resume (they do not change the weights).
+    RESUMABLE = ("steps", "out", "log_to", "run_name", "keep_checkpoints", "save_every", "eval")
+
+    def __init__(
+        self,
+        config: SFTConfig,
+        env: Environment | None = None,
+        pairs: Sequence[Pair] | None = None,
+    ) -> None:
+        self.config = config
+        self.env = env
+        self.pairs = list(pairs) if pairs is not None else None
+        self.run = RunDir(config.out)
+        self.model: Any = None
+        self.tokenizer: Any = None
+
+    def check(self) -> None:
+        """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
+        cfg = self.config
+        check_model_path(cfg.policy.model)
+        if importlib.util.find_spec("accelerate") is None:
+            raise ConfigError(
+                "leanrl train sft runs on transformers' Trainer, which needs accelerate: "
+                "pip install 'leanrl[sft]' (or pip install accelerate)"
+            )
+        if cfg.env.harness.name == "tactic-loop":
+            raise ConfigError(
+                "SFT trains whole-proof answers; the tactic-loop harness prompts for tactics. "
+                "Use --env.harness.name whole-proof (or self-correction, whose first turn is the "
+                "same prompt)"
+            )
+        if cfg.policy.backend != "hf":
+            raise ConfigError("SFT trains a transformers model: use --policy.backend hf")
+        device_and_precision(cfg.policy.device, cfg.precision)
+
+    def train_sync(self) -> list[dict[str, Any]]:
+        """Train; returns the metrics rows this call wrote."""
+        self.check()
+        cfg = self.config
+        env = self.env or load_environment(cfg.env)
+        pairs = self.pairs
+        if pairs is None:
+            from leanrl.train.sft_data import load_pairs
+
+            env_tasks = env.tasks() if cfg.data.from_env else None
+            pairs = load_pairs(cfg.data, env_tasks)
+        if not pairs:
+            raise ConfigError(
+                "no training pairs: give proofs files (--data.proofs runs/x/proofs.jsonl) or a "
+                "dataset with a proof column (--data.from_env, --data.proof_column formal_proof)"
+            )
+        resumed = self.run.bind_config(cfg, ignore=self.RESUMABLE)
+        latest = self._resume_point() if resumed else None
+        self._load()
+        from leanrl.train.sft_data import encode_pairs
+
+        examples = encode_pairs(
+            pairs,
+            cfg.env.harness,
+            self.tokenizer,
+            chat=cfg.policy.chat,
+            target=cfg.data.target,
+            max_length=cfg.data.max_length,
+        )
+        if not examples:
+            raise ConfigError(
+                f"every one of the {len(pairs)} pairs is longer than data.max_length = "
+                f"{cfg.data.max_length} tokens; raise it"
+            )
+        logger = MetricsLogger(self.run, cfg.log_to, cfg.run_name, cfg.model_dump(mode="json"))
+        logger.start()
+        rows: list[dict[str, Any]] = []
+        try:
+            if latest is None and cfg.eval.baseline_due(self.run.metrics()):
+                row = {"step": 0, **self._evaluate(0)}
+                logger.log(row)
+                rows.append(row)
+            trainer = self._hf_trainer(examples, logger, rows)
+            trainer.train(resume_from_checkpoint=str(latest) if latest else None)
+        finally:
+            logger.close()
+            self.run.plot("loss", f"SFT loss ({self.run.path.name})", "loss_curve.png")
+            from leanrl.train.inrun_eval import plot_eval
+
+            plot_eval(self.run)
+        return rows
+
+    async def train(self) -> list[dict[str, Any]]:
+        """:meth:`train_sync` off the event loop."""
+        import asyncio
+
+        return await asyncio.to_thread(self.train_sync)
+
+    # -- parts ------------------------------------------------------------------------------------
+
+    def _resume_point(self) -> Any:
+        """The newest complete checkpoint; half-written ones (no ``trainer_state.json``, left by
+        a kill mid-save) are removed so the Trainer cannot pick them."""
+        complete = {p for _, p in self.run.checkpoints()}
+        for p in self.run.path.glob("checkpoint-*"):
+            if p.is_dir() and p not in complete:
+                shutil.rmtree(p, ignore_errors=True)
+        latest = self.run.latest_checkpoint()
+        self.run.truncate_metrics(latest[0] if latest else 0)
+        return latest[1] if latest else None
+
+    def _load(self) -> None:
+        _, precision = device_and_precision(self.config.policy.device, self.config.precision)
+        self.model, self.tokenizer = load_model(self.config.policy, precision)
+
+    def _hf_trainer(self, examples: list[dict[str, list[int]]], logger: Any, rows: list) -> Any:
+        from transformers import PrinterCallback, Trainer, TrainingArguments
+
+        cfg = self.config
+        device, precision = device_and_precision(cfg.policy.device, cfg.precision)
+        accum = cfg.batch_size // cfg.micro_batch_size
+        schedule = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+        length: dict[str, Any] = (
+            {"num_train_epochs": cfg.epochs, "max_steps": -1}
+            if cfg.epochs is not None
+            else {"max_steps": cfg.steps}
+        )
+        args = TrainingArguments(
+            output_dir=str(self.run.path),
+            per_device_train_batch_size=cfg.micro_batch_size,
+            gradient_accumulation_steps=accum,
+            learning_rate=cfg.lr,
+            lr_scheduler_type=schedule[cfg.lr_schedule],
+            warmup_steps=cfg.warmup_steps,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_betas[0],
+            adam_beta2=cfg.adam_betas[1],
+            max_grad_norm=cfg.max_grad_norm,
+            logging_strategy="steps",
+            logging_steps=1,
+            save_strategy="steps",
+            save_steps=cfg.save_every,
+            save_total_limit=cfg.keep_checkpoints,
+            seed=cfg.seed,
+            data_seed=cfg.seed,
+            report_to="none",
+            use_cpu=device == "cpu",
+            bf16=precision == "bf16-mixed",
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
+            disable_tqdm=True,
+            **length,
+            **_checkpointing(cfg.gradient_checkpointing),
+        )
+        counter = _TokenCounter()
+
+        class CountingTrainer(Trainer):  # type: ignore[misc]
+            # Counted where the batch is trained on: the data loader fetches a batch ahead.
+            def training_step(self, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+                counter.tokens += int(inputs["attention_mask"].sum())
+                return super().training_step(model, inputs, *a, **kw)
+
+        pad = int(self.tokenizer.pad_token_id)
+        trainer = CountingTrainer(
+            model=self.model,
+            args=args,
+            train_dataset=examples,
+            data_collator=lambda features: _collate(features, pad),
+            processing_class=self.tokenizer,
+            callbacks=[_callback(self, logger, counter, rows)],
+        )
+        trainer.remove_callback(PrinterCallback)  # our callback logs every step already
+        return trainer
+
+    def _evaluate(self, step: int) -> dict[str, Any]:
+        from leanrl.train.inrun_eval import evaluate
+
+        cfg = self.config
+        return dict(
+            run_sync(evaluate(cfg.eval, step, self.run, self.model, self.tokenizer, cfg.policy))
+        )
+
+
+class _TokenCounter:
+    """Real (non-pad) tokens trained on so far."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+
+def _collate(features: Sequence[dict[str, list[int]]], pad: int) -> dict[str, Any]:
+    from leanrl.train.sft_data import collate
+
+    return collate(features, pad)
+
+
+def _checkpointing(on: bool) -> dict[str, Any]:
+    """The TrainingArguments flag for activation checkpointing (renamed in transformers 5)."""
+    if not on:
+        return {}
+    from transformers import TrainingArguments
+
+    fields = TrainingArguments.__dataclass_fields__
+    return {
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing": True
+    }
+
+
+def _callback(sft: SFTTrainer, logger: Any, counter: _TokenCounter, rows: list) -> Any:
+    from transformers import TrainerCallback
+
+    class LeanrlCallback(TrainerCallback):  # type: ignore[misc]
+        """Writes one metrics row per optimizer step and runs the in-run evaluation."""
+
+        def __init__(self) -> None:
+            self.pending: dict[str, Any] = {}
+            self.t_last = time.perf_counter()
+            self.tok_last = 0
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            if sft.config.eval.due(state.global_step, state.max_steps):
+                self.pending = sft._evaluate(state.global_step)
+                self.t_last = time.perf_counter()  # the evaluation's time is not training's
+            return control
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> Any:
+            logs = logs or {}
+            if "loss" not in logs:  # the end-of-training summary, not a step
+                return control
+            now = time.perf_counter()
+            tokens = counter.tokens - self.tok_last
+            row = {
+                "step": state.global_step,
+                "loss": logs.get("loss"),
+                "grad_norm": logs.get("grad_norm"),
+                "lr": logs.get("learning_rate"),
+                "epoch": logs.get("epoch"),
+                "tokens": tokens,
+                "tokens_per_s": tokens / max(now - self.t_last, 1e-9),
+                **self.pending,
+            }
+            self.pending = {}
+            self.t_last, self.tok_last = now, counter.tokens
+            logger.log(row)
+            rows.append(row)
+            log.info("step %d/%d: loss %.4g", state.global_step, state.max_steps, row["loss"])
+            return control
+
+    return LeanrlCallback()
+
+
+def load_model(policy: PolicyConfig, precision: str) -> tuple[Any, Any]:
+    """The causal LM of ``policy.model`` (bf16 weights for ``precision = "bf16"``, else fp32)
+    and its tokenizer, with a pad token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(policy.model)
+        model = AutoModelForCausalLM.from_pretrained(policy.model, dtype=dtype, **policy.options)
+    except (OSError, ValueError) as e:
+        raise PolicyError(f"cannot load model {policy.model!r}: {e}") from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def device_and_precision(device: str, precision: str) -> tuple[str, str]:
+    """The training device (``policy.device``, ``auto`` resolved) and the precision (``auto``
+    resolved: bf16-mixed on a GPU, fp32 on the CPU); a :class:`ConfigError` if they clash."""
+    import torch
+
+    dev = device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"policy.device is {dev!r} but no CUDA device is available")
+    if precision == "auto":
+        precision = "bf16-mixed" if dev.startswith("cuda") else "fp32"
+    if precision == "bf16-mixed" and not dev.startswith("cuda"):
+        raise ConfigError("precision 'bf16-mixed' needs a CUDA device; use 'fp32' on the CPU")
+    return dev, precision
+
+
+def answer_loss(
+    model: Any, examples: Sequence[dict[str, list[int]]], pad_id: int, batch: int = 8
+) -> float:
+    """Mean loss per answer token of ``model`` on ``examples`` (no gradients)."""
+    import torch
+
+    from leanrl.train.sft_data import IGNORE, collate
+
+    total, count = 0.0, 0
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for lo in range(0, len(examples), batch):
+                b = collate(examples[lo : lo + batch], pad_id)
+                device = next(model.parameters()).device
+                logits = model(
+                    input_ids=b["input_ids"].to(device),
+                    attention_mask=b["attention_mask"].to(device),
+                ).logits[:, :-1, :]
+                labels = b["labels"][:, 1:].to(device)
+                lp = torch.nn.functional.cross_entropy(
+                    logits.float().reshape(-1, logits.shape[-1]),
+                    labels.reshape(-1),
+                    ignore_index=IGNORE,
+                    reduction="sum",
+                )
+                total += float(lp)
+                count += int((labels != IGNORE).sum())
+    finally:
+        model.train(was)
+    return total / count if count else math.nan
+
+
+def train_sft(config: SFTConfig, env: Environment | None = None) -> list[dict[str, Any]]:
+    """Train with SFT (blocking); returns the metrics rows. ``SFTTrainer(...).train_sync()``."""
+    return SFTTrainer(config, env).train_sync()
