@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError
 from leanrl.policy import SamplingConfig
+from leanrl.proofs import PROOFS_FILE, ProofStore
 from leanrl.runtime import run_sync
 from leanrl.train.common import (
     MetricsLogger,
@@ -233,7 +234,9 @@ class ESTrainer:
     (or :meth:`train_sync`). Rerunning on the same ``out`` folder resumes the run."""
 
     #: Fields that may change between a run and its resume (they do not change the weights).
-    RESUMABLE = ("steps", "out", "scorer", "log_to", "run_name", "keep_checkpoints", "save_every")
+    RESUMABLE = (
+        "steps", "out", "scorer", "log_to", "run_name", "keep_checkpoints", "save_every", "eval",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -252,6 +255,7 @@ class ESTrainer:
         self.weights: Any = None
         self._logger: MetricsLogger | None = None
         self._started = False
+        self._kept = ProofStore(self.run.path / PROOFS_FILE)
 
     @property
     def env(self) -> Environment:
@@ -271,6 +275,11 @@ class ESTrainer:
             return
         cfg = self.config
         check_model_path(cfg.policy.model)  # before anything heavy
+        if cfg.eval.every and cfg.scorer.backend == "vllm":
+            raise ConfigError(
+                "eval.every needs the weights in the trainer, but with scorer.backend 'vllm' "
+                "they live in the engine: evaluate the checkpoints with leanrl eval instead"
+            )
         self.run.bind_config(cfg, ignore=self.RESUMABLE)
         for leftover in self.run.path.glob(f"{_ENGINE_TMP}*"):  # from a kill mid-checkpoint
             shutil.rmtree(leftover, ignore_errors=True)
@@ -385,6 +394,7 @@ class ESTrainer:
         )
         scores: list[MemberScore] = await self.scorer.score(state, members)
         t_scored = time.perf_counter()
+        self._keep(tasks, members, scores, it)
         _check_finite(scores, members, it)
         rewards = [s.reward for s in scores]
         z = shape_rewards(rewards, cfg.shaping)
@@ -419,6 +429,8 @@ class ESTrainer:
             "population": n,
             **runtime_metrics(self._env),
         }
+        if cfg.eval.due(it, cfg.steps):  # the updated weights θ_it, unperturbed
+            row.update(await self._evaluate(it))
         # Metrics first, then the history: a crash in between leaves a metrics line past the
         # history, which the resume drops (truncate_metrics) before redoing that iteration.
         if self._logger is not None:
@@ -428,6 +440,46 @@ class ESTrainer:
         if it % cfg.save_every == 0 or it == cfg.steps:
             self.save_checkpoint()
         return row
+
+    def _keep(
+        self,
+        tasks: Sequence[Any],
+        members: Sequence[Member],
+        scores: Sequence[MemberScore],
+        it: int,
+    ) -> None:
+        """Every member's accepted attempts into ``proofs.jsonl`` (written by θ_{it-1} + noise:
+        ``step`` is the iteration, the member's seed and sign are kept with it)."""
+        from leanrl.proofs import kept_from
+
+        by_id = {t.id: t for t in tasks}
+        rows = [
+            kept_from(
+                by_id[k["task_id"]],
+                k["proof"],
+                k["preamble"],
+                completion=k["completion"],
+                source="es",
+                model=self.config.policy.model,
+                step=it,
+                sample=k["sample"],
+                axioms=k["axioms"],
+                verify_s=k["verify_s"],
+                member_seed=m.seed,
+                member_sign=m.sign,
+            )
+            for m, s in zip(members, scores, strict=True)
+            for k in s.kept
+            if k["task_id"] in by_id
+        ]
+        self._kept.add(rows)
+
+    async def _evaluate(self, step: int) -> dict[str, Any]:
+        """The in-run held-out evaluation of the current weights (``eval``)."""
+        from leanrl.train.inrun_eval import evaluate
+
+        cfg = self.config
+        return await evaluate(cfg.eval, step, self.run, self.model, self.tokenizer, cfg.policy)
 
     def save_checkpoint(self) -> Path:
         """A Hugging Face model folder at the current iteration (+ exact fp32 master if needed)."""
@@ -482,12 +534,20 @@ class ESTrainer:
         """Run iterations until ``steps``; returns this call's metrics rows."""
         await self.start()
         rows = []
+        if self.iteration == 0 and self.config.eval.baseline_due(self.run.metrics()):
+            row0 = {"step": 0, **await self._evaluate(0)}
+            if self._logger is not None:
+                self._logger.log(row0)
+            rows.append(row0)
         while self.iteration < self.config.steps:
             rows.append(await self.step())
         latest = self.run.latest_checkpoint()
         if self.iteration and (latest is None or latest[0] != self.iteration):
             self.save_checkpoint()
         self.run.plot(title=f"ES reward ({self.run.path.name})")
+        from leanrl.train.inrun_eval import plot_eval
+
+        plot_eval(self.run)
         return rows
 
     async def close(self) -> None:

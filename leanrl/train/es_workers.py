@@ -95,6 +95,9 @@ class MemberScore:
     """Every rollout's reward, task-major."""
     task_ids: list[str] = field(default_factory=list)
     """The task of each entry of ``rewards`` (to name the task in error messages)."""
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    """The accepted attempts (task id, sample, proof, preamble, completion, axioms, time), for
+    the run's ``proofs.jsonl``."""
 
 
 @runtime_checkable
@@ -126,6 +129,19 @@ async def score_rollouts(
     rewards = [float(r.reward) for r in rollouts]
     passed = sum(1 for r in rollouts if r.verdict is not None and r.verdict.accepted)
     tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
+    kept = [
+        {
+            "task_id": str(r.task_id),
+            "sample": r.sample,
+            "proof": r.proof,
+            "preamble": r.preamble,
+            "completion": r.turns[-1].completion if r.turns else "",
+            "axioms": list(r.verdict.axioms),
+            "verify_s": r.verdict.time_s,
+        }
+        for r in rollouts
+        if r.verdict is not None and r.verdict.accepted and r.proof is not None
+    ]
     return MemberScore(
         reward=sum(rewards) / len(rewards),
         pass_rate=passed / len(rollouts),
@@ -133,6 +149,7 @@ async def score_rollouts(
         score_s=time.perf_counter() - t0,
         rewards=rewards,
         task_ids=[str(r.task_id) for r in rollouts],
+        kept=kept,
     )
 
 

@@ -79,6 +79,7 @@ from pydantic import Field, field_validator, model_validator
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy, SamplingConfig
+from leanrl.proofs import PROOFS_FILE, ProofStore
 from leanrl.rollout import Rollout
 from leanrl.task import Task
 from leanrl.train.common import (
@@ -327,13 +328,14 @@ class GRPOTrainer:
     #: Fields that may change between a run and its resume (they do not change the result up to
     #: the old ``steps``; with a ``linear``/``cosine`` schedule a new ``steps`` reshapes the
     #: rest of the schedule).
-    RESUMABLE = ("steps", "out", "log_to", "run_name", "keep_checkpoints", "save_every")
+    RESUMABLE = ("steps", "out", "log_to", "run_name", "keep_checkpoints", "save_every", "eval")
 
     def __init__(self, config: GRPOConfig, env: Environment | None = None) -> None:
         self.config = config
         self.env = env
         self.run = RunDir(config.out)
         self._warned_top_p = False
+        self._kept = ProofStore(self.run.path / PROOFS_FILE)
 
     def check(self) -> None:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
@@ -414,6 +416,9 @@ class GRPOTrainer:
             if gen is not None:
                 await gen.close()
             self.run.plot(title=f"GRPO reward ({self.run.path.name})")
+            from leanrl.train.inrun_eval import plot_eval
+
+            plot_eval(self.run)
         return rows
 
     def _forget_failed_start(self) -> None:
@@ -439,6 +444,10 @@ class GRPOTrainer:
         start = engine.step
         if start >= cfg.steps:
             return
+        if start == 0 and cfg.eval.baseline_due(self.run.metrics()):  # the starting weights
+            row0 = {"step": 0, **await self._evaluate(engine, 0)}
+            logger.log(row0)
+            rows.append(row0)
         version = asyncio.Condition()
 
         async def produce(step: int) -> _Batch:
@@ -476,6 +485,8 @@ class GRPOTrainer:
                     version.notify_all()
                 row = self._metrics_row(engine, batch, train_stats, t0, t1, t2)
                 row.update(runtime_metrics(env))  # Lean pool counters, sandbox/CPU-seconds
+                if cfg.eval.due(engine.step, cfg.steps):
+                    row.update(await self._evaluate(engine, engine.step))
                 logger.log(row)
                 log.info(_step_line(row, cfg.steps))
                 rows.append(row)
@@ -511,6 +522,13 @@ class GRPOTrainer:
             seed = None if base_seed is None else base_seed + cfg.seed * 1_000_003 + step * 101 + r
             sampling = cfg.sampling.model_copy(update={"n": cfg.group_size, "seed": seed})
             got = await env.rollout(batch_tasks, clock, sampling)
+            self._kept.add_rollouts(
+                batch_tasks,
+                (x for g in got for x in g),
+                source="grpo",
+                model=cfg.policy.model,
+                step=gen_version,
+            )
             for task, g in zip(batch_tasks, got, strict=True):
                 if len(g) != cfg.group_size:
                     raise PolicyError(
@@ -536,6 +554,15 @@ class GRPOTrainer:
             version=gen_version,
             t_rollout=t_rollout,
             t_generate=clock.take(),
+        )
+
+    async def _evaluate(self, engine: Any, step: int) -> dict[str, Any]:
+        """The in-run held-out evaluation of the weights being trained (``eval``)."""
+        from leanrl.train.inrun_eval import evaluate
+
+        # The step has finished: nothing writes the weights while they are evaluated.
+        return await evaluate(
+            self.config.eval, step, self.run, engine.model, engine.tokenizer, self.config.policy
         )
 
     def _metrics_row(
