@@ -77,11 +77,14 @@ _COMMANDS: dict[str, str] = {
     "serve": "leanrl.service.cli:ServeCommand",
     "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
     "train es": "leanrl.train.es_cli:ESCommand",
+    "train sft": "leanrl.train.sft_cli:SFTCommand",
+    "train expert-iteration": "leanrl.train.ei_cli:ExpertIterationCommand",
 }
 # -------------------------------------------------------------------------------------------------
 
 _GROUP_DOCS: dict[str, str] = {
-    "train": "Post-train a model on an environment (GRPO or evolution strategies).",
+    "train": "Post-train a model: GRPO, evolution strategies, SFT on verified proofs, or expert "
+    "iteration.",
 }
 
 _ROOT_DOC = """leanrl: evaluate and post-train language models that write Lean 4 proofs.
