@@ -33,7 +33,9 @@ __all__ = [
     "DecontaminationReport",
     "decontaminate",
     "informal_ngrams",
+    "save_taskset_report",
     "statement_key",
+    "write_report",
 ]
 
 # Identifiers as Lean writes them (letters, digits, subscripts, ', ! and ?); no dots: a dotted
@@ -294,3 +296,11 @@ def write_report(report: DecontaminationReport, folder: Path) -> None:
         encoding="utf-8",
     )
     (folder / "decontamination.md").write_text(report.markdown(), encoding="utf-8")
+
+
+def save_taskset_report(taskset: object, folder: Path) -> None:
+    """Write the report of what a taskset's ``decontaminate`` option dropped (if it ran) into
+    ``folder`` (a trainer's run folder)."""
+    report = getattr(taskset, "decontamination", None)
+    if isinstance(report, DecontaminationReport):
+        write_report(report, folder)

@@ -63,9 +63,12 @@ def test_grpo_evaluates_every_n_steps_and_keeps_its_proofs(
 ) -> None:
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
 
+    env = _env("train", "", "tactic-loop")
+    bench = Path(__file__).parent / "fixtures" / "decontam" / "bench.jsonl"
+    env.taskset.decontaminate.against = [f"dataset={bench}"]
     cfg = GRPOConfig(
         policy=PolicyConfig(model=str(toy_model_dir)),
-        env=_env("train", "", "tactic-loop"),
+        env=env,
         sampling=SamplingConfig(max_tokens=6, top_p=1.0, seed=0),
         out=tmp_path / "run",
         steps=3,
@@ -87,6 +90,8 @@ def test_grpo_evaluates_every_n_steps_and_keeps_its_proofs(
     assert kept and {p.source for p in kept} == {"grpo"}
     assert {p.step for p in kept} == {0, 1, 2}  # the weights version that wrote each proof
     assert all(p.task_id in {f"toy_{i}" for i in range(8)} for p in kept)  # never held-out
+    report = json.loads((run / "decontamination.json").read_text())
+    assert (report["checked"], report["kept"]) == (8, 8)  # the taskset option's report is kept
 
 
 def test_es_evaluates_and_keeps_member_proofs(toy_model_dir: Path, tmp_path: Path) -> None:

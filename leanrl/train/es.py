@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError
 from leanrl.policy import SamplingConfig
@@ -287,6 +288,7 @@ class ESTrainer:
         self._check_meta()
         self.iteration = len(records)
         self.tasks = self.env.tasks()
+        save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
         source = self._source()
         if cfg.scorer.backend != "vllm":

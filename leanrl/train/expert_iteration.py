@@ -129,10 +129,9 @@ class ExpertIteration:
         done = max((int(r["step"]) for r in self.run.metrics()), default=0)
         self.run.truncate_metrics(done)
         self.kept.open()
-        if env.taskset.decontamination is not None:
-            from leanrl.decontam import write_report
+        from leanrl.decontam import save_taskset_report
 
-            write_report(env.taskset.decontamination, self.run.path)
+        save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
         logger = MetricsLogger(self.run, cfg.log_to, cfg.run_name, cfg.model_dump(mode="json"))
         logger.start()
         rows: list[dict[str, Any]] = []

@@ -76,6 +76,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy, SamplingConfig
@@ -396,6 +397,7 @@ class GRPOTrainer:
         batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
         self._forget_failed_start()
         resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
+        save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
         await asyncio.to_thread(engine.load, resumed)
         logger = MetricsLogger(
             self.run,

@@ -160,6 +160,9 @@ class SFTTrainer:
                 "dataset with a proof column (--data.from_env, --data.proof_column formal_proof)"
             )
         resumed = self.run.bind_config(cfg, ignore=self.RESUMABLE)
+        from leanrl.decontam import save_taskset_report
+
+        save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
         latest = self._resume_point() if resumed else None
         self._load()
         from leanrl.train.sft_data import encode_pairs
