@@ -1,8 +1,10 @@
-"""Trainers: GRPO and evolution strategies, on any leanrl Environment, sharing one run folder.
+"""Trainers: GRPO, evolution strategies, SFT and expert iteration, on any leanrl Environment,
+sharing one run folder.
 
-``GRPOTrainer`` and ``ESTrainer`` take the same inputs (an Environment config, a model, a run
-folder) and write the same run folder, so one can be swapped for the other. They are imported on
-first use, so ``import leanrl.train`` stays light until a trainer is needed.
+``GRPOTrainer``, ``ESTrainer`` and ``SFTTrainer`` take the same inputs (an Environment config, a
+model, a run folder) and write the same run folder; ``ExpertIteration`` runs rounds of sampling
+and SFT. They are imported on first use, so ``import leanrl.train`` stays light until a trainer
+is needed.
 """
 
 from __future__ import annotations
@@ -14,15 +16,21 @@ from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, batch_for_st
 
 if TYPE_CHECKING:
     from leanrl.train.es import ESConfig, ESTrainer
+    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
+    from leanrl.train.sft import SFTConfig, SFTTrainer
 
 __all__ = [
     "ESConfig",
     "ESTrainer",
+    "ExpertIteration",
+    "ExpertIterationConfig",
     "GRPOConfig",
     "GRPOTrainer",
     "MetricsLogger",
     "RunDir",
+    "SFTConfig",
+    "SFTTrainer",
     "TrainConfig",
     "batch_for_step",
 ]
@@ -32,6 +40,10 @@ _LAZY = {
     "ESTrainer": "leanrl.train.es",
     "GRPOConfig": "leanrl.train.grpo",
     "GRPOTrainer": "leanrl.train.grpo",
+    "SFTConfig": "leanrl.train.sft",
+    "SFTTrainer": "leanrl.train.sft",
+    "ExpertIteration": "leanrl.train.expert_iteration",
+    "ExpertIterationConfig": "leanrl.train.expert_iteration",
 }
 
 
