@@ -51,7 +51,7 @@ def _engine(model: Path, out: Path, **kw: Any) -> Any:
 def _samples(engine: Any) -> list[Any]:
     """Three sequences of different lengths (the third with 2 environment tokens, mask 0) whose
     ``old`` is the current model's own log-prob, so that ρ = 1 exactly as given."""
-    from leanrl.train.grpo import _Sample
+    from leanrl.train.grpo_data import _Sample
 
     tok = engine.tokenizer
     prompt = tok.encode("theorem t1 : 1 + 1 = 2 := by", add_special_tokens=False)
@@ -62,12 +62,12 @@ def _samples(engine: Any) -> list[Any]:
         _Sample(prompt=prompt[: 4 + k], resp=body[: len(m)], mask=m, old=[], adv=a)
         for k, (m, a) in enumerate(zip(masks, ADVS, strict=True))
     ]
-    engine._fill_logprobs(out, engine.model, "old")
+    engine._fill_logprobs(out, "old")
     return out
 
 
 def _batch(samples: list[Any]) -> Any:
-    from leanrl.train.grpo import _Batch
+    from leanrl.train.grpo_data import _Batch
 
     return _Batch(
         step=0, groups=[], kept=[], samples=samples, version=0, t_rollout=0.0, t_generate=0.0
@@ -186,7 +186,7 @@ def test_kl_term_enters_the_loss(tiny_model_dir: Path, tmp_path: Path) -> None:
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     samples = _samples(engine)
     ref = _samples(engine)
-    engine._fill_logprobs(ref, engine.ref_model, "ref")
+    engine._fill_logprobs(ref, "ref")
 
     def k3(i: int, t: int) -> float:
         d = ref[i].ref[t] - samples[i].old[t]
@@ -206,7 +206,7 @@ def test_training_logprobs_use_the_sampling_temperature(
 ) -> None:
     """Completions sampled at T = 0.7 carry log softmax(logits / 0.7); the first pass must see
     ρ = 1 (no clipping, behaviour KL 0, loss = the ρ = 1 value)."""
-    from leanrl.train.grpo import _Sample
+    from leanrl.train.grpo_data import _Sample
 
     sampling = SamplingConfig(max_tokens=12, top_p=1.0, temperature=0.7, seed=3)
     engine = _engine(tiny_model_dir, tmp_path / "r", sampling=sampling)
@@ -300,7 +300,7 @@ def test_batch_scale_uses_every_reward_of_the_step(tiny_model_dir: Path, tmp_pat
 def test_dropout_is_off_in_the_loss_forward(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A model with attention dropout 0.1: with ``disable_dropout`` (the default) the training
     forward reproduces the sampler's log-probs; without it, it does not."""
-    from leanrl.train.grpo import _Sample
+    from leanrl.train.grpo_data import _Sample
     from leanrl.train.rl import token_logprobs
 
     drop = tmp_path / "tiny-dropout"

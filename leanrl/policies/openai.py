@@ -210,4 +210,7 @@ def _completion(choice: dict[str, Any], chat: bool) -> Completion:
             lp = tuple(float(x) if x is not None else 0.0 for x in raw["token_logprobs"])
     # vLLM returns ids when asked (`return_token_ids`); other servers do not.
     ids = tuple(int(x) for x in choice.get("token_ids") or ())
-    return Completion(text=text, token_ids=ids, logprobs=lp, finish_reason=finish)
+    prompt_ids = tuple(int(x) for x in choice.get("prompt_token_ids") or ())
+    return Completion(
+        text=text, token_ids=ids, logprobs=lp, finish_reason=finish, prompt_token_ids=prompt_ids
+    )

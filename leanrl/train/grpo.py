@@ -70,11 +70,8 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field, field_validator, model_validator
+from typing import Any
 
 from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
@@ -86,203 +83,16 @@ from leanrl.task import Task
 from leanrl.train.common import (
     MetricsLogger,
     RunDir,
-    TrainConfig,
     batch_for_step,
     check_model_path,
     runtime_metrics,
 )
-from leanrl.verdict import Reason
+from leanrl.train.grpo_config import GRPOConfig
+from leanrl.train.grpo_data import _Batch, ends_truncated
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
 
-# The same literals as leanrl.train.rl's, spelled out here so that importing the config (the CLI
-# does, at start-up) does not import torch.
-LossAgg = Literal["grpo", "dr_grpo", "dapo"]
-RewardScale = Literal["group", "batch", "none"]
-
 log = logging.getLogger("leanrl.train.grpo")
-
-
-def _grpo_sampling() -> SamplingConfig:
-    # DAPO samples with temperature 1.0 and top-p 1.0; top-p < 1 would bias the ratio (see above).
-    return SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=2048)
-
-
-class GRPOConfig(TrainConfig):
-    """GRPO options. Defaults follow the papers each field cites."""
-
-    sampling: SamplingConfig = Field(default_factory=_grpo_sampling)
-    """Sampling during training (``n`` is ignored: ``group_size`` is used). Default temperature
-    1.0 and top-p 1.0 as in DAPO (Yu et al. 2025): the importance ratio needs the true sampling
-    distribution, which top-p would change."""
-    group_size: int = 16
-    """G, completions per task; advantages are relative to the group. GRPO (DeepSeekMath, Shao et
-    al. 2024) uses 64; the default 16 is DAPO's (Yu et al. 2025). At least 2."""
-    loss_agg: LossAgg = "dapo"
-    """How token losses become one number. ``dapo``: one mean over all loss tokens of the
-    mini-batch (DAPO, Yu et al. 2025; the default: long sequences are not down-weighted).
-    ``grpo``: mean per sequence, then mean over sequences (DeepSeekMath). ``dr_grpo``: sum over
-    tokens divided by a constant ``norm_len`` per sequence (Dr. GRPO, Liu et al. 2025)."""
-    scale_rewards: RewardScale | None = None
-    """Divide advantages by the group's reward std (``group``, DeepSeekMath), by the std of every
-    reward sampled this step (``batch``: all groups, before dynamic sampling drops any), or not at
-    all (``none``, Dr. GRPO: std scaling over-weights easy and hard tasks). Default (unset):
-    per the loss, ``none`` for ``loss_agg = "dr_grpo"`` (Liu et al. 2025 remove both biases
-    together) and ``group`` otherwise."""
-    eps_low: float = Field(default=0.2, ge=0.0, lt=1.0)
-    """Lower clip bound: ρ is clipped at 1 - eps_low (PPO's 0.2, Schulman et al. 2017)."""
-    eps_high: float = Field(default=0.28, ge=0.0)
-    """Upper clip bound: ρ is clipped at 1 + eps_high. 0.28 is DAPO's clip-higher, which keeps
-    low-probability tokens able to grow (against entropy collapse)."""
-    beta: float = Field(default=0.0, ge=0.0)
-    """Weight of the k3 KL penalty to the frozen starting model. 0 (no reference model loaded)
-    as in DAPO and Dr. GRPO; DeepSeekMath used 0.04."""
-    dynamic_sampling: Literal["off", "drop", "refill"] = "refill"
-    """Groups whose rewards are all equal have zero advantage. ``refill`` (the default, DAPO's
-    dynamic sampling, Yu et al. 2025): leave them out and sample extra groups until the batch has
-    ``tasks_per_step`` informative ones, for at most ``max_refill_rounds`` extra rounds (DAPO
-    samples until full; the bound keeps a step's cost finite when nearly every task is solved
-    or hopeless). ``drop``: only leave them out (they would dilute the ``dapo``/``grpo``
-    denominators). ``off``: keep them."""
-    max_refill_rounds: int = Field(default=3, ge=1)
-    """``refill``: most extra rounds of ``tasks_per_step`` new groups per step (the step then
-    trains on the informative groups it has, fewer than ``tasks_per_step`` if need be)."""
-    mask_truncated: bool = True
-    """Give no loss to rollouts cut off by the token limit (DAPO's overlong filtering): a
-    truncated proof is unfinished, not wrong."""
-    ppo_epochs: int = Field(default=1, ge=1)
-    """Optimisation passes over each batch of rollouts (μ in DeepSeekMath, which uses 1). Passes
-    after the first see ρ ≠ 1 and are kept in the trust region by the clip."""
-    minibatches: int = Field(default=1, ge=1)
-    """Optimizer steps per pass: the batch is shuffled and cut into this many mini-batches
-    (DAPO: 16 updates per rollout batch). ``tasks_per_step × group_size`` must divide by it."""
-    micro_batch_size: int = Field(default=4, ge=1)
-    """Sequences per forward/backward; gradients of micro-batches accumulate (bounds memory,
-    does not change the result)."""
-    lr: float = Field(default=1e-6, gt=0.0)
-    """AdamW learning rate (1e-6 in DeepSeekMath and DAPO)."""
-    weight_decay: float = Field(default=0.1, ge=0.0)
-    """AdamW weight decay (0.1 in DAPO)."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas (PyTorch's defaults, Loshchilov & Hutter 2019)."""
-    max_grad_norm: float = Field(default=1.0, gt=0.0)
-    """Clip the global gradient norm at this value (1.0 in DAPO)."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning rate after warm-up: ``constant`` (DAPO), or decayed to 0 at ``steps``
-    (``linear``/``cosine``)."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Linear warm-up over this many trainer steps (DAPO warms up over 20)."""
-    norm_len: int | None = Field(default=None, ge=1)
-    """``dr_grpo``: the constant length each sequence's token sum is divided by. Default:
-    ``sampling.max_tokens`` times the most turns of an attempt (``env.harness.max_turns`` for
-    ``tactic-loop``, ``max_revisions + 1`` for ``self-correction``)."""
-    disable_dropout: bool = True
-    """Turn off every dropout of the model for the loss forward (as TRL's ``disable_dropout``).
-    The sampler draws with dropout off (eval mode); a training forward with dropout on would
-    see a different, random policy, so ρ ≠ 1 on fresh rollouts and the clip fires on noise."""
-    dual_clip: float | None = None
-    """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"):
-    for a negative advantage the token loss is capped at ``dual_clip · |A|`` (a value > 1; the
-    paper uses 3), so a token whose ratio has grown large under stale data cannot dominate the
-    update. Unset: 3 in async mode with ``max_staleness > 1`` (where such ratios occur), off
-    otherwise; 0 turns it off."""
-    old_logprobs: Literal["sampler", "recompute"] = "sampler"
-    """Denominator of ρ: the log-probs the generation backend reported (``sampler``: corrects
-    for staleness and kernel mismatch), or a no-grad forward of the current weights before the
-    first pass (``recompute``: the paper's π_old; not allowed in async mode)."""
-    async_generation: bool = False
-    """Generate the next step's rollouts while this step trains (see the module docstring)."""
-    max_staleness: int = Field(default=1, ge=1)
-    """Async mode: most trainer steps between the weights that generated a batch and the
-    weights it is trained on."""
-    precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
-    """``fp32``; ``bf16-mixed``: fp32 weights and optimizer, bf16 autocast (CUDA only);
-    ``bf16``: bf16 weights too (half the memory, lossy updates). ``auto``: bf16-mixed on a GPU,
-    fp32 on the CPU."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30% slower)."""
-
-    @field_validator("group_size")
-    @classmethod
-    def _group_size(cls, v: int) -> int:
-        if v < 2:
-            raise ValueError(
-                f"group_size must be at least 2 (got {v}): GRPO's advantage compares the "
-                "samples of a group with each other, so a group of 1 has advantage 0 always"
-            )
-        return v
-
-    @field_validator("dual_clip")
-    @classmethod
-    def _dual_clip(cls, v: float | None) -> float | None:
-        if v is not None and v != 0 and v <= 1:
-            raise ValueError(
-                f"dual_clip must be 0 (off) or greater than 1 (got {v}): it caps a negative "
-                "advantage's token loss at dual_clip × |A|, above the ordinary clip (paper: 3)"
-            )
-        return v
-
-    @property
-    def reward_scale(self) -> RewardScale:
-        """``scale_rewards`` resolved: unset means ``none`` for ``dr_grpo``, ``group`` else."""
-        if self.scale_rewards is not None:
-            return self.scale_rewards
-        return "none" if self.loss_agg == "dr_grpo" else "group"
-
-    @property
-    def dual_clip_c(self) -> float | None:
-        """``dual_clip`` resolved: the cap constant c, or None when off."""
-        if self.dual_clip is None:
-            return 3.0 if self.async_generation and self.max_staleness > 1 else None
-        return self.dual_clip or None
-
-    @model_validator(mode="after")
-    def _divisible(self) -> GRPOConfig:
-        if self.sampling.temperature <= 0:
-            raise ValueError(
-                f"sampling.temperature must be above 0 for GRPO (got {self.sampling.temperature}):"
-                " greedy decoding makes every attempt of a group identical, so every advantage is"
-                " 0 and nothing is learned; GRPO needs sampling, use a temperature around 1.0"
-            )
-        total = self.tasks_per_step * self.group_size
-        if total % self.minibatches:
-            raise ValueError(
-                f"tasks_per_step × group_size = {self.tasks_per_step} × {self.group_size} = "
-                f"{total} sequences per step is not divisible by minibatches = "
-                f"{self.minibatches}; change one of them"
-            )
-        if self.async_generation and self.old_logprobs == "recompute":
-            raise ValueError(
-                "async_generation needs old_logprobs = 'sampler': the ratio must be against the "
-                "stale policy that sampled the tokens, which only the sampler's log-probs know"
-            )
-        return self
-
-
-# -- data --------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Sample:
-    """One sequence for the loss: prompt, response (model + environment tokens), per-token data."""
-
-    prompt: list[int]
-    resp: list[int]
-    mask: list[int]  # 1 = model token with loss, 0 = environment token or masked
-    old: list[float]  # behaviour log-prob per response token (0.0 where unknown and masked)
-    adv: float
-    ref: list[float] | None = None  # reference log-probs (β > 0), filled before training
-
-
-@dataclass
-class _Batch:
-    step: int
-    groups: list[list[Rollout]]  # every group sampled (dropped ones included)
-    kept: list[list[Rollout]]
-    samples: list[_Sample]
-    version: int  # weights version that generated it
-    t_rollout: float
-    t_generate: float
 
 
 class _GenClock(Policy):
@@ -347,11 +157,16 @@ class GRPOTrainer:
 
         device, _ = device_and_precision(cfg)
         backend = cfg.policy.backend
-        if backend not in ("hf", "vllm"):
+        from leanrl.train.vllm_server import check_sync_config
+
+        check_sync_config(cfg.vllm_server, cfg.policy)
+        if backend not in ("hf", "vllm") and not cfg.vllm_server.enabled:
             raise ConfigError(
                 f"GRPO cannot train through the {backend!r} backend (it cannot receive new "
-                "weights); use --policy.backend hf or vllm"
+                "weights); use --policy.backend hf or vllm, or a vLLM server (--policy.backend "
+                "openai with --vllm_server.transport nccl, gloo or disk)"
             )
+        _check_ranks(cfg)
         if backend == "vllm":
             if importlib.util.find_spec("vllm") is None:
                 raise ConfigError(
@@ -388,27 +203,36 @@ class GRPOTrainer:
     async def train(self) -> list[dict[str, Any]]:
         """Train to ``config.steps``; returns the metrics rows this call wrote."""
         self.check()
-        from leanrl.train.grpo_engine import GRPOEngine
+        from leanrl.train.distributed import World
+        from leanrl.train.grpo_engine import GRPOEngine, device_and_precision
 
-        engine = GRPOEngine(self.config, self.run)
+        # torchrun: every rank runs this; rank 0 alone writes the run folder
+        world = World.from_env(self.config.distributed, device_and_precision(self.config)[0].type)
+        self._world = world
+        engine = GRPOEngine(self.config, self.run, world)
         env = self.env or load_environment(self.config.env)
-        # The tasks load before the model: a bad taskset fails in seconds, not after a model load.
-        tasks = await asyncio.to_thread(env.tasks)
-        batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
-        self._forget_failed_start()
-        resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
-        save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
-        await asyncio.to_thread(engine.load, resumed)
-        logger = MetricsLogger(
-            self.run,
-            self.config.log_to,
-            self.config.run_name,
-            self.config.model_dump(mode="json"),
-        )
-        logger.start()
         gen: Policy | None = None
         rows: list[dict[str, Any]] = []
+        logger: Any = _NoLog()
         try:
+            # The tasks load before the model: a bad taskset fails in seconds, not after a load.
+            tasks = await asyncio.to_thread(env.tasks)
+            batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
+            resumed = False
+            if world.is_main:
+                self._forget_failed_start()
+                resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
+                save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
+            resumed = world.broadcast(resumed)
+            await asyncio.to_thread(engine.load, resumed)
+            if world.is_main:
+                logger = MetricsLogger(
+                    self.run,
+                    self.config.log_to,
+                    self.config.run_name,
+                    self.config.model_dump(mode="json"),
+                )
+            logger.start()
             gen = await engine.make_generation_policy()
             clock = _GenClock(gen)
             async with env:
@@ -417,10 +241,13 @@ class GRPOTrainer:
             logger.close()
             if gen is not None:
                 await gen.close()
-            self.run.plot(title=f"GRPO reward ({self.run.path.name})")
-            from leanrl.train.inrun_eval import plot_eval
+            engine.close()
+            if world.is_main:
+                self.run.plot(title=f"GRPO reward ({self.run.path.name})")
+                from leanrl.train.inrun_eval import plot_eval
 
-            plot_eval(self.run)
+                plot_eval(self.run)
+            world.close()
         return rows
 
     def _forget_failed_start(self) -> None:
@@ -446,7 +273,11 @@ class GRPOTrainer:
         start = engine.step
         if start >= cfg.steps:
             return
-        if start == 0 and cfg.eval.baseline_due(self.run.metrics()):  # the starting weights
+        due = cfg.eval.baseline_due(self.run.metrics()) if self._is_main() else False
+        world = getattr(self, "_world", None)
+        if world is not None:
+            due = world.broadcast(due)  # rank 0 read the metrics; every rank must agree
+        if start == 0 and due:  # the starting weights
             row0 = {"step": 0, **await self._evaluate(engine, 0)}
             logger.log(row0)
             rows.append(row0)
@@ -523,14 +354,15 @@ class GRPOTrainer:
             batch_tasks = batch_for_step(tasks, step, cfg.tasks_per_step, cfg.seed + 7919 * r)
             seed = None if base_seed is None else base_seed + cfg.seed * 1_000_003 + step * 101 + r
             sampling = cfg.sampling.model_copy(update={"n": cfg.group_size, "seed": seed})
-            got = await env.rollout(batch_tasks, clock, sampling)
-            self._kept.add_rollouts(
-                batch_tasks,
-                (x for g in got for x in g),
-                source="grpo",
-                model=cfg.policy.model,
-                step=gen_version,
-            )
+            got = await self._rollout(env, batch_tasks, clock, sampling)
+            if self._is_main():  # every rank has the gathered groups; rank 0 keeps the proofs
+                self._kept.add_rollouts(
+                    batch_tasks,
+                    (x for g in got for x in g),
+                    source="grpo",
+                    model=cfg.policy.model,
+                    step=gen_version,
+                )
             for task, g in zip(batch_tasks, got, strict=True):
                 if len(g) != cfg.group_size:
                     raise PolicyError(
@@ -559,13 +391,60 @@ class GRPOTrainer:
         )
 
     async def _evaluate(self, engine: Any, step: int) -> dict[str, Any]:
-        """The in-run held-out evaluation of the weights being trained (``eval``)."""
+        """The in-run held-out evaluation of the weights being trained (``eval``).
+
+        With several ranks, rank 0 evaluates (on its replica, on the full generation copy under
+        FSDP, or through the vLLM server after a push) and every rank gets its figures."""
         from leanrl.train.inrun_eval import evaluate
 
-        # The step has finished: nothing writes the weights while they are evaluated.
-        return await evaluate(
-            self.config.eval, step, self.run, engine.model, engine.tokenizer, self.config.policy
-        )
+        world = getattr(self, "_world", None)
+        if world is None or not world.distributed:
+            # The step has finished: nothing writes the weights while they are evaluated.
+            return await evaluate(
+                self.config.eval, step, self.run, engine.model, engine.tokenizer, self.config.policy
+            )
+        await asyncio.to_thread(engine.sync_generation_weights)  # every rank: FSDP gathers
+        row: dict[str, Any] = {}
+        if world.is_main:
+            server = engine.gen_policy if self.config.vllm_server.enabled else None
+            model = engine.gen_model if engine.gen_model is not None else engine.model
+            if server is None and engine.strategy == "fsdp" and engine.gen_model is None:
+                raise ConfigError("in-run eval under FSDP needs the hf backend or a vLLM server")
+            row = await evaluate(
+                self.config.eval,
+                step,
+                self.run,
+                model,
+                engine.tokenizer,
+                self.config.policy,
+                live=server,
+            )
+        return world.broadcast(row)
+
+    def _is_main(self) -> bool:
+        world = getattr(self, "_world", None)
+        return world is None or world.is_main
+
+    async def _rollout(
+        self, env: Environment, tasks: list[Task], policy: Policy, sampling: SamplingConfig
+    ) -> list[list[Rollout]]:
+        """One group per task. With several ranks each rank rolls out its round-robin share of
+        the tasks (its own policy, harness and Lean runtime) and the groups are gathered, in task
+        order, on every rank: advantages, dynamic sampling and metrics then see the whole step,
+        and every rank holds the same batch."""
+        world = getattr(self, "_world", None)
+        if world is None or not world.distributed:
+            return await env.rollout(tasks, policy, sampling)
+        from leanrl.train.distributed import round_robin
+
+        shares = round_robin(len(tasks), world.size)
+        mine = [tasks[i] for i in shares[world.rank]]
+        got = await env.rollout(mine, policy, sampling) if mine else []
+        out: list[list[Rollout]] = [[] for _ in tasks]
+        for share, groups in zip(shares, world.all_gather(got), strict=True):
+            for i, g in zip(share, groups, strict=True):
+                out[i] = g
+        return out
 
     def _metrics_row(
         self,
@@ -622,18 +501,6 @@ class GRPOTrainer:
         }
 
 
-def ends_truncated(r: Rollout) -> bool:
-    """Whether the attempt as a whole was cut off: its last turn hit the token limit, or the
-    episode ran out of its total token budget (Verdict reason ``truncated``).
-
-    A multi-turn episode whose early turn was cut but which went on and finished is *not*
-    truncated: its reward is a real outcome, so its tokens keep their loss.
-    """
-    if r.turns and r.turns[-1].finish_reason == "length":
-        return True
-    return r.verdict is not None and r.verdict.reason == Reason.TRUNCATED
-
-
 def _step_line(row: dict[str, Any], steps: int) -> str:
     """One concise log line for a finished step."""
 
@@ -646,6 +513,38 @@ def _step_line(row: dict[str, Any], steps: int) -> str:
         f"step {row['step']}/{steps}: reward {f('reward_mean')} pass {f('pass_rate')} "
         f"groups {row['groups_kept']}/{row['groups']} {what} {f('time_step', '.2f')}s"
     )
+
+
+class _NoLog:
+    """The metrics logger of ranks other than 0 (they write nothing)."""
+
+    def start(self) -> None:
+        return None
+
+    def log(self, row: dict[str, Any]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _check_ranks(cfg: GRPOConfig) -> None:
+    """What a torchrun launch (WORLD_SIZE > 1) cannot do yet, refused before anything loads."""
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks <= 1:
+        return
+    if cfg.async_generation:
+        raise ConfigError(
+            f"async_generation with {ranks} ranks is not supported: the generation thread's "
+            "collectives would interleave with training's. Use async_generation = false, or "
+            "one process"
+        )
+    if cfg.policy.backend == "vllm":
+        raise ConfigError(
+            f"policy.backend 'vllm' (an engine inside each trainer process) with {ranks} ranks is "
+            "not supported: run a vLLM server instead (--policy.backend openai "
+            "--vllm_server.transport nccl; docs/training-grpo.md, 'vLLM server')"
+        )
 
 
 def _check_relative_model_path(model: str) -> None:

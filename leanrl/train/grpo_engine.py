@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import math
 import random
@@ -23,12 +24,22 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy
 from leanrl.rollout import Rollout
 from leanrl.train.common import RunDir
-from leanrl.train.grpo import ends_truncated
+from leanrl.train.distributed import (
+    World,
+    full_named_parameters,
+    full_optimizer_state,
+    full_state_dict,
+    load_optimizer_state,
+    resolve_strategy,
+    shard_model,
+    unwrap,
+)
+from leanrl.train.grpo_data import _Batch, _Sample, ends_truncated
 from leanrl.train.hf_policy import TrainPolicy
 from leanrl.train.rl import aggregate, clipped_token_loss, group_advantages, kl_k3, token_logprobs
 
 if TYPE_CHECKING:
-    from leanrl.train.grpo import GRPOConfig, _Batch, _Sample
+    from leanrl.train.grpo_config import GRPOConfig
 
 __all__ = ["GRPOEngine"]
 
@@ -41,9 +52,14 @@ VLLM_SHARE = 0.3
 class GRPOEngine:
     """Model + optimizer + schedule. ``step`` counts finished trainer steps (= weights version)."""
 
-    def __init__(self, config: GRPOConfig, run: RunDir) -> None:
+    def __init__(self, config: GRPOConfig, run: RunDir, world: World | None = None) -> None:
         self.config = config
         self.run = run
+        self.world = world or World()
+        self.strategy = "single"  # or "ddp" / "fsdp" with several ranks
+        self.module: Any = None  # what the loss runs through: the model, DDP, or FSDP-sharded
+        self.gen_model: Any = None  # a separate full copy that generates (async mode, FSDP)
+        self.server: Any = None  # vllm_server.WeightSync (rank 0, server mode)
         self.step = 0
         self.gen_version = 0
         self.weights_lock = threading.Lock()
@@ -56,45 +72,67 @@ class GRPOEngine:
         self.autocast: torch.dtype | None = None
         self.source = config.policy.model
         self.gen_policy: Policy | None = None
-        self._gen_copy = False
 
     # -- loading --------------------------------------------------------------------------------
 
     def load(self, resumed: bool) -> None:
-        """Load the model (from the newest checkpoint when resuming) and the optimizer state."""
+        """Load the model (from the newest checkpoint when resuming), wrap it for the ranks (LoRA,
+        FSDP/DDP) and load the optimizer state. Every rank loads the same files."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         cfg = self.config
+        world = self.world
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.device, precision = device_and_precision(cfg)
+        self.device, precision = device_and_precision(cfg, world)
         self.autocast = torch.bfloat16 if precision == "bf16-mixed" else None
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
 
         ckpt = self.run.latest_checkpoint() if resumed else None
-        if resumed and ckpt is None:
+        if resumed and ckpt is None and world.is_main:
             self.run.truncate_metrics(0)  # killed before the first checkpoint: start over
         self.source = str(ckpt[1]) if ckpt else cfg.policy.model
+        # With LoRA a checkpoint holds only adapters: the weights come from the base model.
+        weights_from = cfg.policy.model if cfg.lora.enabled else self.source
         opts = dict(cfg.policy.options)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.source)
-            self.model = AutoModelForCausalLM.from_pretrained(self.source, dtype=dtype, **opts)
+            model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=dtype, **opts)
         except (OSError, ValueError) as e:  # missing files; unreadable tokenizer or config
             raise PolicyError(f"cannot load model {self.source!r}: {e}") from e
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model.to(self.device)
         if cfg.disable_dropout:
-            disable_dropout(self.model)
-        self.model.train()  # train mode: gradient checkpointing needs it (dropout is off above)
+            disable_dropout(model)  # before LoRA: lora.dropout is the user's explicit choice
+        if cfg.lora.enabled:
+            from leanrl.train.lora import apply_lora, load_adapter
+
+            model = apply_lora(model, cfg.lora, cfg.seed)
+            if ckpt is not None:
+                load_adapter(model, ckpt[1])
+        model.to(self.device)
+        model.train()  # train mode: gradient checkpointing needs it (dropout is off above)
         if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        if cfg.beta > 0:  # the reference is always the starting model, also on resume
+            model.gradient_checkpointing_enable()
+            if cfg.lora.enabled:  # frozen embeddings: make the checkpointed inputs need grad
+                model.enable_input_require_grads()
+        if world.distributed:
+            self.strategy = resolve_strategy(cfg.distributed, self.device.type)
+        # A full copy generates when the trained weights cannot: mid-update (async) or sharded.
+        if cfg.policy.backend == "hf" and (cfg.async_generation or self.strategy == "fsdp"):
+            self.gen_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if cfg.beta > 0 and not cfg.lora.enabled:
+            # the reference is always the starting model, also on resume (with LoRA it is the
+            # same model with its adapters switched off: no second copy)
             ref: Any = AutoModelForCausalLM.from_pretrained(cfg.policy.model, dtype=dtype, **opts)
-            self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+            ref = ref.to(self.device).eval().requires_grad_(False)
+            self.ref_model = shard_model(ref, "fsdp", world) if self.strategy == "fsdp" else ref
+        self.model = model
+        param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+        self.module = shard_model(model, self.strategy, world, param_dtype=param_dtype)
 
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+            [p for p in self.module.parameters() if p.requires_grad],
             lr=cfg.lr,
             betas=cfg.adam_betas,
             weight_decay=cfg.weight_decay,
@@ -102,13 +140,23 @@ class GRPOEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         if ckpt is not None:
             _, path = ckpt
-            blob = torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
-            self.optimizer.load_state_dict(blob["optimizer"])
+            blob = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+            if blob.get("format") == "named":
+                load_optimizer_state(self.module, self.optimizer, blob["optimizer"])
+            elif world.distributed:
+                raise ConfigError(
+                    f"{path} was saved by an older leanrl, whose optimizer state only a single "
+                    "process can load: resume it once without torchrun (one step), then "
+                    "relaunch with several ranks"
+                )
+            else:
+                self.optimizer.load_state_dict(blob["optimizer"])
             self.scheduler.load_state_dict(blob["scheduler"])
             torch.set_rng_state(blob["torch_rng"])
             random.setstate(blob["python_rng"])
             self.step = int(RunDir.load_state(path)["step"])
-            self.run.truncate_metrics(self.step)
+            if world.is_main:
+                self.run.truncate_metrics(self.step)
         self.gen_version = self.step
 
     def _lr_factor(self, step: int) -> float:
@@ -125,49 +173,98 @@ class GRPOEngine:
         return 0.5 * (1.0 + math.cos(math.pi * frac))
 
     async def make_generation_policy(self) -> Policy:
-        """The policy that samples rollouts, over the weights being trained."""
+        """The policy that samples rollouts, over the weights being trained (every rank has one)."""
         cfg = self.config
         backend = cfg.policy.backend
         if backend == "hf":
-            model = self.model
-            if cfg.async_generation:  # generation must not see half-updated weights
-                model = copy.deepcopy(self.model).eval().requires_grad_(False)
-                self._gen_copy = True
+            model = self.gen_model if self.gen_model is not None else self.model
             self.gen_policy = TrainPolicy(
-                cfg.policy, model, self.tokenizer, autocast_dtype=self.autocast
+                cfg.policy,
+                model,
+                self.tokenizer,
+                autocast_dtype=self.autocast,
+                seed_salt=self.world.rank,
             )
         elif backend == "vllm":
             from leanrl.train.vllm_sync import VLLMTrainPolicy
 
             update: dict[str, Any] = {"model": self.source}
+            if cfg.lora.enabled:  # the engine serves merged weights of the base architecture
+                update["model"] = cfg.policy.model
             if "gpu_memory_utilization" not in cfg.policy.model_fields_set:
                 update["gpu_memory_utilization"] = VLLM_SHARE  # training needs the rest
             pol = VLLMTrainPolicy(cfg.policy.model_copy(update=update))
             await pol.start()
             self.gen_policy = pol
+            if cfg.lora.enabled and self.step > 0:
+                self.gen_version = -1  # resumed adapters: the base weights need the merge now
+        elif backend == "openai" and cfg.vllm_server.enabled:
+            from leanrl.train.vllm_server import VLLMServerPolicy, WeightSync
+
+            server = VLLMServerPolicy(cfg.policy)
+            await server.start()
+            self.gen_policy = server
+            if self.world.is_main:
+                self.server = WeightSync(cfg.vllm_server, cfg.policy.base_url)
+                await asyncio.to_thread(self.server.connect)
+            self.world.barrier()
+            # The server starts from policy.model; a resumed run's weights must reach it first.
+            if self.step > 0:
+                self.gen_version = -1
         else:
             raise ConfigError(
                 f"GRPO cannot train through the {backend!r} backend (it cannot receive new "
-                "weights); use --policy.backend hf or vllm"
+                "weights); use --policy.backend hf or vllm, or a vLLM server (--policy.backend "
+                "openai with --vllm_server.transport nccl, gloo or disk)"
             )
         return self.gen_policy
 
+    def close(self) -> None:
+        """Release the weight-sync connection (server mode)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def _push_stream(self) -> Any:
+        """``(Hugging Face name, full tensor)`` of the weights generation needs, one at a time:
+        with LoRA the merged weights. A collective under FSDP (every rank iterates it)."""
+        named = full_named_parameters(self.module)
+        if self.config.lora.enabled:
+            from leanrl.train.lora import merge_stream
+
+            return merge_stream(named, self.config.lora.scale)
+        return named
+
     def sync_generation_weights(self) -> None:
-        """Bring the generation weights up to the trained ones (no-op when they are shared)."""
+        """Bring the generation weights up to the trained ones (no-op when they are shared).
+
+        Every rank calls it at the same point of the step (FSDP gathers are collectives)."""
         if self.gen_version == self.step or self.gen_policy is None:
             return
         version = self.step
         pol = self.gen_policy
         if isinstance(pol, TrainPolicy):
-            if self._gen_copy:
+            if self.gen_model is not None:
+                # only what trains can have changed (with LoRA: the adapters)
+                trainable = {
+                    n for n, p in unwrap(self.module).named_parameters() if p.requires_grad
+                }
+                dst = dict(pol.model.named_parameters())
                 with self.weights_lock, pol.lock, torch.no_grad():
-                    for dst, src in zip(
-                        pol.model.parameters(), self.model.parameters(), strict=True
-                    ):
-                        dst.copy_(src)
+                    for name, full in full_named_parameters(self.module):
+                        if name in trainable:
+                            dst[name].copy_(full)
+        elif self.server is not None or self.config.vllm_server.enabled:
+            with self.weights_lock, torch.no_grad():
+                if self.server is not None:  # rank 0
+                    self.server.push(self._push_stream(), version)
+                elif self.strategy == "fsdp":
+                    for _ in self._push_stream():  # take part in the gathers
+                        pass
+            self.world.barrier()  # no rank generates before the server has the new weights
         else:
             with self.weights_lock, torch.no_grad():
-                pol.push_weights(iter(self.model.named_parameters()))  # type: ignore[attr-defined]
+                pol.push_weights(self._push_stream())  # type: ignore[attr-defined]
         self.gen_version = version
 
     # -- data -----------------------------------------------------------------------------------
@@ -181,8 +278,6 @@ class GRPOEngine:
 
         ``batch_rewards``: every reward sampled this step (dropped groups included), whose std
         ``scale_rewards = "batch"`` divides by; default: the kept groups' rewards."""
-        from leanrl.train.grpo import _Sample
-
         cfg = self.config
         if not groups:
             return []
@@ -235,9 +330,9 @@ class GRPOEngine:
                 raise PolicyError(
                     "async GRPO needs the sampler's log-probs, but the policy returned none"
                 )
-            self._fill_logprobs(samples, self.model, "old")
-        if self.ref_model is not None:
-            self._fill_logprobs(samples, self.ref_model, "ref")
+            self._fill_logprobs(samples, "old")
+        if cfg.beta > 0:
+            self._fill_logprobs(samples, "ref")
 
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch.step)
         norm_len = cfg.norm_len or cfg.sampling.max_tokens * _turns_per_attempt(cfg.env.harness)
@@ -254,10 +349,15 @@ class GRPOEngine:
                 n_tokens = sum(sum(s.mask) for s in mb)
                 n_seqs = len(mb)
                 mb_loss = 0.0
-                for lo in range(0, len(mb), cfg.micro_batch_size):
-                    micro = mb[lo : lo + cfg.micro_batch_size]
-                    mb_loss += self._micro_step(micro, epoch == 0, n_seqs, n_tokens, norm_len, acc)
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                # This rank's share of the mini-batch, in equal numbers of micro-steps on every
+                # rank (each backward is a collective); the denominators stay the whole
+                # mini-batch's, so the ranks' gradients sum to the single-process gradient.
+                for micro, real in self._my_micro_batches(mb):
+                    got = self._micro_step(micro, epoch == 0, n_seqs, n_tokens, norm_len, acc, real)
+                    mb_loss += got
+                gn = torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.module.parameters() if p.requires_grad], cfg.max_grad_norm
+                )
                 grad_norms.append(float(gn))
                 with self.weights_lock:
                     self.optimizer.step()
@@ -266,6 +366,8 @@ class GRPOEngine:
                 updates += 1
         self.scheduler.step()
         self.step += 1
+        keys = sorted(acc)
+        acc = dict(zip(keys, self.world.sum([acc[k] for k in keys]), strict=True))
         tok = max(acc["tok"], 1.0)
         return {
             "loss": acc["loss"] / max(updates, 1),
@@ -287,10 +389,14 @@ class GRPOEngine:
         n_tokens: int,
         norm_len: int,
         acc: dict[str, float],
+        real: bool = True,
     ) -> float:
-        """Forward + backward of one micro-batch; returns its share of the mini-batch loss."""
+        """Forward + backward of one micro-batch; returns its share of the mini-batch loss.
+
+        ``real`` False: a stand-in micro-batch of a rank that has run out of sequences; its
+        backward (of a zero loss) only keeps the collectives in step, and nothing is counted."""
         cfg = self.config
-        logits, targets = self._forward(micro, self.model)  # [n, R, V], [n, R]
+        logits, targets = self._forward(micro, self.module)  # [n, R, V], [n, R]
         temp = cfg.sampling.temperature or 1.0
         logp = token_logprobs(logits, targets, temp)  # [n, R]
         mask = _right_aligned([s.mask for s in micro], logp.shape[1], 0.0, logp.device)
@@ -300,15 +406,19 @@ class GRPOEngine:
         per_tok, clipped = clipped_token_loss(
             logp, old, adv, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c
         )
-        if self.ref_model is not None:
+        if cfg.beta > 0:
             ref = _right_aligned([s.ref or [] for s in micro], logp.shape[1], 0.0, logp.device)
             kl = kl_k3(logp, torch.where(mask > 0, ref, logp.detach()))
             per_tok = per_tok + cfg.beta * kl
-            acc["kl"] += float((kl.detach() * mask).sum())
+            if real:
+                acc["kl"] += float((kl.detach() * mask).sum())
         loss = aggregate(
             per_tok, mask, cfg.loss_agg, n_seqs=n_seqs, n_tokens=n_tokens, norm_len=norm_len
         )
-        loss.backward()
+        # DDP and FSDP average gradients over ranks; the sum is wanted (see above).
+        (loss * (self.world.size if real else 0.0)).backward()
+        if not real:
+            return 0.0
         with torch.no_grad():  # how far the update moved from the sampler (0 at ρ = 1)
             acc["kl_mu"] += float((kl_k3(logp.detach(), old) * mask).sum())
         acc["clip"] += float((clipped * mask).sum())
@@ -348,58 +458,124 @@ class GRPOEngine:
         logits = out.logits[:, :-1, :]  # [n, R, V]: position j predicts token j+1
         return logits, ids[:, width - r_max :]
 
+    def _my_micro_batches(self, seqs: list[_Sample]) -> list[tuple[list[_Sample], bool]]:
+        """This rank's contiguous share of ``seqs`` cut into micro-batches, padded with stand-in
+        micro-batches (``False``) to the count of the rank with the most. One rank: ``seqs`` cut
+        into micro-batches, exactly as without distribution."""
+        world, mbs = self.world, self.config.micro_batch_size
+        shares = _split(list(range(len(seqs))), world.size)
+        mine = [seqs[i] for i in shares[world.rank]]
+        n_micro = max(math.ceil(len(sh) / mbs) for sh in shares)
+        out: list[tuple[list[_Sample], bool]] = []
+        for k in range(n_micro):
+            micro = mine[k * mbs : (k + 1) * mbs]
+            out.append((micro, True) if micro else ([seqs[0]], False))
+        return out
+
     @torch.no_grad()
-    def _fill_logprobs(self, samples: list[_Sample], model: Any, which: str) -> None:
-        """No-grad log-probs of every response token under ``model`` (old or reference)."""
+    def _fill_logprobs(self, samples: list[_Sample], which: str) -> None:
+        """No-grad log-probs of every response token under the current weights (``old``) or the
+        reference (``ref``: the starting model, or with LoRA the model with adapters off).
+        Each rank computes its share; the shares are gathered so every rank has them all."""
         temp = self.config.sampling.temperature or 1.0
+        ctx: Any = _Null()
+        if which == "ref" and self.ref_model is not None:
+            model = self.ref_model
+        else:
+            model = unwrap(self.module)  # DDP: the replica itself, no collective needed
+            if which == "ref":
+                ctx = model.disable_adapter()  # LoRA: the base model is the reference
+        shares = _split(list(range(len(samples))), self.world.size)
+        mine = shares[self.world.rank]
+        got: dict[int, list[float]] = {}
         was = model.training
         model.eval()
         try:
-            for lo in range(0, len(samples), self.config.micro_batch_size):
-                micro = samples[lo : lo + self.config.micro_batch_size]
-                logits, targets = self._forward(micro, model)
-                lp = token_logprobs(logits, targets, temp).cpu()  # [n, R]
-                for k, s in enumerate(micro):
-                    vals = lp[k, lp.shape[1] - len(s.resp) :].tolist()
-                    if which == "old":
-                        s.old = vals
-                    else:
-                        s.ref = vals
+            with ctx:
+                for micro, real in self._my_micro_batches(samples):
+                    logits, targets = self._forward(micro, model)
+                    if not real:
+                        continue
+                    lp = token_logprobs(logits, targets, temp).cpu()  # [n, R]
+                    for k, s in enumerate(micro):
+                        got[id(s)] = lp[k, lp.shape[1] - len(s.resp) :].tolist()
         finally:
             model.train(was)
+        local = [got[id(samples[i])] for i in mine]
+        for share, vals in zip(shares, self.world.all_gather(local), strict=True):
+            for i, v in zip(share, vals, strict=True):
+                if which == "old":
+                    samples[i].old = v
+                else:
+                    samples[i].ref = v
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def save_checkpoint(self, row: dict[str, Any]) -> Path:
-        """HF model folder + trainer_state.json + optimizer.pt (optimizer, schedule, RNG)."""
+    def save_checkpoint(self, row: dict[str, Any]) -> Path | None:
+        """HF model folder (with LoRA: the adapters, peft layout) + trainer_state.json +
+        optimizer.pt (optimizer state by parameter name, schedule, RNG).
+
+        Every rank takes part (the full state is gathered from the shards); only rank 0 writes
+        and gets the folder, the others get None. The files do not depend on the number of
+        ranks, so a run resumes with any number."""
+        cfg = self.config
+        with self.weights_lock:
+            sd = full_state_dict(self.module, self.world) if self.world.distributed else None
+            optim = full_optimizer_state(self.module, self.optimizer)
+        if not self.world.is_main:
+            self.world.barrier()
+            return None
 
         def extra(folder: Path) -> None:
             torch.save(
                 {
-                    "optimizer": self.optimizer.state_dict(),
+                    "format": "named",
+                    "optimizer": optim,
                     "scheduler": self.scheduler.state_dict(),
                     "torch_rng": torch.get_rng_state(),
                     "python_rng": random.getstate(),
                 },
                 folder / OPTIMIZER_FILE,
             )
+            if cfg.lora.enabled and cfg.lora.save_merged:
+                from leanrl.train.lora import MERGED_DIR, save_merged
+
+                save_merged(self.model, self.tokenizer, folder / MERGED_DIR, cfg.lora.scale, sd)
 
         state = {
             "trainer": "grpo",
             "policy_version": self.step,
             "optimizer_file": OPTIMIZER_FILE,
-            "base_model": self.config.policy.model,
+            "base_model": cfg.policy.model,
             "reward_mean": row.get("reward_mean"),
+            "world_size": self.world.size,
+            "lora": cfg.lora.enabled,
         }
         with self.weights_lock:
-            return self.run.save_checkpoint(
+            path = self.run.save_checkpoint(
                 self.step,
-                self.model,
+                _Saver(self.model, sd),
                 self.tokenizer,
                 state,
-                keep=self.config.keep_checkpoints,
+                keep=cfg.keep_checkpoints,
                 extra=extra,
             )
+        self.world.barrier()
+        return path
+
+
+class _Saver:
+    """What ``RunDir.save_checkpoint`` saves: the model, from a gathered state dict if sharded."""
+
+    def __init__(self, model: Any, state: dict[str, Any] | None) -> None:
+        self.model = model
+        self.state = state
+
+    def save_pretrained(self, folder: Path) -> None:
+        if self.state is None:
+            self.model.save_pretrained(folder)
+        else:
+            self.model.save_pretrained(folder, state_dict=self.state)
 
 
 def disable_dropout(model: Any) -> None:
@@ -413,14 +589,19 @@ def disable_dropout(model: Any) -> None:
                 setattr(module, name, 0.0)
 
 
-def device_and_precision(cfg: GRPOConfig) -> tuple[torch.device, str]:
-    """The training device and the resolved precision; a :class:`ConfigError` if they clash."""
+def device_and_precision(cfg: GRPOConfig, world: World | None = None) -> tuple[torch.device, str]:
+    """The training device and the resolved precision; a :class:`ConfigError` if they clash.
+
+    With several ranks on GPUs each rank takes ``cuda:LOCAL_RANK``."""
     dev = cfg.policy.device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(dev)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"policy.device is {dev!r} but no CUDA device is available")
+    if world is not None and world.distributed and device.type == "cuda":
+        device = torch.device(world.device("cuda"))
+        torch.cuda.set_device(device)
     precision = cfg.precision
     if precision == "auto":
         precision = "bf16-mixed" if device.type == "cuda" else "fp32"

@@ -41,8 +41,12 @@ class TrainPolicy(Policy):
         tokenizer: Any,
         *,
         autocast_dtype: torch.dtype | None = None,
+        seed_salt: int = 0,
     ) -> None:
         super().__init__(config)
+        # Mixed into every generator seed: ranks of a distributed run get the same sampling seed
+        # (so a run's seeds do not depend on the number of ranks) but must not draw the same noise.
+        self.seed_salt = seed_salt
         self.model = model
         self.tokenizer = tokenizer
         self.autocast_dtype = autocast_dtype
@@ -95,7 +99,8 @@ class TrainPolicy(Policy):
             if sampling.seed is not None:
                 k = self._calls.get(sampling.seed, 0)
                 self._calls[sampling.seed] = k + 1
-                gen.manual_seed((sampling.seed * 1_000_003 + k) % (2**63))
+                salt = self.seed_salt * 0x9E3779B97F4A7C15
+                gen.manual_seed((sampling.seed * 1_000_003 + k + salt) % (2**63))
             else:
                 gen.seed()
             flat = [(i, list(ids)) for i, ids in enumerate(encoded) for _ in range(sampling.n)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from leanrl.eval.config import EvalConfig
-from leanrl.policy import PolicyConfig, Prompt
+from leanrl.policy import Policy, PolicyConfig, Prompt
 from leanrl.train.common import RunDir
 from leanrl.train.hf_policy import TrainPolicy
 from leanrl.train.inrun_eval_config import InRunEvalConfig
@@ -43,8 +43,12 @@ async def evaluate(
     model: Any,
     tokenizer: Any,
     policy: PolicyConfig,
+    live: Policy | None = None,
 ) -> dict[str, Any]:
-    """pass@k of the live ``model`` on ``config.env``; the metrics for step ``step``'s row."""
+    """pass@k of the live ``model`` on ``config.env``; the metrics for step ``step``'s row.
+
+    ``live``: a policy that already generates with the trained weights (a vLLM server the
+    trainer pushes to), used instead of one over ``model``."""
     from leanrl.eval.runner import run_eval
 
     assert config.env is not None
@@ -59,7 +63,8 @@ async def evaluate(
         progress=False,
     )
     was_training = bool(getattr(model, "training", False))
-    live = LivePolicy(policy, model, tokenizer)
+    if live is None:
+        live = LivePolicy(policy, model, tokenizer)
     try:
         summary = await run_eval(eval_cfg, policy=live)
     finally:
