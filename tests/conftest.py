@@ -97,3 +97,13 @@ def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         texts += [row["formal_statement"] + "\n  omega\n```", row["informal_statement"]]
     texts += ["Complete the following Lean 4 code:\n\n```lean4\n", "omega", "simp", "rfl"] * 4
     return make_tiny_model(tmp_path_factory.mktemp("toy-model"), texts, vocab_size=320)
+
+
+@pytest.fixture(scope="session")
+def own_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama + BPE tokenizer trained on a few lines kept here (no shared data)."""
+    from leanrl.testing import make_tiny_model
+
+    texts = [f"theorem t{i} : {i} + {i} = {2 * i} := by\n  omega\n" for i in range(40)]
+    texts += ["0123456789 " * 8, "simp rfl norm_num linarith", "```lean4\n```"]
+    return make_tiny_model(tmp_path_factory.mktemp("own-tiny-model"), texts)

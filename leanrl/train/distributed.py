@@ -261,7 +261,11 @@ def full_state_dict(module: Any, world: World) -> dict[str, Any]:
     if not world.distributed:
         return {k: v.detach().cpu() for k, v in inner.state_dict().items()}
     sd = get_model_state_dict(inner, options=_options(full_state_dict=True, cpu_offload=True))
-    return sd if world.is_main else {}
+    # Tied weights (an output head sharing the embedding) appear under both names here; the
+    # checkpoint keeps one, as save_pretrained of the unsharded model does.
+    kept = {n for n, _ in inner.named_parameters()}
+    tied = {n for n, _ in inner.named_parameters(remove_duplicate=False)} - kept
+    return {k: v for k, v in sd.items() if k not in tied} if world.is_main else {}
 
 
 def full_named_parameters(module: Any) -> Iterator[tuple[str, Any]]:

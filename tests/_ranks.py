@@ -1,0 +1,65 @@
+"""Run a function on N real ranks (spawned processes, gloo over loopback), as torchrun would.
+
+Each child gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, exactly the variables
+``torchrun`` sets, so the code under test initialises ``torch.distributed`` itself. On ranks
+other than 0 every method of ``RunDir`` that writes is replaced by one that fails the rank: a
+test that passes has shown that only rank 0 wrote to the run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_WRITES = ("log", "save_checkpoint", "bind_config", "truncate_metrics", "plot")
+
+
+def _forbid_writes(rank: int) -> None:
+    from leanrl.train.common import RunDir
+
+    def refuse(name: str) -> Callable[..., Any]:
+        def method(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(f"rank {rank} called RunDir.{name}: only rank 0 may write")
+
+        return method
+
+    for name in _WRITES:
+        setattr(RunDir, name, refuse(name))
+
+
+def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    if rank != 0:
+        _forbid_writes(rank)
+    fn(*args)
+
+
+def run_ranks(world: int, fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` on ``world`` spawned ranks; raises if any rank fails (with its traceback)."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(
+        _child, args=(world, free_port(), fn, args), nprocs=world, start_method="spawn"
+    )
