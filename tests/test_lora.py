@@ -1,0 +1,152 @@
+"""LoRA (peft) for GRPO on the tiny CPU model: it learns, its adapters reload in plain peft, the
+merged checkpoint loads in plain transformers and computes what the adapted model computes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from leanrl.errors import ConfigError
+from leanrl.policy import PolicyConfig, SamplingConfig
+from tests.test_grpo_trainer import DigitEnv
+
+pytest.importorskip("peft", reason="LoRA needs peft: pip install 'leanrl[lora]'")
+
+
+@pytest.fixture(scope="module")
+def lora_model(own_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with 5x larger embeddings. Its random embeddings (std 0.02) and frozen
+    final norm bound every logit of the tied output head to about ±0.2, so no adapter inside the
+    layers can make a token likely; a trained model has no such bound (it is a property of the
+    random test model, not of LoRA)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("lora-model")
+    model = AutoModelForCausalLM.from_pretrained(own_tiny_model)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(5.0)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(own_tiny_model).save_pretrained(out)
+    return out
+
+
+def _config(model: Path, out: Path, **kw: Any) -> Any:
+    from leanrl.train.grpo import GRPOConfig
+
+    base: dict[str, Any] = dict(
+        policy=PolicyConfig(model=str(model)),
+        sampling=SamplingConfig(max_tokens=16, top_p=1.0, seed=0),
+        out=out,
+        steps=30,
+        tasks_per_step=4,
+        group_size=4,
+        lr=1e-2,
+        weight_decay=0.0,
+        micro_batch_size=16,
+        save_every=100,
+        mask_truncated=False,
+        lora={"rank": 8, "save_merged": True},
+    )
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def _ids() -> torch.Tensor:
+    return torch.tensor([[5, 17, 33, 2, 9, 41, 7, 12]])
+
+
+def test_lora_grpo_learns_and_saves_peft_adapters_and_a_merged_model(
+    lora_model: Path, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from leanrl.train.grpo import GRPOTrainer
+
+    out = tmp_path / "run"
+    trainer = GRPOTrainer(_config(lora_model, out), env=DigitEnv())
+    rows = trainer.train_sync()
+    rewards = [r["reward_mean"] for r in rows]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.15, rewards
+
+    ckpt = out / "checkpoint-30"
+    files = {p.name for p in ckpt.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt"} <= files
+    assert "model.safetensors" not in files  # adapters only: a few KB, not the model
+    info = json.loads((ckpt / "adapter_config.json").read_text())
+    assert info["r"] == 8 and info["lora_alpha"] == 16
+
+    # plain peft, nothing from leanrl
+    base = AutoModelForCausalLM.from_pretrained(lora_model)
+    plain = AutoModelForCausalLM.from_pretrained(lora_model)
+    adapted = PeftModel.from_pretrained(base, str(ckpt)).eval()
+    with torch.no_grad():
+        la = adapted(input_ids=_ids()).logits
+        lp = plain.eval()(input_ids=_ids()).logits
+    assert float((la - lp).abs().max()) > 1e-3  # the adapters changed the model
+    # the merged folder is a plain transformers model computing the same
+    merged = AutoModelForCausalLM.from_pretrained(ckpt / "merged").eval()
+    with torch.no_grad():
+        lm = merged(input_ids=_ids()).logits
+    assert torch.allclose(lm, la, atol=1e-5), float((lm - la).abs().max())
+
+    from leanrl.train.lora import merge_checkpoint
+
+    again = merge_checkpoint(ckpt, tmp_path / "merged-after")
+    with torch.no_grad():
+        l2 = AutoModelForCausalLM.from_pretrained(again).eval()(input_ids=_ids()).logits
+    assert torch.allclose(l2, la, atol=1e-5)
+
+
+def test_lora_resume_is_exact(lora_model: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from leanrl.train.grpo import GRPOTrainer
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    kw = {"steps": 4, "save_every": 2, "lora": {"rank": 4}, "beta": 0.05}
+    GRPOTrainer(_config(lora_model, whole, **kw), env=DigitEnv()).train_sync()
+    GRPOTrainer(_config(lora_model, split, **{**kw, "steps": 2}), env=DigitEnv()).train_sync()
+    rows = GRPOTrainer(_config(lora_model, split, **kw), env=DigitEnv()).train_sync()
+    assert [r["step"] for r in rows] == [3, 4]
+    assert rows[-1]["kl"] is not None and rows[-1]["kl"] > 0  # reference = adapters off
+    a = load_file(str(whole / "checkpoint-4" / "adapter_model.safetensors"))
+    b = load_file(str(split / "checkpoint-4" / "adapter_model.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_merge_stream_matches_peft_merge(lora_model: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from leanrl.train.lora import LoRAConfig, apply_lora, merge_stream
+
+    cfg = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "down_proj"])
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(lora_model), cfg, seed=1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_()  # B starts at zero; make the merge non-trivial
+    streamed = dict(merge_stream(model.named_parameters(), cfg.scale))
+    import copy
+
+    want = copy.deepcopy(model).merge_and_unload()
+    ref = dict(want.named_parameters())
+    assert set(streamed) == set(ref)
+    assert all(torch.allclose(streamed[k], ref[k], atol=1e-6) for k in ref)
+
+
+def test_lora_config_errors(lora_model: Path) -> None:
+    from pydantic import ValidationError
+    from transformers import AutoModelForCausalLM
+
+    from leanrl.train.lora import LoRAConfig, apply_lora
+
+    with pytest.raises(ValidationError, match="target_modules is empty"):
+        LoRAConfig(rank=4, target_modules=[])
+    model = AutoModelForCausalLM.from_pretrained(lora_model)
+    with pytest.raises(ConfigError, match=r"lora\.target_modules"):
+        apply_lora(model, LoRAConfig(rank=4, target_modules=["no_such_proj"]), seed=0)
