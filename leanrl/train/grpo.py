@@ -139,7 +139,17 @@ class GRPOTrainer:
     #: Fields that may change between a run and its resume (they do not change the result up to
     #: the old ``steps``; with a ``linear``/``cosine`` schedule a new ``steps`` reshapes the
     #: rest of the schedule).
-    RESUMABLE = ("steps", "out", "log_to", "run_name", "keep_checkpoints", "save_every", "eval")
+    RESUMABLE = (
+        "steps",
+        "out",
+        "log_to",
+        "run_name",
+        "keep_checkpoints",
+        "save_every",
+        "distributed",
+        "vllm_server",
+        "eval",
+    )
 
     def __init__(self, config: GRPOConfig, env: Environment | None = None) -> None:
         self.config = config
