@@ -34,6 +34,10 @@ def _forbid_writes(rank: int) -> None:
 
     for name in _WRITES:
         setattr(RunDir, name, refuse(name))
+    from leanrl.train.es_history import ESHistory
+
+    for name in ("append", "_create"):
+        setattr(ESHistory, name, refuse(f"(ESHistory) {name}"))
 
 
 def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:

@@ -257,6 +257,7 @@ class ESTrainer:
         self._logger: MetricsLogger | None = None
         self._started = False
         self._kept = ProofStore(self.run.path / PROOFS_FILE)
+        self.world: Any = None  # leanrl.train.distributed.World, set by start()
 
     @property
     def env(self) -> Environment:
@@ -281,28 +282,50 @@ class ESTrainer:
                 "eval.every needs the weights in the trainer, but with scorer.backend 'vllm' "
                 "they live in the engine: evaluate the checkpoints with leanrl eval instead"
             )
-        self.run.bind_config(cfg, ignore=self.RESUMABLE)
-        for leftover in self.run.path.glob(f"{_ENGINE_TMP}*"):  # from a kill mid-checkpoint
-            shutil.rmtree(leftover, ignore_errors=True)
-        records = self.history.open(self._meta())
+        world = self._world()
+        if world.is_main:  # torchrun: rank 0 alone writes the run folder
+            self.run.bind_config(cfg, ignore=self.RESUMABLE)
+            for leftover in self.run.path.glob(f"{_ENGINE_TMP}*"):  # a kill mid-checkpoint
+                shutil.rmtree(leftover, ignore_errors=True)
+            records = self.history.open(self._meta())
+        world.barrier()  # the history exists (and a torn tail is cut) before the others read it
+        if not world.is_main:
+            records = self.history.open(read_only=True)
         self._check_meta()
         self.iteration = len(records)
         self.tasks = self.env.tasks()
-        save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
+        if world.is_main:
+            save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
         source = self._source()
         if cfg.scorer.backend != "vllm":
             self.model, self.tokenizer, self.weights = load_weights(source, records)
-        self.run.truncate_metrics(self.iteration)
+        if world.is_main:
+            self.run.truncate_metrics(self.iteration)
         if self._scorer is None:
             self._scorer = self._make_scorer(source, records)
+            if world.distributed:
+                from leanrl.train.es_fanout import DistributedScorer
+
+                self._scorer = DistributedScorer(self._scorer, world)
         await self.env.start()
         await self._scorer.start()
-        self._logger = MetricsLogger(
-            self.run, cfg.log_to, cfg.run_name, json.loads(cfg.model_dump_json())
-        )
-        self._logger.start()
+        if world.is_main:
+            self._logger = MetricsLogger(
+                self.run, cfg.log_to, cfg.run_name, json.loads(cfg.model_dump_json())
+            )
+            self._logger.start()
         self._started = True
+
+    def _world(self) -> Any:
+        """The ranks of a torchrun launch (one engine per rank, one rank per GPU), or one."""
+        if self.world is None:
+            from leanrl.train.distributed import World
+            from leanrl.train.es_policy import resolve_device_dtype
+
+            device, _ = resolve_device_dtype(self.config.policy)
+            self.world = World.from_env(device_type=device_kind(device))
+        return self.world
 
     def _meta(self) -> HistoryMeta:
         """What this run's history records: run seed, and the noise device kind and dtype."""
@@ -339,6 +362,8 @@ class ESTrainer:
         from leanrl.train.es_policy import resolve_device_dtype
 
         device, dtype = resolve_device_dtype(self.config.policy)
+        if self._world().distributed and device_kind(device) == "cuda":
+            device = self._world().device("cuda")  # one GPU per rank (the same noise on each)
         opts = dict(self.config.policy.options)
         if self.config.scorer.backend == "vllm":
             opts = {}  # policy.options go to vllm.LLM(...), not to from_pretrained
@@ -396,7 +421,8 @@ class ESTrainer:
         )
         scores: list[MemberScore] = await self.scorer.score(state, members)
         t_scored = time.perf_counter()
-        self._keep(tasks, members, scores, it)
+        if self._world().is_main:  # every rank has every score; rank 0 keeps the proofs
+            self._keep(tasks, members, scores, it)
         _check_finite(scores, members, it)
         rewards = [s.reward for s in scores]
         z = shape_rewards(rewards, cfg.shaping)
@@ -435,10 +461,14 @@ class ESTrainer:
             row.update(await self._evaluate(it))
         # Metrics first, then the history: a crash in between leaves a metrics line past the
         # history, which the resume drops (truncate_metrics) before redoing that iteration.
+        record = HistoryRecord(it, tuple(coeffs), skipped=skipped)
+        self.iteration = it
+        if not self._world().is_main:  # every rank applied the same update; rank 0 records it
+            self.history.records.append(record)
+            return row
         if self._logger is not None:
             self._logger.log(row)
-        self.history.append(HistoryRecord(it, tuple(coeffs), skipped=skipped))
-        self.iteration = it
+        self.history.append(record)
         if it % cfg.save_every == 0 or it == cfg.steps:
             self.save_checkpoint()
         return row
@@ -481,7 +511,11 @@ class ESTrainer:
         from leanrl.train.inrun_eval import evaluate
 
         cfg = self.config
-        return await evaluate(cfg.eval, step, self.run, self.model, self.tokenizer, cfg.policy)
+        world = self._world()
+        row: dict[str, Any] = {}
+        if world.is_main:  # every rank holds the same θ: rank 0 evaluates, every rank gets it
+            row = await evaluate(cfg.eval, step, self.run, self.model, self.tokenizer, cfg.policy)
+        return world.broadcast(row)  # type: ignore[no-any-return]
 
     def save_checkpoint(self) -> Path:
         """A Hugging Face model folder at the current iteration (+ exact fp32 master if needed)."""
@@ -536,20 +570,23 @@ class ESTrainer:
         """Run iterations until ``steps``; returns this call's metrics rows."""
         await self.start()
         rows = []
-        if self.iteration == 0 and self.config.eval.baseline_due(self.run.metrics()):
+        world = self._world()
+        due = self.config.eval.baseline_due(self.run.metrics()) if world.is_main else False
+        if self.iteration == 0 and world.broadcast(due):
             row0 = {"step": 0, **await self._evaluate(0)}
             if self._logger is not None:
                 self._logger.log(row0)
             rows.append(row0)
         while self.iteration < self.config.steps:
             rows.append(await self.step())
-        latest = self.run.latest_checkpoint()
-        if self.iteration and (latest is None or latest[0] != self.iteration):
-            self.save_checkpoint()
-        self.run.plot(title=f"ES reward ({self.run.path.name})")
-        from leanrl.train.inrun_eval import plot_eval
+        if self._world().is_main:
+            latest = self.run.latest_checkpoint()
+            if self.iteration and (latest is None or latest[0] != self.iteration):
+                self.save_checkpoint()
+            self.run.plot(title=f"ES reward ({self.run.path.name})")
+            from leanrl.train.inrun_eval import plot_eval
 
-        plot_eval(self.run)
+            plot_eval(self.run)
         return rows
 
     async def close(self) -> None:
@@ -562,6 +599,9 @@ class ESTrainer:
             self._logger.close()
             self._logger = None
         self._started = False
+        if self.world is not None:
+            self.world.close()
+            self.world = None
 
     def train_sync(self) -> list[dict[str, Any]]:
         """Blocking :meth:`train` (with :meth:`close`), for scripts and notebooks."""

@@ -35,6 +35,7 @@ from leanrl.environment import EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 from leanrl.task import Task
+from leanrl.train.distributed import round_robin
 from leanrl.train.es_history import HistoryRecord, WeightsSource
 
 if TYPE_CHECKING:
@@ -358,7 +359,7 @@ class ProcessPoolScorer:
     async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
         if not self._procs:
             raise PolicyError("ProcessPoolScorer.score called before start()")
-        assign = [list(range(len(members)))[i :: self.workers] for i in range(self.workers)]
+        assign = round_robin(len(members), self.workers)
         busy: list[int] = []
         for w, idx in enumerate(assign):
             if not idx:
