@@ -193,4 +193,3 @@ def test_round_robin() -> None:
     assert round_robin(1, 3) == [[0], [], []]
     with pytest.raises(ValueError):
         round_robin(3, 0)
-

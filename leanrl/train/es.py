@@ -84,6 +84,7 @@ from leanrl.train.es_workers import (
     ProcessPoolScorer,
     VLLMScorer,
 )
+from leanrl.train.lora import LoRAConfig
 
 __all__ = ["ESConfig", "ESScorerConfig", "ESTrainer", "es_coefficients", "shape_rewards"]
 
@@ -136,9 +137,18 @@ class ESConfig(TrainConfig):
     ``sampling`` as given, with the same sampling seed for every member of an iteration."""
     scorer: ESScorerConfig = Field(default_factory=ESScorerConfig)
     """How members are scored (in-process, local processes, vLLM)."""
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    """Perturb only low-rank adapters (``--lora.rank 16``): the fp32 master is the adapters',
+    not the model's (``docs/training-es.md`` explains the trade-off). Not with the vLLM scorer."""
 
     @model_validator(mode="after")
     def _check(self) -> ESConfig:
+        if self.lora.enabled and self.scorer.backend == "vllm":
+            raise ValueError(
+                "lora.rank > 0 with scorer.backend = 'vllm' is not supported: the vLLM scorer "
+                "perturbs full weights inside the engine. Use scorer.backend = 'inprocess' or "
+                "'processes' with LoRA, or lora.rank = 0 with vLLM"
+            )
         if self.mirrored and self.population % 2:
             raise ValueError(
                 f"mirrored pairs need an even population, got {self.population}: use "
@@ -367,7 +377,8 @@ class ESTrainer:
         opts = dict(self.config.policy.options)
         if self.config.scorer.backend == "vllm":
             opts = {}  # policy.options go to vllm.LLM(...), not to from_pretrained
-        base = WeightsSource(self.config.policy.model, dtype, device, options=opts)
+        lora = self.lora_spec()
+        base = WeightsSource(self.config.policy.model, dtype, device, options=opts, lora=lora)
         for step, path in reversed(self.run.checkpoints()):
             if step > self.iteration:
                 raise ConfigError(
@@ -376,8 +387,14 @@ class ESTrainer:
                     "or replaced. Restore it, or start a new run folder."
                 )
             if checkpoint_usable(path):
-                return WeightsSource(base.model, dtype, device, str(path), step, opts)
+                return WeightsSource(base.model, dtype, device, str(path), step, opts, lora)
         return base
+
+    def lora_spec(self) -> dict[str, Any] | None:
+        """What rebuilds this run's adapters anywhere: the LoRA settings and their init seed."""
+        if not self.config.lora.enabled:
+            return None
+        return {**self.config.lora.model_dump(mode="json"), "seed": self.config.seed}
 
     def _make_scorer(self, source: WeightsSource, records: list[HistoryRecord]) -> MemberScorer:
         from leanrl.train.es_policy import TorchPolicy
@@ -526,15 +543,21 @@ class ESTrainer:
         need_master = any(str(p.dtype) != "torch.float32" for p in self.weights.params.values())
         state["es_master"] = need_master
         weights = self.weights
+        lora = self.config.lora
+        state["lora"] = lora.enabled  # the folder then holds adapters (peft layout)
+
+        def extra(p: Path) -> None:
+            if need_master:
+                weights.save_master(p / MASTER_FILE)
+            if lora.enabled and lora.save_merged:
+                from leanrl.train.lora import MERGED_DIR, save_merged
+
+                save_merged(self.model, self.tokenizer, p / MERGED_DIR, lora.scale)
+
         # The master goes into the folder *before* it is published (and before older
         # checkpoints are pruned): a kill mid-write leaves no half-usable checkpoint.
         return self.run.save_checkpoint(
-            it,
-            self.model,
-            self.tokenizer,
-            state,
-            keep=self.config.keep_checkpoints,
-            extra=(lambda p: weights.save_master(p / MASTER_FILE)) if need_master else None,
+            it, self.model, self.tokenizer, state, keep=self.config.keep_checkpoints, extra=extra
         )
 
     def _save_checkpoint_from_engine(self, it: int, state: dict[str, Any]) -> Path:

@@ -332,6 +332,9 @@ class WeightsSource:
     """The iteration the starting weights are at (0 for the base model)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Extra ``from_pretrained`` keyword arguments (``policy.options``)."""
+    lora: dict[str, Any] | None = None
+    """LoRA runs: the ``LoRAConfig`` fields plus ``seed`` (the adapters' init); ES then perturbs
+    only the adapters, and a checkpoint holds adapters, not a full model."""
 
 
 def load_weights(
@@ -344,9 +347,21 @@ def load_weights(
     from leanrl.train.es_policy import load_model
     from leanrl.train.es_weights import MASTER_FILE, ESWeights, load_master_file
 
-    path = source.checkpoint or source.model
-    model, tokenizer = load_model(path, source.dtype, source.device, source.options)
-    weights = ESWeights.from_model(model)
+    if source.lora is not None:
+        from leanrl.train.lora import LoRAConfig, apply_lora, load_adapter
+
+        spec = dict(source.lora)
+        seed = int(spec.pop("seed"))
+        model, tokenizer = load_model(source.model, source.dtype, source.device, source.options)
+        model = apply_lora(model, LoRAConfig(**spec), seed)
+        if source.checkpoint is not None:
+            load_adapter(model, source.checkpoint)
+        model.eval()
+        weights = ESWeights.from_model(model, trainable_only=True)
+    else:
+        path = source.checkpoint or source.model
+        model, tokenizer = load_model(path, source.dtype, source.device, source.options)
+        weights = ESWeights.from_model(model)
     if source.checkpoint is not None and (Path(source.checkpoint) / MASTER_FILE).is_file():
         weights.load_master(load_master_file(Path(source.checkpoint) / MASTER_FILE))
     for rec in records or []:
@@ -413,11 +428,13 @@ def replay(
         )
     records = records[:upto]
     opts = dict(pcfg.options)
-    source = WeightsSource(model=pcfg.model, dtype=dtype, device=dev, options=opts)
+    lora = cfg.get("lora") or {}
+    spec = {**lora, "seed": int(cfg.get("seed", 0))} if int(lora.get("rank", 0)) > 0 else None
+    source = WeightsSource(model=pcfg.model, dtype=dtype, device=dev, options=opts, lora=spec)
     if use_checkpoints:
         for step, path in reversed(run.checkpoints()):
             if step <= upto and checkpoint_usable(path):
-                source = WeightsSource(pcfg.model, dtype, dev, str(path), step, opts)
+                source = WeightsSource(pcfg.model, dtype, dev, str(path), step, opts, spec)
                 break
     return load_weights(source, records)
 

@@ -63,14 +63,19 @@ class ESWeights:
         self.master = master
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module) -> ESWeights:
-        """Take the model's current weights as ``θ`` (copied to fp32; the model is not changed)."""
+    def from_model(cls, model: torch.nn.Module, trainable_only: bool = False) -> ESWeights:
+        """Take the model's current weights as ``θ`` (copied to fp32; the model is not changed).
+
+        ``trainable_only``: only the parameters that require grad (LoRA: the adapters); the
+        others are left alone and get no master copy."""
         import torch
 
         params: dict[str, torch.nn.Parameter] = {}
         master: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for name, p in model.named_parameters():
+                if trainable_only and not p.requires_grad:
+                    continue
                 p.requires_grad_(False)  # ES never needs autograd; saves the grad buffers
                 params[name] = p
                 # .float() on an fp32 tensor aliases it: clone so the master is independent.
