@@ -47,6 +47,7 @@ def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
         LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_RUN_ID="leanrl-test",
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

@@ -193,3 +193,18 @@ def test_round_robin() -> None:
     assert round_robin(1, 3) == [[0], [], []]
     with pytest.raises(ValueError):
         round_robin(3, 0)
+
+
+def test_a_one_rank_torchrun_launch_runs_sharded(own_tiny_model: Path, tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node 1`` takes the FSDP path with one rank (how the sharded code
+    is checked on one GPU) and ends where the plain single process ends."""
+    kw: dict[str, Any] = {"distributed": {"strategy": "fsdp"}}
+    _train(_config(own_tiny_model, tmp_path / "plain", **kw))
+    run_ranks(1, _train, _config(own_tiny_model, tmp_path / "fsdp1", **kw))
+    a, b = (
+        _weights(tmp_path / "plain" / "checkpoint-2"),
+        _weights(tmp_path / "fsdp1" / "checkpoint-2"),
+    )
+    assert _max_diff(a, b) < 1e-5
+    state = json.loads((tmp_path / "fsdp1" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["world_size"] == 1

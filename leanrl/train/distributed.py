@@ -99,7 +99,10 @@ class World:
 
         cfg = config or DistributedConfig()
         size = int(os.environ.get("WORLD_SIZE", "1"))
-        if not dist.is_available() or (size <= 1 and not dist.is_initialized()):
+        # torchrun sets TORCHELASTIC_RUN_ID: a 1-rank torchrun launch takes the distributed path
+        # too (FSDP with one rank), which is how the sharded code is checked on one GPU.
+        launched = size > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+        if not dist.is_available() or (not launched and not dist.is_initialized()):
             return cls()
         owned = False
         if not dist.is_initialized():
@@ -127,7 +130,8 @@ class World:
 
     @property
     def distributed(self) -> bool:
-        return self.size > 1
+        """Part of a process group (a torchrun launch), even of one rank."""
+        return self._objects is not None
 
     def device(self, device_type: str) -> str:
         """This rank's device: ``cuda:LOCAL_RANK`` on GPUs (one GPU per rank), else ``cpu``."""
