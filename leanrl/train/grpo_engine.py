@@ -97,7 +97,7 @@ class GRPOEngine:
         opts = dict(cfg.policy.options)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.source)
-            model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=dtype, **opts)
+            model: Any = AutoModelForCausalLM.from_pretrained(weights_from, dtype=dtype, **opts)
         except (OSError, ValueError) as e:  # missing files; unreadable tokenizer or config
             raise PolicyError(f"cannot load model {self.source!r}: {e}") from e
         if self.tokenizer.pad_token_id is None:

@@ -111,12 +111,14 @@ def make_group(
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout)
-    store = dist.PrefixStore("leanrl-weights", store)
+    tcp = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout)
+    store = dist.PrefixStore("leanrl-weights", tcp)
     if transport == "gloo":
         return dist.ProcessGroupGloo(store, rank, world, timeout)
     if transport == "nccl":
-        return dist.ProcessGroupNCCL(store, rank, world)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, opts)
     raise ConfigError(f"unknown weight transport {transport!r}: use 'nccl', 'gloo' or 'disk'")
 
 
