@@ -130,6 +130,15 @@ def _broadcast(group: Any, tensor: Any) -> None:
     group.broadcast([tensor], opts).wait()
 
 
+def _wire_device(transport: str, t: Any) -> Any:
+    """Where a tensor must be to be broadcast: a GPU for NCCL, the CPU for gloo."""
+    import torch
+
+    if transport != "nccl":
+        return torch.device("cpu")
+    return t.device if t.is_cuda else torch.device("cuda", torch.cuda.current_device())
+
+
 def checksum(tensors: Iterable[Any]) -> float:
     """A float64 sum over every element of every tensor, each weighted by its position in the
     sequence (so a swapped pair changes it); the two sides compute it on the same values."""
@@ -272,6 +281,14 @@ class WeightSync:
     def connect(self) -> None:
         """Count the server's workers and (``nccl``/``gloo``) open the weight group with them."""
         cfg = self.config
+        if cfg.transport == "nccl":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    "vllm_server.transport = 'nccl' sends from the trainer's GPU, but this "
+                    "process has none: use transport 'gloo' (TCP from CPU memory) or 'disk'"
+                )
         self.workers = len(self._rpc("leanrl_weights_ping"))
         if cfg.transport == "disk":
             if cfg.disk_dir is None:
@@ -313,7 +330,6 @@ class WeightSync:
         return sent
 
     def _send(self, chunk: Sequence[tuple[str, Any]], version: int, offset: int) -> int:
-        import torch
 
         cfg = self.config
         for name, t in chunk:
@@ -343,7 +359,7 @@ class WeightSync:
                 )
                 try:
                     for _, t in chunk:
-                        dev = t.device if cfg.transport == "nccl" else torch.device("cpu")
+                        dev = _wire_device(cfg.transport, t)
                         _broadcast(self.group, t.contiguous().to(dev))
                 finally:
                     results = answer.result()
