@@ -541,7 +541,7 @@ class _NoLog:
 def _check_ranks(cfg: GRPOConfig) -> None:
     """What a torchrun launch (WORLD_SIZE > 1) cannot do yet, refused before anything loads."""
     ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    if ranks <= 1:
+    if ranks <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not a torchrun launch
         return
     if cfg.async_generation:
         raise ConfigError(
