@@ -471,3 +471,25 @@ def test_isolation_problem_names_the_fix_when_bwrap_is_missing(
         assert "apt-get install bubblewrap" in (containment.isolation_problem() or "")
     finally:
         containment.isolation_problem.cache_clear()
+
+
+def test_the_sandbox_binds_back_what_the_process_needs_under_tmp(tmp_path: Path) -> None:
+    """A checkout under /tmp (``mktemp -d``) must stay readable inside the private /tmp, except
+    the scratch root, which stays hidden."""
+    from leanrl.lean.trust.containment import bwrap_argv, process_needs
+
+    clone = Path("/tmp") / f"leanrl-test-clone-{os.getpid()}"
+    (clone / "venv" / "bin").mkdir(parents=True, exist_ok=True)
+    exe = clone / "venv" / "bin" / "repl"
+    exe.write_text("")
+    root = Path("/tmp") / f"leanrl-pool-test-{os.getpid()}"
+    root.mkdir(exist_ok=True)
+    try:
+        needs = process_needs([str(exe)], clone, {"PATH": f"{root}:/usr/bin"})
+        argv = bwrap_argv([root / "elab-1"], hide=[root], needs=needs, exe="/usr/bin/bwrap")
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"]
+    assert str(clone) in binds and str(root) not in binds
+    assert argv.index("--tmpfs") < argv.index(str(clone)) < argv.index(str(root))

@@ -41,6 +41,7 @@ from leanrl.lean.trust.containment import (
     child_setup,
     kill_group,
     minimal_env,
+    process_needs,
 )
 from leanrl.lean.trust.judge import CHECK_FLOOR_S, take_pickle
 from leanrl.lean.trust.report import (
@@ -239,7 +240,9 @@ class OneShotChecker:
         argv = [*self.lean, *(["--json"] if self.json_output else []), *extra, str(src)]
         if self.isolate:
             assert self._root.path is not None
-            argv = bwrap_argv([folder], hide=[self._root.path]) + argv
+            env = self.env if self.env is not None else os.environ
+            needs = process_needs(self.lean, self.cwd, env)
+            argv = bwrap_argv([folder], hide=[self._root.path], needs=needs) + argv
         return await self._run(argv, timeout, self.memory_mb, folder)
 
     async def _run(

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from leanrl.lean.protocol import ProtocolError
 from leanrl.lean.repl import ReplDied, ReplMemory, ReplProcess, ReplTimeout
 from leanrl.lean.source import split_header
-from leanrl.lean.trust.containment import ScratchRoot, bwrap_argv, minimal_env
+from leanrl.lean.trust.containment import ScratchRoot, bwrap_argv, minimal_env, process_needs
 from leanrl.lean.trust.judge import (
     CHECK_FLOOR_S,
     JudgeStartError,
@@ -455,7 +455,8 @@ class ReplPool:
         argv = list(cfg.command)
         if cfg.isolate:
             readable = [self._handoff] if role == "judge" else []
-            argv = bwrap_argv([folder], readable, hide=[self._root.path]) + argv
+            needs = process_needs(argv, cfg.cwd, env)
+            argv = bwrap_argv([folder], readable, hide=[self._root.path], needs=needs) + argv
         proc = ReplProcess(
             argv,
             cwd=cfg.cwd,

@@ -46,6 +46,7 @@ __all__ = [
     "isolation_problem",
     "kill_group",
     "minimal_env",
+    "process_needs",
     "sweep_stale",
 ]
 
@@ -111,18 +112,24 @@ def bwrap_argv(
     readable: Sequence[Path] = (),
     hide: Sequence[Path] = (),
     *,
+    needs: Sequence[Path] = (),
     exe: str | None = None,
 ) -> list[str]:
-    """A bubblewrap command prefix: the file system read-only, no network, own namespaces.
+    """A bubblewrap command prefix: the file system read-only, no network, own namespaces, and
+    a private ``/tmp``.
 
-    ``hide`` folders (scratch roots) are covered with an empty tmpfs first; then ``readable``
-    folders are bound read-only and ``writable`` folders read-write on top, so a process sees
-    exactly the scratch folders it is given.
+    ``/tmp`` and the ``hide`` folders (scratch roots) are covered with an empty tmpfs. What the
+    process must still read there -- ``needs``: its program, its project, its libraries, when
+    they live under ``/tmp`` (a checkout made with ``mktemp -d``) -- is bound back read-only, by
+    its top folder under ``/tmp``. Then ``readable`` folders are bound read-only and ``writable``
+    folders read-write, so a process sees exactly the scratch folders it is given.
     """
     exe = exe or shutil.which("bwrap")
     if exe is None:
         raise FileNotFoundError("bubblewrap (`bwrap`) is not installed: apt-get install bubblewrap")
     argv = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for top in _tops_under(Path("/tmp"), needs, avoid=hide):
+        argv += ["--ro-bind", str(top), str(top)]
     for h in hide:
         argv += ["--tmpfs", str(h)]
     for r in readable:
@@ -130,6 +137,38 @@ def bwrap_argv(
     for w in writable:
         argv += ["--bind", str(w), str(w)]
     return [*argv, "--unshare-all", "--die-with-parent", "--new-session"]
+
+
+def _tops_under(hidden: Path, paths: Sequence[Path], avoid: Sequence[Path]) -> list[Path]:
+    """The folders directly under ``hidden`` that hold one of ``paths`` (as written and with
+    links resolved), except scratch roots in ``avoid``."""
+    base = hidden.resolve()
+    tops: set[Path] = set()
+    avoided = {a.resolve() for a in avoid}
+    for p in paths:
+        for q in {p.absolute(), p.resolve()}:
+            try:
+                rel = q.relative_to(base)
+            except ValueError:
+                try:
+                    rel = q.relative_to(hidden)
+                except ValueError:
+                    continue
+            if rel.parts:
+                top = base / rel.parts[0]
+                if top not in avoided and top.exists():
+                    tops.add(top)
+    return sorted(tops)
+
+
+def process_needs(argv: Sequence[str], cwd: Path | None, env: Mapping[str, str]) -> list[Path]:
+    """Paths a Lean process must be able to read: its working folder, the files its command
+    line names, and the folders of its path-like variables (``PATH``, ``LEAN_PATH``, ...)."""
+    out = [cwd] if cwd is not None else []
+    out += [Path(a) for a in argv if a.startswith("/") and os.path.exists(a)]
+    for key in ("PATH", "LEAN_PATH", "LEAN_SRC_PATH", "LEAN_SYSROOT", "LD_LIBRARY_PATH"):
+        out += [Path(x) for x in env.get(key, "").split(os.pathsep) if x.startswith("/")]
+    return [p for p in out if p is not None]
 
 
 # -- the child's own set-up (runs between fork and exec) -----------------------------------------
