@@ -13,8 +13,10 @@ Everything public is listed in ``__all__``; modules starting with ``_`` are priv
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import warnings
+from importlib.metadata import version
 
+from leanrl._dist import foreign_distribution
 from leanrl.environment import Environment, EnvironmentConfig, load_environment
 from leanrl.errors import (
     ConfigError,
@@ -32,10 +34,11 @@ from leanrl.task import Task
 from leanrl.taskset import ColumnMap, Taskset, TasksetConfig
 from leanrl.verdict import Attempt, Message, Reason, Verdict, VerificationPolicy
 
-try:
+if foreign_distribution() is None:
     __version__ = version("leanrl")
-except PackageNotFoundError:  # running from a source tree that was never installed
+else:  # a source tree that was never installed, or the unrelated PyPI package of the same name
     __version__ = "0.0.0+unknown"
+    warnings.warn(f"leanrl: {foreign_distribution()}", stacklevel=2)
 
 __all__ = [
     "Attempt",

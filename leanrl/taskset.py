@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from leanrl._dist import require
 from leanrl._hub import hub_offline, hub_reachable
 from leanrl.decontam_config import DecontaminationConfig
 from leanrl.errors import ConfigError, DatasetError
@@ -390,8 +391,9 @@ class Taskset:
         offline = hub_offline(datasets=True)
         if not offline and not hub_reachable():
             raise DatasetError(f"taskset {self.name!r}: the Hugging Face hub is unreachable. {fix}")
-        import datasets
-
+        datasets = require(
+            "datasets", "hub", f"loading taskset {self.name!r} from the Hugging Face hub"
+        )
         split = self._hub_split(hub_id)
         revision = self.config.revision or (self.hub_revision if hub_id == self.hub_id else None)
         try:

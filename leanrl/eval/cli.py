@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,6 +25,12 @@ class EvalCommand(ConfigCommand, EvalConfig):
     --env.harness.prompt_format kimina --samples 8 --k 1,8 --limit 8. Rerun the same command to
     resume an interrupted run.
     """
+
+    cli_common: ClassVar[tuple[str, ...]] = (
+        "samples", "k", "out", "sampling.temperature", "sampling.max_tokens",
+        "env.harness.prompt_format", "env.taskset.path", "env.runtime.workers",
+    )  # fmt: skip
+    """Options ``--help`` shows in full (the others by name; ``--help-all`` shows every one)."""
 
     model: str | None = None
     """Shortcut for --policy.model: a local model folder, a Hugging Face id, or (with --backend

@@ -73,7 +73,12 @@ def write_report(out: Path, summary: Mapping[str, Any], plot: bool = True) -> No
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     png = out / "pass_at_k.png"
     has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png, plot_title(summary))
-    (out / "report.md").write_text(_markdown(summary, png.name if has_plot else None))
+    text = _markdown(summary, png.name if has_plot else None)
+    if plot and not has_plot:
+        from leanrl._dist import install_hint
+
+        text += f"\n(The pass@k plot needs matplotlib: `{install_hint('plot')}`.)\n"
+    (out / "report.md").write_text(text)
 
 
 def model_name(summary: Mapping[str, Any]) -> str:

@@ -100,7 +100,7 @@ class ESScorerConfig(BaseModel):
     backend: Literal["inprocess", "processes", "vllm"] = "inprocess"
     """``inprocess``: one after another on the trainer's model (no copies). ``processes``: local
     worker processes, each rebuilding the weights from base model + history (CPU, or one GPU
-    each). ``vllm``: perturb inside a vLLM engine on a GPU (``pip install 'leanrl[vllm]'``)."""
+    each). ``vllm``: perturb inside a vLLM engine on a GPU (the ``vllm`` extra)."""
     workers: int = Field(default=2, ge=1)
     """``processes``: number of worker processes (each holds one copy of the model)."""
     threads_per_worker: int = Field(default=1, ge=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from leanrl._dist import require
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
 from leanrl.service.sandbox_runtime import (
@@ -90,6 +91,10 @@ class ModalRuntime(SandboxRuntime):
         if m.backend == "local":
             from leanrl.runtimes.modal.local_backend import LocalProcessBackend
 
+            # Its sandboxes are `leanrl serve` processes here.
+            require("fastapi", "serve", "the modal runtime's local backend")
+            require("uvicorn", "serve", "the modal runtime's local backend")
+
             args = inner_runtime_args(
                 self.config, m.local_runtime, m.inner_options, service, cpus=m.cpu
             )
@@ -101,5 +106,6 @@ class ModalRuntime(SandboxRuntime):
             )
         from leanrl.runtimes.modal.backend import ModalBackend
 
+        require("modal", "modal", "the modal runtime")
         args = inner_runtime_args(self.config, "local", m.inner_options, service, cpus=m.cpu)
         return ModalBackend(m, args)
