@@ -223,7 +223,7 @@ async def test_progress_bar_shows_tasks_rate_and_pass_rate(
     cfg = make(bench_data, tmp_path / "p", limit=4).model_copy(update={"progress": True})
     await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
     err = capsys.readouterr().err
-    assert "4/4" in err and "att/s" in err and "pass 100.0%" in err
+    assert "16/16" in err and "att/s" in err and "pass 100.0%" in err
 
 
 async def test_versions_name_the_lean_project(bench_data: Path, tmp_path: Path) -> None:

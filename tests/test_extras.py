@@ -13,7 +13,16 @@ import pytest
 from leanrl import ConfigError, PolicyError, load_environment
 
 REPO = Path(__file__).resolve().parent.parent
-OPTIONAL = ("datasets", "pyarrow", "pandas", "fastapi", "uvicorn", "starlette", "modal", "matplotlib")
+OPTIONAL = (
+    "datasets",
+    "pyarrow",
+    "pandas",
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "modal",
+    "matplotlib",
+)
 
 if sys.version_info >= (3, 11):
     import tomllib

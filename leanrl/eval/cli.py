@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -74,8 +75,18 @@ class EvalCommand(ConfigCommand, EvalConfig):
 
         config = self.to_eval_config()
         summary = asyncio.run(run_eval(config))
+        for warning in summary.get("warnings", []):
+            print(f"leanrl eval: warning: {warning}", file=sys.stderr)
         if self.print_json:
             print(json.dumps(summary, indent=2, default=str))
+            return
+        if summary.get("generate_only"):
+            res = summary["results"]
+            print(
+                f"{res['attempts']} completions ({res['reasons'].get('unchecked', 0)} with a proof)"
+                f" in {summary['completions']}\nnothing was checked (--generate-only); where Lean "
+                f"is installed: leanrl verify {summary['completions']} --env {config.env.id}"
+            )
             return
         table = summary["results"]["pass_at_k"]
         ks = summary["ks"]

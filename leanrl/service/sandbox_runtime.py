@@ -245,6 +245,10 @@ class SandboxRuntime(Runtime):
 
     # -- checking ---------------------------------------------------------------------------
 
+    def check_piece(self) -> int:
+        """The batch size: each batch goes to one sandbox anyway."""
+        return self.settings().batch_size
+
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         if not attempts:
             return []

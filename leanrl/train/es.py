@@ -307,6 +307,7 @@ class ESTrainer:
         if world.is_main:
             save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
+        self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
         source = self._source()
         if cfg.scorer.backend != "vllm":
             self.model, self.tokenizer, self.weights = load_weights(source, records)

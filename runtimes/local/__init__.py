@@ -102,6 +102,14 @@ class LocalRuntime(Runtime):
         elif cfg.mode == "oneshot" and self._option_command("lean_command") is None:
             lean_command(find_project(cfg.lean_project))
 
+    def check_piece(self) -> int:
+        """1: the pool checks each attempt on its own process anyway."""
+        return 1
+
+    def supports_tactic_sessions(self) -> bool:
+        """Only warm REPL processes have tactic mode (not one-shot ``lean``)."""
+        return self.config.mode == "repl"
+
     def metrics(self) -> dict[str, float]:
         """The pool's counters: processes started, killed, recycled, attempts checked, ..."""
         if self.pool is None:
