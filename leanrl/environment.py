@@ -71,7 +71,10 @@ class Environment:
     def make_runtime(self) -> Runtime:
         """Build the runtime named in the config."""
         cls = registry.resolve("runtimes", self.config.runtime.name)
-        return _instantiate(cls, Runtime, self.config.runtime, "runtime")
+        runtime: Runtime = _instantiate(cls, Runtime, self.config.runtime, "runtime")
+        ts = self.taskset
+        runtime.taskset_pins = (ts.lean_toolchain, ts.mathlib_rev)
+        return runtime
 
     # -- parts ----------------------------------------------------------------------------------
 

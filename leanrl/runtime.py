@@ -117,6 +117,9 @@ class Runtime(abc.ABC):
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(name=self.name or "local")
+        self.taskset_pins: tuple[str | None, str | None] = (None, None)
+        """(Lean toolchain, Mathlib revision) the taskset is written for; set by the
+        Environment, so that sandbox images default to the taskset's Lean."""
 
     def preflight(self) -> None:  # noqa: B027 - optional hook
         """Cheap checks, without starting anything: raise the error :meth:`start` would raise

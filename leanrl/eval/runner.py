@@ -336,7 +336,7 @@ async def _versions(
         except Exception as e:  # noqa: BLE001 - versions are informative, never fatal
             out["lean_ran"] = None
             out["lean_ran_error"] = f"{type(e).__name__}: {e}"
-    out["lean_toolchain"] = type(ts).lean_toolchain
+    out["lean_toolchain"] = ts.lean_toolchain  # a `dataset` taskset may take its file's
     out["mathlib_rev"] = type(ts).mathlib_rev
     out["model"] = model
     out["model_revision"] = _model_revision(model)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from leanrl._dist import require
+from leanrl._sandbox_config import image_pins
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
 from leanrl.service.sandbox_runtime import (
@@ -107,5 +108,13 @@ class ModalRuntime(SandboxRuntime):
         from leanrl.runtimes.modal.backend import ModalBackend
 
         require("modal", "modal", "the modal runtime")
+        if m.image_source != "registry":  # the image is built: for the taskset's Lean by default
+            want, rev = self.taskset_pins
+            toolchain, mathlib, repl = image_pins(
+                m.lean_toolchain or want, m.mathlib_rev or rev, m.repl_rev
+            )
+            m = m.model_copy(
+                update={"lean_toolchain": toolchain, "mathlib_rev": mathlib, "repl_rev": repl}
+            )
         args = inner_runtime_args(self.config, "local", m.inner_options, service, cpus=m.cpu)
         return ModalBackend(m, args)
