@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -296,8 +297,21 @@ def _version() -> str:
     return line + (f"\nwarning: {problem}" if problem else "")
 
 
+def setup_logging() -> None:
+    """leanrl's own log lines (one per training step, warnings) on stderr, once, unless the
+    program has set up logging itself."""
+    logger = logging.getLogger("leanrl")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``leanrl`` console script."""
+    setup_logging()
     args = normalize_argv(sys.argv[1:] if argv is None else argv)
     tree = _tree()
     if not args:

@@ -38,6 +38,7 @@ The run state is the base model + the history (``es_history.py``); full checkpoi
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import shutil
@@ -85,6 +86,8 @@ from leanrl.train.es_workers import (
     VLLMScorer,
 )
 from leanrl.train.lora import LoRAConfig
+
+log = logging.getLogger("leanrl.train.es")
 
 __all__ = ["ESConfig", "ESScorerConfig", "ESTrainer", "es_coefficients", "shape_rewards"]
 
@@ -486,6 +489,7 @@ class ESTrainer:
             return row
         if self._logger is not None:
             self._logger.log(row)
+        log.info(_iteration_line(row, cfg.steps))
         self.history.append(record)
         if it % cfg.save_every == 0 or it == cfg.steps:
             self.save_checkpoint()
@@ -661,3 +665,21 @@ def _check_finite(scores: Sequence[MemberScore], members: Sequence[Member], it: 
                 f"iteration {it}, member {i} (seed {m.seed}): mean reward {score.reward}: the "
                 "Environment must return finite rewards"
             )
+
+
+def _iteration_line(row: dict[str, Any], steps: int) -> str:
+    """One concise log line for a finished iteration."""
+
+    def f(key: str, fmt: str = ".3f") -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    what = (
+        "skipped (all members scored alike)"
+        if row.get("skipped")
+        else (f"update {f('update_norm', '.3g')}")
+    )
+    return (
+        f"iteration {row['step']}/{steps}: reward {f('reward_mean')} (max {f('reward_max')}) "
+        f"pass {f('pass_rate')} population {row['population']} {what} {f('step_time_s', '.2f')}s"
+    )
