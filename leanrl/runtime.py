@@ -197,7 +197,12 @@ def run_sync(coro: Any) -> Any:
     """Run a coroutine to completion from sync code, also inside Jupyter's running loop."""
     try:
         asyncio.get_running_loop()
+        running = True
     except RuntimeError:
+        running = False
+    if not running:
+        # Outside the `except` block: an error of the run must not be shown as raised "during
+        # handling of" the no-running-loop RuntimeError (a confusing first traceback).
         return asyncio.run(coro)
     import concurrent.futures
 
