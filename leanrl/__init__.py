@@ -75,3 +75,34 @@ __all__ = [
     "__version__",
     "load_environment",
 ]
+
+# The trainers live in leanrl.train (imported on first use: they pull in torch). TRL users write
+# `from leanrl import GRPOConfig`; that works too.
+_TRAIN = ("GRPOConfig", "GRPOTrainer", "ESConfig", "ESTrainer")
+
+
+# TRL's other trainers: `from leanrl import SFTTrainer` says what leanrl has instead of
+# Python's bare "cannot import name".
+_TRL_ONLY = ("SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "PPOConfig", "PPOTrainer",
+             "RLOOConfig", "RLOOTrainer", "KTOConfig", "KTOTrainer", "ORPOConfig", "ORPOTrainer",
+             "RewardConfig", "RewardTrainer")  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    if name in _TRAIN:
+        import leanrl.train
+
+        return getattr(leanrl.train, name)
+    if name in _TRL_ONLY:
+        # An ImportError (not AttributeError, which `from ... import` would replace by its own
+        # message): this name is only ever asked for by code written for TRL.
+        raise ImportError(
+            f"{name} is TRL's; leanrl trains from Lean's verdicts with GRPOConfig/GRPOTrainer "
+            "and ESConfig/ESTrainer (`from leanrl import GRPOConfig, GRPOTrainer`), which "
+            "accept TRL's GRPOConfig field names where they mean the same"
+        )
+    import difflib
+
+    close = difflib.get_close_matches(name, [*__all__, *_TRAIN], n=1)
+    hint = f" Did you mean leanrl.{close[0]}?" if close else ""
+    raise AttributeError(f"module 'leanrl' has no attribute {name!r}.{hint}")

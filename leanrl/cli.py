@@ -275,11 +275,19 @@ def _usage_error(tree: _Tree, args: list[str], message: str) -> str:
     unknown = re.search(r"unrecognized arguments: (.*)", message)
     if unknown and not isinstance(node, dict):
         flags = command_flags(node)
+        foreign: dict[str, str] = getattr(node, "foreign_names", {})
         for token in unknown.group(1).split():
-            if token.startswith("--"):
-                hit = suggest(token[2:].split("=")[0], flags)
-                if hit:
-                    lines.append(f"  did you mean --{hit} (for {token})?")
+            if not token.startswith("--"):
+                continue
+            name = token[2:].split("=")[0]
+            other = foreign.get(name.replace("-", "_"))
+            if other is not None:  # another library's name (TRL's GRPOConfig)
+                said = other if other.startswith("--") else other.replace("`", "")
+                lines.append(f"  {token} is TRL's name; leanrl: {said}")
+                continue
+            hit = suggest(name, flags)
+            if hit:
+                lines.append(f"  did you mean --{hit} (for {token})?")
     lines.append(
         f"Run `{where} --help` for the common options"
         + (", `--help-all` for every option." if not isinstance(node, dict) else ".")

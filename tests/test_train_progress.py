@@ -13,7 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _train(kind: str, toml: str, model: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _train(
+    kind: str, toml: str, model: Path, out: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "examples")}  # the examples' environment
     return subprocess.run(
         [sys.executable, "-m", "leanrl.cli", "train", kind, "--config", str(REPO / "examples" / toml),
