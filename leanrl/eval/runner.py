@@ -412,6 +412,7 @@ class _Progress:
 
         self.n = config.samples
         self.store = store
+        self.generate_only = config.generate_only
         self.t0 = time.perf_counter()
         self.new = 0  # attempts recorded by this run
         self.verdicts = 0  # verdicts that arrived in this run (some not recorded yet)
@@ -460,6 +461,9 @@ class _Progress:
 
     def _postfix(self) -> None:
         rate = max(self.new, self.verdicts) / max(1e-9, time.perf_counter() - self.t0)
+        if self.generate_only:  # nothing is checked: no pass rate to show
+            self.bar.set_postfix_str(f"{rate:.2f} att/s, not checked", refresh=False)
+            return
         pass_rate = self.solved / self.done if self.done else 0.0
         self.bar.set_postfix_str(f"{rate:.2f} att/s, pass {100 * pass_rate:.1f}%", refresh=False)
 
