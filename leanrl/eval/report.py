@@ -180,7 +180,8 @@ def pass_at_k_figure(curve: Mapping[str, Mapping[str, float | int]], title: str 
     ax.grid(True, alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if ax.get_lines():  # a run with no complete task yet has no curve to label
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
