@@ -62,7 +62,7 @@ def test_every_transcript_parses_and_matches_its_requests(data_roots: list[Path]
                     assert m.pos is not None and m.pos.line >= 0
                 for s in ans.sorries:
                     assert s.goal.startswith(("⊢", "case")) or "⊢" in s.goal or s.goal == ""
-    assert n_answers > 40
+    assert n_answers >= 25 + (150 if len(data_roots) > 1 else 0)  # fixtures alone: 28
 
 
 def test_readme_transcript_details(bench_data: Path) -> None:
