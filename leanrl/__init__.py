@@ -78,14 +78,17 @@ __all__ = [
 
 # The trainers live in leanrl.train (imported on first use: they pull in torch). TRL users write
 # `from leanrl import GRPOConfig`; that works too.
-_TRAIN = ("GRPOConfig", "GRPOTrainer", "ESConfig", "ESTrainer")
+_TRAIN = (
+    "GRPOConfig", "GRPOTrainer", "ESConfig", "ESTrainer", "SFTConfig", "SFTTrainer",
+    "ExpertIteration", "ExpertIterationConfig",
+)  # fmt: skip
 
 
 # TRL's other trainers: `from leanrl import SFTTrainer` says what leanrl has instead of
 # Python's bare "cannot import name".
-_TRL_ONLY = ("SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "PPOConfig", "PPOTrainer",
-             "RLOOConfig", "RLOOTrainer", "KTOConfig", "KTOTrainer", "ORPOConfig", "ORPOTrainer",
-             "RewardConfig", "RewardTrainer")  # fmt: skip
+_TRL_ONLY = ("DPOConfig", "DPOTrainer", "PPOConfig", "PPOTrainer", "RLOOConfig", "RLOOTrainer",
+             "KTOConfig", "KTOTrainer", "ORPOConfig", "ORPOTrainer", "RewardConfig",
+             "RewardTrainer")  # fmt: skip
 
 
 def __getattr__(name: str) -> object:
@@ -97,9 +100,9 @@ def __getattr__(name: str) -> object:
         # An ImportError (not AttributeError, which `from ... import` would replace by its own
         # message): this name is only ever asked for by code written for TRL.
         raise ImportError(
-            f"{name} is TRL's; leanrl trains from Lean's verdicts with GRPOConfig/GRPOTrainer "
-            "and ESConfig/ESTrainer (`from leanrl import GRPOConfig, GRPOTrainer`), which "
-            "accept TRL's GRPOConfig field names where they mean the same"
+            f"{name} is TRL's; leanrl trains with GRPOConfig/GRPOTrainer, ESConfig/ESTrainer, "
+            "SFTConfig/SFTTrainer and ExpertIteration (`from leanrl import GRPOConfig, "
+            "GRPOTrainer`); its GRPOConfig accepts TRL's field names where they mean the same"
         )
     import difflib
 

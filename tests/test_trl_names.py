@@ -78,8 +78,11 @@ def test_the_cli_names_leanrls_flag_for_a_trl_flag(capsys: pytest.CaptureFixture
 
 
 def test_trl_only_trainers_and_typos_get_a_helpful_message() -> None:
-    with pytest.raises(ImportError, match="SFTTrainer is TRL's; leanrl trains"):
-        from leanrl import SFTTrainer  # noqa: F401
+    with pytest.raises(ImportError, match="DPOTrainer is TRL's; leanrl trains"):
+        from leanrl import DPOTrainer  # noqa: F401
+    from leanrl import SFTTrainer  # leanrl has its own
+
+    assert SFTTrainer.__module__ == "leanrl.train.sft"
     import leanrl
 
     with pytest.raises(AttributeError, match=r"Did you mean leanrl\.GRPOTrainer"):
