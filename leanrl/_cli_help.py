@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 _WIDTH = 100
+_MANY = 12
+"""A command with more top-level options than this lists the inherited ones by name only."""
 
 
 def kebab_flag(token: str) -> str:
@@ -162,6 +164,8 @@ def short_help(path: str, cls: type[BaseModel]) -> str:
     others: list[str] = []
     sections: list[str] = []
     common = tuple(getattr(cls, "cli_common", ()))
+    if not common and len(cls.model_fields) > _MANY:
+        common = ("out",)  # a long command naming none: its own options in full, others by name
     # In full: the command's own fields (its shortcuts), ``--config`` and what it names in
     # ``cli_common``; the other top-level options by name; nested sections by prefix.
     own = [n for n in cls.model_fields if n in vars(cls).get("__annotations__", {})]

@@ -323,9 +323,9 @@ class Taskset:
             self.lean_toolchain = declared.strip()  # type: ignore[misc]
             return
         if have != got:
-            fits = _environments_for(got)
+            fits = _environments_for(got, Path(row.origin).name)
             hint = (
-                f"use --env {fits[0]} (made for that file)"
+                f"use --env {' or --env '.join(fits[:3])} (made for Lean {got})"
                 if fits
                 else (
                     "use --env dataset with a Lean project of that version "
@@ -507,8 +507,9 @@ def _lean_version(toolchain: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def _environments_for(version: str) -> list[str]:
-    """Ids of installed environments whose taskset is written for Lean ``version``."""
+def _environments_for(version: str, filename: str = "") -> list[str]:
+    """Ids of installed environments whose taskset is written for Lean ``version``; the one
+    whose taskset file is called ``filename`` first."""
     from leanrl import registry
 
     out = []
@@ -518,5 +519,6 @@ def _environments_for(version: str) -> list[str]:
         except Exception:  # noqa: BLE001 - a broken plugin is no candidate
             continue
         if ts is not None and _lean_version(getattr(ts, "lean_toolchain", None)) == version:
-            out.append(name)
-    return out
+            own = getattr(ts, "filename", None) == filename
+            out.append((not own, name))
+    return [name for _, name in sorted(out)]
