@@ -4,7 +4,8 @@
 #
 #   LEANRL_TORCH=cpu  (default on machines without an NVIDIA GPU) installs the CPU build of torch;
 #   LEANRL_TORCH=cuda installs the default (CUDA) build from PyPI;
-#   LEANRL_EXTRAS=dev,vllm picks the extras (default: dev).
+#   LEANRL_EXTRAS=all,dev,vllm picks the extras (default: all,dev: every optional part but vLLM,
+#   and the test tools; the test suite needs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,5 +26,5 @@ if ! python -c 'import torch' 2>/dev/null; then
     pip install -q --disable-pip-version-check "torch>=2.4,<2.15"
   fi
 fi
-pip install -q --disable-pip-version-check -e ".[${LEANRL_EXTRAS:-dev}]"
+pip install -q --disable-pip-version-check -e ".[${LEANRL_EXTRAS:-all,dev}]"
 echo "leanrl is installed in .venv: $(.venv/bin/leanrl envs --json | python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["environments"]), "environments,", len(d["harnesses"]), "harnesses,", len(d["runtimes"]), "runtimes")')"

@@ -11,7 +11,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ClientConfig", "DockerConfig", "ModalConfig", "PoolConfig", "ServiceLimits"]
+__all__ = [
+    "DEFAULT_TOOLCHAIN",
+    "ClientConfig",
+    "DockerConfig",
+    "ModalConfig",
+    "PoolConfig",
+    "ServiceLimits",
+    "image_pins",
+    "image_tag",
+]
 
 
 class _Config(BaseModel):
@@ -80,8 +89,10 @@ class PoolConfig(_Config):
 class DockerConfig(_Config):
     """Settings of the ``docker`` runtime."""
 
-    image: str = "leanrl-verifier:latest"
-    """Image with Lean, Mathlib, the REPL and ``leanrl serve`` (see ``runtimes/docker``)."""
+    image: str | None = None
+    """Image with Lean, Mathlib, the REPL and ``leanrl serve`` (see ``runtimes/docker``). None:
+    ``leanrl-verifier:<the taskset's Lean version>`` (``leanrl-verifier:v4.24.0`` for
+    ``minif2f``, also the default without a taskset), the tag docs/sandboxes.md builds."""
     containers: int = Field(default=1, ge=1)
     """Warm containers to keep ready (the pool's ``target_ready``; also raises ``max_sandboxes``
     to at least this)."""
@@ -184,12 +195,15 @@ class ModalConfig(_Config):
     Modal; ``registry`` uses a pushed image (``image_ref``)."""
     image_ref: str = ""
     """Registry tag for ``image_source = "registry"`` (e.g. ``ghcr.io/me/leanrl-verifier:v1``)."""
-    lean_toolchain: str = "leanprover/lean4:v4.15.0"
-    """Lean toolchain installed in the image (match the taskset's ``lean_toolchain``)."""
-    mathlib_rev: str = "v4.15.0"
-    """Mathlib git revision (tag, branch or commit) built in the image (match the taskset)."""
-    repl_rev: str = "v4.15.0"
-    """Revision of github.com/leanprover-community/repl built in the image."""
+    lean_toolchain: str | None = None
+    """Lean toolchain installed in the image. None: the taskset's (``leanprover/lean4:v4.24.0``
+    for ``minif2f``)."""
+    mathlib_rev: str | None = None
+    """Mathlib git revision (tag, branch or commit) built in the image. None: the taskset's, or
+    the Mathlib tag of its Lean version for a taskset that needs no Mathlib."""
+    repl_rev: str | None = None
+    """Revision of github.com/leanprover-community/repl built in the image. None: the tag of the
+    Lean version (``v4.24.0``)."""
     cpu: float = Field(default=4.0, gt=0)
     """CPU cores reserved per Sandbox (also the rate for CPU-second accounting)."""
     memory_mb: int = Field(default=16384, ge=128)
@@ -215,3 +229,24 @@ class ModalConfig(_Config):
     metrics_path: Path | None = None
     """Append one JSON line per batch (sandbox-seconds, CPU-seconds, attempts) and one per run
     summary to this file. The same figures are in ``runtime.metrics()``."""
+
+
+DEFAULT_TOOLCHAIN = "leanprover/lean4:v4.24.0"
+"""The Lean of the default environment (``minif2f``): what a sandbox runtime made without a
+taskset builds for."""
+
+
+def image_pins(
+    lean_toolchain: str | None, mathlib_rev: str | None, repl_rev: str | None = None
+) -> tuple[str, str, str]:
+    """(toolchain, Mathlib revision, REPL revision) to build a sandbox image with, from the
+    taskset's pins (the default environment's Lean when there is no taskset): the Mathlib and
+    REPL tags of the Lean version fill in what is missing."""
+    lean_toolchain = lean_toolchain or DEFAULT_TOOLCHAIN
+    tag = "v" + lean_toolchain.rsplit(":v", 1)[-1] if ":v" in lean_toolchain else lean_toolchain
+    return lean_toolchain, mathlib_rev or tag, repl_rev or tag
+
+
+def image_tag(lean_toolchain: str | None) -> str:
+    """The default Docker image name for a Lean version: ``leanrl-verifier:v4.24.0``."""
+    return "leanrl-verifier:" + image_pins(lean_toolchain, None)[2]

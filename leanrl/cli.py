@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -21,9 +24,11 @@ from pydantic_settings import (
     CliSettingsSource,
     CliSubCommand,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from leanrl import registry
+from leanrl._cli_help import command_flags, kebab_flag, root_help, short_help, suggest
 from leanrl.config import merge, validate
 from leanrl.errors import LeanrlError
 
@@ -92,13 +97,16 @@ _ROOT_DOC = """leanrl: evaluate and post-train language models that write Lean 4
 An environment is a taskset (theorems, reward), a harness (how the model works on a task) and a
 runtime (where Lean runs). `leanrl envs` lists them. Every option can also come from a TOML file
 given with --config; flags override the file. Nested options use dots, e.g.
---env.taskset.limit 20 --env.runtime.workers 8. Run `leanrl COMMAND --help` for a command's
-options, each with its meaning and default.
+--env.taskset.limit 20 --env.runtime.workers 8.
 """
 
+# pydantic-settings does the parsing: kebab-case flags (`cli_kebab_case`; `normalize_argv` also
+# takes the snake_case spelling), and errors raised instead of printed with the full usage
+# (`cli_exit_on_error=False`), so that `main` can keep them short and suggest a fix.
 _SETTINGS = SettingsConfigDict(
     cli_prog_name="leanrl",
-    cli_kebab_case=False,
+    cli_kebab_case=True,
+    cli_exit_on_error=False,
     use_attribute_docstrings=True,
     cli_implicit_flags=True,
     cli_avoid_json=True,
@@ -135,7 +143,7 @@ def _subcommand(cls: type[BaseModel]) -> tuple[Any, Any]:
 
 
 def _summary(cls: type) -> str:
-    return (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 _Tree = dict[str, Any]  # command name -> command class, or a nested _Tree for a group
@@ -199,9 +207,11 @@ def parse_command(cls: type[M], argv: Sequence[str]) -> M:
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Accept the short form ``--env NAME`` for ``--env.id NAME`` (and ``--env=NAME``)."""
+    """Accept the short form ``--env NAME`` for ``--env.id NAME`` (and ``--env=NAME``), and the
+    snake_case spelling of every flag (``--print_json`` for ``--print-json``)."""
     out: list[str] = []
     it = iter(range(len(argv)))
+    argv = [kebab_flag(a) for a in argv]
     for i in it:
         a = argv[i]
         if a == "--env" and i + 1 < len(argv) and not argv[i + 1].lstrip().startswith("{"):
@@ -216,12 +226,112 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _command_path(tree: _Tree, args: Sequence[str]) -> tuple[list[str], Any]:
+    """The command words at the start of ``args`` and the node they lead to (a class, or a
+    group's subtree)."""
+    words: list[str] = []
+    node: Any = tree
+    for a in args:
+        if not isinstance(node, dict) or a not in node:
+            break
+        words.append(a)
+        node = node[a]
+    return words, node
+
+
+def _summaries(tree: _Tree, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, node in tree.items():
+        if isinstance(node, dict):
+            out.update(_summaries(node, f"{prefix}{name} "))
+        else:
+            out[prefix + name] = _summary(node)
+    return out
+
+
+def _help(tree: _Tree, args: list[str]) -> str | None:
+    """The short help ``args`` asks for (``-h``/``--help``), or None."""
+    if not any(a in ("-h", "--help") for a in args):
+        return None
+    words, node = _command_path(tree, args)
+    if isinstance(node, dict):
+        prefix = " ".join(words) + " " if words else ""
+        doc = _GROUP_DOCS.get(" ".join(words), _ROOT_DOC)
+        return root_help({prefix + k: v for k, v in _summaries(node).items()}, doc)
+    return short_help(" ".join(words), node)
+
+
+def _usage_error(tree: _Tree, args: list[str], message: str) -> str:
+    """A parse error in a few lines: what was wrong, the closest match, where the help is."""
+    message = message.removeprefix("error parsing CLI: ")
+    words, node = _command_path(tree, args)
+    where = "leanrl " + " ".join(words) if words else "leanrl"
+    lines = [f"{where}: error: {message}"]
+    bad = re.search(r"invalid choice: '([^']*)'", message)
+    if bad and isinstance(node, dict):
+        hit = suggest(bad.group(1), node)
+        if hit:
+            lines.append(f"  did you mean `{where} {hit}`?")
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown and not isinstance(node, dict):
+        flags = command_flags(node)
+        foreign: dict[str, str] = getattr(node, "foreign_names", {})
+        for token in unknown.group(1).split():
+            if not token.startswith("--"):
+                continue
+            name = token[2:].split("=")[0]
+            other = foreign.get(name.replace("-", "_"))
+            if other is not None:  # another library's name (TRL's GRPOConfig)
+                said = other if other.startswith("--") else other.replace("`", "")
+                lines.append(f"  {token} is TRL's name; leanrl: {said}")
+                continue
+            hit = suggest(name, flags)
+            if hit:
+                lines.append(f"  did you mean --{hit} (for {token})?")
+    lines.append(
+        f"Run `{where} --help` for the common options"
+        + (", `--help-all` for every option." if not isinstance(node, dict) else ".")
+    )
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    import leanrl
+    from leanrl._dist import foreign_distribution
+
+    where = Path(leanrl.__file__).resolve().parent
+    line = f"leanrl {leanrl.__version__} ({where})"
+    problem = foreign_distribution()
+    return line + (f"\nwarning: {problem}" if problem else "")
+
+
+def setup_logging() -> None:
+    """leanrl's own log lines (one per training step, warnings) on stderr, once, unless the
+    program has set up logging itself."""
+    logger = logging.getLogger("leanrl")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``leanrl`` console script."""
+    setup_logging()
     args = normalize_argv(sys.argv[1:] if argv is None else argv)
+    tree = _tree()
     if not args:
         args = ["--help"]
-    tree = _tree()
+    if args[0] == "--version":
+        print(_version())
+        return 0
+    text = _help(tree, args)
+    if text is not None:
+        print(text, end="")
+        return 0
+    args = ["--help" if a == "--help-all" else a for a in args]
     try:
         typed = _explicit(build_app(tree), args)
         # Walk down to the chosen (sub)command: the one key whose value is not None.
@@ -229,11 +339,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         while isinstance(node, dict):
             chosen = [k for k in node if typed.get(k) is not None]
             if not chosen:  # a group given without a command: show its help
-                _explicit(build_app(tree), [*args, "--help"])
+                print(_help(tree, [*args, "--help"]), end="", file=sys.stderr)
                 return 2
             typed, node = dict(typed[chosen[0]]), node[chosen[0]]
         command = _with_file(node, typed)
         command.cli_cmd()
+    except SettingsError as e:
+        print(_usage_error(tree, args, str(e)), file=sys.stderr)
+        return 2
     except LeanrlError as e:
         print(f"leanrl: error: {e}", file=sys.stderr)
         return 2

@@ -71,7 +71,10 @@ class Environment:
     def make_runtime(self) -> Runtime:
         """Build the runtime named in the config."""
         cls = registry.resolve("runtimes", self.config.runtime.name)
-        return _instantiate(cls, Runtime, self.config.runtime, "runtime")
+        runtime: Runtime = _instantiate(cls, Runtime, self.config.runtime, "runtime")
+        ts = self.taskset
+        runtime.taskset_pins = (ts.lean_toolchain, ts.mathlib_rev)
+        return runtime
 
     # -- parts ----------------------------------------------------------------------------------
 
@@ -96,6 +99,23 @@ class Environment:
     def tasks(self) -> list[Task]:
         """The taskset's tasks, loaded, validated and filtered."""
         return self.taskset.tasks()
+
+    def check_parts(self) -> None:
+        """Refuse, before anything starts, a harness and runtime that cannot work together (a
+        tactic-loop harness on a runtime without tactic mode would make every attempt fail)."""
+        harness, runtime = self.harness, self.runtime
+        if harness.needs_tactic_sessions and not runtime.supports_tactic_sessions():
+            mode = getattr(runtime.config, "mode", None)
+            hint = (
+                " (--env.runtime.mode oneshot has no REPL; use --env.runtime.mode repl)"
+                if mode == "oneshot"
+                else ""
+            )
+            raise ConfigError(
+                f"harness {harness.name!r} needs Lean's tactic mode, which runtime "
+                f"{runtime.name!r} does not offer here{hint}. Use the `whole-proof` harness, or "
+                "a runtime with a REPL."
+            )
 
     # -- life cycle and use ---------------------------------------------------------------------
 

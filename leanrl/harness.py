@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from leanrl.errors import ConfigError
+
 if TYPE_CHECKING:
     from leanrl.policy import Policy, SamplingConfig
     from leanrl.rollout import Rollout
@@ -75,6 +77,9 @@ class Harness(abc.ABC):
     """Registry id of the harness."""
     description: ClassVar[str] = ""
     """One line for ``leanrl envs``."""
+    needs_tactic_sessions: ClassVar[bool] = False
+    """True when the harness talks to Lean between turns (``Runtime.tactic_session``); a
+    runtime without tactic mode is then refused before anything starts."""
 
     def __init__(self, config: HarnessConfig | None = None) -> None:
         self.config = config or HarnessConfig(name=self.name or "whole-proof")
@@ -93,3 +98,14 @@ class Harness(abc.ABC):
         Rewards come from ``taskset.group_rewards``. A bad or missing proof is a Rollout with a
         rejecting Verdict, never an exception.
         """
+
+    async def generate(
+        self, tasks: Sequence[Task], policy: Policy, sampling: SamplingConfig
+    ) -> list[list[Rollout]]:
+        """``sampling.n`` Rollouts per task with their proofs and no Lean check
+        (``leanrl eval --generate-only``): ``verdict`` is None, or a rejection that needs no
+        Lean (no proof in the text). Harnesses that need Lean between turns cannot do this."""
+        raise ConfigError(
+            f"harness {self.name!r} cannot generate without Lean (it needs Lean's answer after "
+            "each turn); --generate-only works with the `whole-proof` harness"
+        )

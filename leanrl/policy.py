@@ -51,7 +51,7 @@ class PolicyConfig(BaseModel):
     (``openai``)."""
     backend: Literal["hf", "openai", "vllm"] = "hf"
     """``hf``: transformers (CPU/GPU). ``openai``: an OpenAI-compatible server over HTTP.
-    ``vllm``: in-process vLLM on a GPU (``pip install 'leanrl[vllm]'``)."""
+    ``vllm``: in-process vLLM on a GPU (the ``vllm`` extra)."""
     chat: bool | None = None
     """Apply the tokenizer's chat template (chat models). ``None``: decide from the prompt
     format of the harness."""

@@ -55,10 +55,17 @@ def resolve(kind: Kind, name: str) -> Any:
         return obj
     found = available(kind)
     if name not in found:
+        from leanrl._cli_help import suggest
+        from leanrl._dist import foreign_distribution
+
         known = ", ".join(found) or "(none installed)"
+        close = suggest(name, found)
+        problem = foreign_distribution()
         raise ConfigError(
-            f"unknown {_SINGULAR[kind]} {name!r}. Known: {known}. Install the package that "
-            f"provides it, or pass an import path 'package.module:Class' to {_HOW[kind]}."
+            f"unknown {_SINGULAR[kind]} {name!r}"
+            + (f" (did you mean {close!r}?)" if close else "")
+            + f". Known: {known}. Install the package that provides it, or pass an import path "
+            f"'package.module:Class' to {_HOW[kind]}." + (f" Note: {problem}" if problem else "")
         )
     try:
         return found[name].load()

@@ -117,6 +117,9 @@ class Runtime(abc.ABC):
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(name=self.name or "local")
+        self.taskset_pins: tuple[str | None, str | None] = (None, None)
+        """(Lean toolchain, Mathlib revision) the taskset is written for; set by the
+        Environment, so that sandbox images default to the taskset's Lean."""
 
     def preflight(self) -> None:  # noqa: B027 - optional hook
         """Cheap checks, without starting anything: raise the error :meth:`start` would raise
@@ -128,6 +131,24 @@ class Runtime(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Stop everything :meth:`start` started. Idempotent; safe after a crash."""
+
+    def supports_tactic_sessions(self) -> bool:
+        """Whether :meth:`tactic_session` works here (the ``tactic-loop`` harness needs it).
+        Default: when the runtime overrides it."""
+        return type(self).tactic_session is not Runtime.tactic_session
+
+    def check_piece(self) -> int:
+        """How many attempts of a batch may be sent in one :meth:`check` call without changing
+        how the runtime works (1 for a pool that checks attempts one by one anyway; the batch
+        size of a runtime that batches). The eval runner splits batches this way so that its
+        progress bar moves per attempt. 0 (the default): keep batches whole."""
+        return 0
+
+    async def lean_version(self) -> str | None:
+        """The version of the Lean that checks attempts, as that Lean reports it (e.g.
+        ``4.24.0``), so that reports show what ran rather than what the taskset asked for.
+        None when unknown (the default). Called after :meth:`start`."""
+        return None
 
     def metrics(self) -> dict[str, float]:
         """Counters and costs so far, numbers only (processes started and killed, sandbox- and
@@ -176,7 +197,12 @@ def run_sync(coro: Any) -> Any:
     """Run a coroutine to completion from sync code, also inside Jupyter's running loop."""
     try:
         asyncio.get_running_loop()
+        running = True
     except RuntimeError:
+        running = False
+    if not running:
+        # Outside the `except` block: an error of the run must not be shown as raised "during
+        # handling of" the no-running-loop RuntimeError (a confusing first traceback).
         return asyncio.run(coro)
     import concurrent.futures
 

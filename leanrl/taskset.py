@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from leanrl._dist import require
 from leanrl._hub import hub_offline, hub_reachable
 from leanrl.decontam_config import DecontaminationConfig
 from leanrl.errors import ConfigError, DatasetError
@@ -292,6 +293,7 @@ class Taskset:
         seen: dict[str, str] = {}
         want_split = self.split
         for row in self.load_rows():
+            self._check_toolchain(row)
             task = self.row_to_task(row)
             if want_split is not None and task.split is not None and task.split != want_split:
                 continue
@@ -305,6 +307,37 @@ class Taskset:
             seen[task.id] = where
             tasks.append(task)
         return tasks
+
+    def _check_toolchain(self, row: RawRow) -> None:
+        """A row that names its Lean version (``lean_toolchain``) must match this taskset's: a
+        file written for another Lean would be checked by the wrong Lean and Mathlib. A taskset
+        that pins none (``dataset``) takes the file's."""
+        declared = row.data.get("lean_toolchain")
+        if not isinstance(declared, str) or not declared.strip():
+            return
+        have = _lean_version(self.lean_toolchain)
+        got = _lean_version(declared)
+        if got is None:
+            return
+        if have is None:
+            self.lean_toolchain = declared.strip()  # type: ignore[misc]
+            return
+        if have != got:
+            fits = _environments_for(got, Path(row.origin).name)
+            hint = (
+                f"use --env {' or --env '.join(fits[:3])} (made for Lean {got})"
+                if fits
+                else (
+                    "use --env dataset with a Lean project of that version "
+                    "(--env.runtime.lean-project)"
+                )
+            )
+            raise DatasetError(
+                f"{row.origin}, row {row.index}, field 'lean_toolchain': the file is written for "
+                f"Lean {got} ({declared.strip()}), but environment {self.name!r} checks with "
+                f"Lean {have} ({self.lean_toolchain}). Statements and proofs of one Lean "
+                f"version often fail on another: {hint}."
+            )
 
     def _filter(self, tasks: list[Task]) -> list[Task]:
         cfg = self.config
@@ -390,8 +423,9 @@ class Taskset:
         offline = hub_offline(datasets=True)
         if not offline and not hub_reachable():
             raise DatasetError(f"taskset {self.name!r}: the Hugging Face hub is unreachable. {fix}")
-        import datasets
-
+        datasets = require(
+            "datasets", "hub", f"loading taskset {self.name!r} from the Hugging Face hub"
+        )
         split = self._hub_split(hub_id)
         revision = self.config.revision or (self.hub_revision if hub_id == self.hub_id else None)
         try:
@@ -465,3 +499,26 @@ def declared_name(statement: str) -> str | None:
     code = re.sub(r"--[^\n]*", "", code)
     found = _DECLARED.findall(code)
     return found[-1] if found else None
+
+
+def _lean_version(toolchain: str | None) -> str | None:
+    """``leanprover/lean4:v4.24.0`` -> ``4.24.0`` (None when it names no version)."""
+    m = re.search(r"(\d+\.\d+\.\d+(?:-rc\d+)?)", toolchain or "")
+    return m.group(1) if m else None
+
+
+def _environments_for(version: str, filename: str = "") -> list[str]:
+    """Ids of installed environments whose taskset is written for Lean ``version``; the one
+    whose taskset file is called ``filename`` first."""
+    from leanrl import registry
+
+    out = []
+    for name, ep in registry.available("environments").items():
+        try:
+            ts = getattr(ep.load(), "taskset_class", None)
+        except Exception:  # noqa: BLE001 - a broken plugin is no candidate
+            continue
+        if ts is not None and _lean_version(getattr(ts, "lean_toolchain", None)) == version:
+            own = getattr(ts, "filename", None) == filename
+            out.append((not own, name))
+    return [name for _, name in sorted(out)]

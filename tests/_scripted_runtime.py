@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
@@ -54,14 +55,23 @@ class ScriptedRuntime(Runtime):
     def metrics(self) -> dict[str, float]:
         return {"checked": float(len(self.attempts)), "sessions": float(self.sessions)}
 
+    def check_piece(self) -> int:
+        return int(self.config.options.get("piece", 0))
+
+    async def lean_version(self) -> str | None:
+        return self.config.options.get("lean_version")
+
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         t0 = time.perf_counter()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         out = []
+        infra_file = self.config.options.get("infra_file")
         for a in attempts:
             self.attempts.append(a)
-            if "sorry" in a.proof:
+            if infra_file and Path(infra_file).exists():  # the checker "could not run"
+                out.append(Verdict.reject(Reason.INFRA, "sandbox died twice", id=a.id))
+            elif "sorry" in a.proof:
                 out.append(Verdict.reject(Reason.SORRY, "uses sorry", id=a.id))
             elif self.accept in a.proof:
                 out.append(Verdict(accepted=True, reason=Reason.OK, id=a.id, time_s=0.01))

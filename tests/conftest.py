@@ -1,4 +1,4 @@
-"""Shared test set-up: offline hub, one thread, the shared data folder, Lean detection, tiny model."""
+"""Shared test set-up: offline hub, one thread, the fixture data, Lean detection, tiny model."""
 
 from __future__ import annotations
 
@@ -51,35 +51,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_modal)
 
 
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The read-only benchmark data folder (``../shared/data``)."""
-    if not (SHARED_DATA / "minif2f.jsonl").is_file():
-        pytest.skip(
-            f"shared benchmark data not found at {SHARED_DATA} "
-            "(set LEANRL_SHARED_DATA to its folder)"
-        )
-    return SHARED_DATA
+FIXTURE_DATA = REPO / "tests" / "fixtures" / "data"
 
 
 @pytest.fixture(scope="session")
-def minif2f_rows(shared_data: Path) -> list[dict]:
-    """The first 40 miniF2F test rows, as dicts."""
-    rows = [json.loads(line) for line in (shared_data / "minif2f.jsonl").open(encoding="utf-8")]
-    return [r for r in rows if r["split"] == "test"][:40]
+def bench_data() -> Path:
+    """The tests' own benchmark excerpts (a few rows of each file, a few REPL transcripts)."""
+    return FIXTURE_DATA
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
-    """A tiny random Llama model + a BPE tokenizer trained here on miniF2F text (no download)."""
-    from leanrl.testing import make_tiny_model
+def data_roots() -> list[Path]:
+    """Folders to run whole-data checks over: the fixtures, plus the full benchmark data when it
+    is there (``../shared/data`` or ``LEANRL_SHARED_DATA``); without it the checks still run, on
+    the fixtures alone."""
+    roots = [FIXTURE_DATA]
+    if (SHARED_DATA / "minif2f.jsonl").is_file():
+        roots.append(SHARED_DATA)
+    return roots
 
+
+def tiny_model_texts(data: Path = FIXTURE_DATA) -> list[str]:
+    """What the tiny test tokenizer is trained on: Lean statements and the usual tactics."""
     texts = []
-    for line in (shared_data / "minif2f.jsonl").open(encoding="utf-8"):
+    for line in (data / "minif2f.jsonl").open(encoding="utf-8"):
         row = json.loads(line)
         texts.append(row["header"] + row["formal_statement"] + "\n  nlinarith [sq_nonneg x]\n")
     texts += ["```lean4\n", "```", "Complete the following Lean 4 code:", "omega", "simp", "rfl"]
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts)
+    return texts
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama model + a BPE tokenizer trained here on fixture text (no download)."""
+    from leanrl.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), tiny_model_texts())
 
 
 TOY_TASKS = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"

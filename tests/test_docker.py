@@ -114,7 +114,7 @@ def test_run_args_isolate_the_container() -> None:
     assert args[-4:] == ["--uds", "/run/leanrl/service.sock", "--runtime.name", "local"]
     # the command replaces the image's entrypoint instead of being appended to it
     i = args.index("--entrypoint")
-    assert args[i + 1 : i + 5] == ["python", d.image, "-m", "leanrl.service"]
+    assert args[i + 1 : i + 5] == ["python", "leanrl-verifier:v4.24.0", "-m", "leanrl.service"]
     tcp = docker_run_args(DockerConfig(transport="tcp"), "n", "o", "t", [], None)
     assert "--publish 127.0.0.1::8000" in " ".join(tcp) and "--network bridge" in " ".join(tcp)
     assert tcp[-4:] == ["--host", "0.0.0.0", "--port", "8000"]

@@ -12,7 +12,7 @@ from test_es_learning import toy_config
 from leanrl.train.es import ESTrainer
 from leanrl.train.es_history import replay
 
-pytest.importorskip("peft", reason="LoRA needs peft: pip install 'leanrl[lora]'")
+pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
 
 
 def test_es_lora_perturbs_only_adapters_learns_and_replays(

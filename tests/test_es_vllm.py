@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def vllm_scorer(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
-    pytest.importorskip("vllm", reason="needs vLLM (pip install 'leanrl[vllm]')")
+    pytest.importorskip("vllm", reason="needs vLLM (the vllm extra) and a GPU")
     from test_es_learning import ToyEnv
 
     from leanrl.environment import EnvironmentConfig

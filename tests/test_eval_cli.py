@@ -28,9 +28,9 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 
 def test_bad_input_stops_early_with_a_clear_message(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, shared_data: Path, tiny_model_dir: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bench_data: Path, tiny_model_dir: Path
 ) -> None:
-    base = ["eval", "--env.taskset.path", str(shared_data), "--out", str(tmp_path / "o")]
+    base = ["eval", "--env.taskset.path", str(bench_data), "--out", str(tmp_path / "o")]
     code, err = run_cli([*base, "--env", "nosuch", "--model", str(tiny_model_dir)], capsys)
     assert code == 2 and "unknown environment 'nosuch'. Known:" in err and "minif2f" in err
     code, err = run_cli(
@@ -74,7 +74,7 @@ def test_offline_machine_says_what_is_missing(
 
 
 def test_missing_lean_surfaces_as_a_clean_error(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, shared_data: Path, tiny_model_dir: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bench_data: Path, tiny_model_dir: Path
 ) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text(f'[env.runtime]\nname = "{RT}"\noptions = {{ fail_start = true }}\n')
@@ -86,7 +86,7 @@ def test_missing_lean_surfaces_as_a_clean_error(
             "--env",
             "minif2f",
             "--env.taskset.path",
-            str(shared_data),
+            str(bench_data),
             "--model",
             str(tiny_model_dir),
             "--out",
@@ -122,7 +122,7 @@ def test_toml_and_flags_make_one_config() -> None:
 
 
 def test_kill_midway_and_rerun_continues(
-    tmp_path: Path, shared_data: Path, tiny_model_dir: Path
+    tmp_path: Path, bench_data: Path, tiny_model_dir: Path
 ) -> None:
     """A real SIGKILL of `leanrl eval` midway; the same command then finishes the run, and the
     result equals an uninterrupted run's (same per-chunk seeds, nothing lost or done twice)."""
@@ -138,7 +138,7 @@ progress = false
 [env]
 id = "minif2f"
 [env.taskset]
-path = "{shared_data}"
+path = "{bench_data}"
 limit = 5
 [env.runtime]
 name = "{RT}"
@@ -190,7 +190,7 @@ stop = [" ", "e", "t", "a", "o", "i", "n", "s", "\\n"]
     assert {r["accepted"] for r in recs} == {True, False}  # both kinds were compared
 
 
-def test_example_script_runs(tmp_path: Path, shared_data: Path, tiny_model_dir: Path) -> None:
+def test_example_script_runs(tmp_path: Path, bench_data: Path, tiny_model_dir: Path) -> None:
     out = tmp_path / "ex"
     done = subprocess.run(
         [
@@ -201,7 +201,7 @@ def test_example_script_runs(tmp_path: Path, shared_data: Path, tiny_model_dir: 
             "--prompt-format",
             "deepseek",
             "--data",
-            str(shared_data),
+            str(bench_data),
             "--limit",
             "2",
             "--samples",
@@ -225,7 +225,7 @@ def test_example_script_runs(tmp_path: Path, shared_data: Path, tiny_model_dir: 
 
 
 def test_openai_backend_end_to_end(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, shared_data: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bench_data: Path
 ) -> None:
     from tests.test_policy_openai import Server
 
@@ -252,7 +252,7 @@ def test_openai_backend_end_to_end(
                 "--env",
                 "minif2f",
                 "--env.taskset.path",
-                str(shared_data),
+                str(bench_data),
                 "--limit",
                 "3",
                 "--backend",

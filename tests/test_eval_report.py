@@ -18,11 +18,11 @@ RT = "tests._scripted_runtime:ScriptedRuntime"
 TEXTS = ["\n  omega\n", "\n  simp\n"]
 
 
-def make(shared_data: Path, out: Path) -> EvalConfig:
+def make(bench_data: Path, out: Path) -> EvalConfig:
     return EvalConfig(
         env=EnvironmentConfig(
             id="minif2f",
-            taskset=TasksetConfig(path=shared_data, limit=3),
+            taskset=TasksetConfig(path=bench_data, limit=3),
             runtime=RuntimeConfig(name=RT),
         ),
         samples=2,
@@ -33,9 +33,9 @@ def make(shared_data: Path, out: Path) -> EvalConfig:
 
 
 async def test_report_names_the_model_of_a_policy_passed_in(
-    shared_data: Path, tmp_path: Path
+    bench_data: Path, tmp_path: Path
 ) -> None:
-    cfg = make(shared_data, tmp_path / "run")
+    cfg = make(bench_data, tmp_path / "run")
     assert cfg.policy.model == ""  # nothing in the config: the policy says which model it is
     s = await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
     report = (tmp_path / "run" / "report.md").read_text()
@@ -70,9 +70,9 @@ class DroppingPolicy(ScriptedPolicy):
 
 
 async def test_a_chunk_with_missing_samples_is_not_recorded(
-    shared_data: Path, tmp_path: Path
+    bench_data: Path, tmp_path: Path
 ) -> None:
-    cfg = make(shared_data, tmp_path / "run")
+    cfg = make(bench_data, tmp_path / "run")
     with pytest.raises(PolicyError, match=r"returned samples \[0\] .* expected 0\.\.1"):
         await run_eval(cfg, policy=DroppingPolicy(TEXTS))
     results = tmp_path / "run" / "results.jsonl"

@@ -19,12 +19,12 @@ RT = "tests._scripted_runtime:ScriptedRuntime"
 TEXTS = ["\n  omega\n", "\n  simp\n", "\n  linarith\n", "\n  ring\n"]
 
 
-def make(shared_data: Path, out: Path, **kw: Any) -> EvalConfig:
+def make(bench_data: Path, out: Path, **kw: Any) -> EvalConfig:
     rt = kw.pop("runtime_options", {})
     return EvalConfig(
         env=EnvironmentConfig(
             id="minif2f",
-            taskset=TasksetConfig(path=shared_data, limit=kw.pop("limit", 6)),
+            taskset=TasksetConfig(path=bench_data, limit=kw.pop("limit", 6)),
             runtime=RuntimeConfig(name=RT, options=rt),
         ),
         samples=kw.pop("samples", 4),
@@ -40,8 +40,8 @@ def lines(out: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
 
 
-async def test_run_writes_every_attempt_and_the_report(shared_data: Path, tmp_path: Path) -> None:
-    cfg = make(shared_data, tmp_path / "run")
+async def test_run_writes_every_attempt_and_the_report(bench_data: Path, tmp_path: Path) -> None:
+    cfg = make(bench_data, tmp_path / "run")
     policy = ScriptedPolicy(TEXTS)
     s = await run_eval(cfg, policy=policy)
     recs = lines(tmp_path / "run")
@@ -72,9 +72,9 @@ async def test_run_writes_every_attempt_and_the_report(shared_data: Path, tmp_pa
     assert policy.seeds == [chunk_seed(0, i) for i in range(3)]
 
 
-async def test_resume_after_interruption_redoes_nothing(shared_data: Path, tmp_path: Path) -> None:
+async def test_resume_after_interruption_redoes_nothing(bench_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cfg = make(shared_data, out, pipeline_depth=1, runtime_options={"delay_s": 0.2})
+    cfg = make(bench_data, out, pipeline_depth=1, runtime_options={"delay_s": 0.2})
     first = ScriptedPolicy(TEXTS)
     job = asyncio.ensure_future(run_eval(cfg, policy=first))
     while not (out / "results.jsonl").is_file() or not (out / "results.jsonl").read_text():
@@ -101,10 +101,10 @@ async def test_resume_after_interruption_redoes_nothing(shared_data: Path, tmp_p
 
 
 async def test_torn_last_line_and_duplicates_are_reconciled(
-    shared_data: Path, tmp_path: Path
+    bench_data: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    cfg = make(shared_data, out, limit=2)
+    cfg = make(bench_data, out, limit=2)
     await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
     recs = lines(out)
     body = "".join(json.dumps(r) + "\n" for r in recs[:5])
@@ -118,28 +118,28 @@ async def test_torn_last_line_and_duplicates_are_reconciled(
     assert len(policy.calls) == 1  # only the chunk with missing attempts ran again
 
 
-async def test_a_different_config_is_not_resumed(shared_data: Path, tmp_path: Path) -> None:
+async def test_a_different_config_is_not_resumed(bench_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    await run_eval(make(shared_data, out, limit=2), policy=ScriptedPolicy(TEXTS))
+    await run_eval(make(bench_data, out, limit=2), policy=ScriptedPolicy(TEXTS))
     with pytest.raises(ConfigError, match=r"different eval run.*samples: 4 -> 8.*--out"):
         await run_eval(
-            make(shared_data, out, limit=2, samples=8, k=[1]), policy=ScriptedPolicy(TEXTS)
+            make(bench_data, out, limit=2, samples=8, k=[1]), policy=ScriptedPolicy(TEXTS)
         )
     # other k values and a longer limit are the same run: it re-reports and extends
-    s = await run_eval(make(shared_data, out, limit=4, k=[1, 3]), policy=ScriptedPolicy(TEXTS))
+    s = await run_eval(make(bench_data, out, limit=4, k=[1, 3]), policy=ScriptedPolicy(TEXTS))
     assert s["results"]["pass_at_k"]["all"] == {"tasks": 4, "pass@1": 0.25, "pass@3": 0.75}
     assert len(lines(out)) == 16
 
 
-async def test_generation_and_verification_overlap(shared_data: Path, tmp_path: Path) -> None:
+async def test_generation_and_verification_overlap(bench_data: Path, tmp_path: Path) -> None:
     def overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
         return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
 
     runs = {}
     for depth in (1, 2):
-        env = load_environment(make(shared_data, tmp_path / f"d{depth}").env)
+        env = load_environment(make(bench_data, tmp_path / f"d{depth}").env)
         env.config.runtime.options = {"delay_s": 0.1}
-        cfg = make(shared_data, tmp_path / f"d{depth}", pipeline_depth=depth, chunk_tasks=1)
+        cfg = make(bench_data, tmp_path / f"d{depth}", pipeline_depth=depth, chunk_tasks=1)
         policy = ScriptedPolicy(TEXTS, delay_s=0.1)
         await run_eval(cfg, policy=policy, env=env)
         runs[depth] = overlaps(policy.spans, env.runtime.spans)  # type: ignore[attr-defined]
@@ -147,18 +147,18 @@ async def test_generation_and_verification_overlap(shared_data: Path, tmp_path: 
     assert runs == {1: False, 2: True}
 
 
-async def test_bad_input_fails_before_any_work(shared_data: Path, tmp_path: Path) -> None:
+async def test_bad_input_fails_before_any_work(bench_data: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"k=\[8\] is larger than samples=4"):
-        await run_eval(make(shared_data, tmp_path / "a", k=[1, 8]), policy=ScriptedPolicy(TEXTS))
-    bad_env = make(shared_data, tmp_path / "b")
+        await run_eval(make(bench_data, tmp_path / "a", k=[1, 8]), policy=ScriptedPolicy(TEXTS))
+    bad_env = make(bench_data, tmp_path / "b")
     bad_env.env.id = "nosuchenv"
     with pytest.raises(ConfigError, match=r"unknown environment 'nosuchenv'\. Known: .*minif2f"):
         await run_eval(bad_env, policy=ScriptedPolicy(TEXTS))
-    bad_h = make(shared_data, tmp_path / "c")
+    bad_h = make(bench_data, tmp_path / "c")
     bad_h.env.harness.name = "nope"
     with pytest.raises(ConfigError, match=r"unknown harness 'nope'\. Known: .*whole-proof"):
         await run_eval(bad_h, policy=ScriptedPolicy(TEXTS))
-    lean_missing = make(shared_data, tmp_path / "d", runtime_options={"fail_start": True})
+    lean_missing = make(bench_data, tmp_path / "d", runtime_options={"fail_start": True})
     from leanrl import LeanNotFoundError
 
     policy = ScriptedPolicy(TEXTS)
@@ -167,17 +167,17 @@ async def test_bad_input_fails_before_any_work(shared_data: Path, tmp_path: Path
     assert policy.calls == []
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     # once Lean is there, the same folder takes a changed config: it never recorded anything
-    fixed = make(shared_data, tmp_path / "d", samples=2, k=[1])
+    fixed = make(bench_data, tmp_path / "d", samples=2, k=[1])
     s = await run_eval(fixed, policy=ScriptedPolicy(TEXTS))
     assert s["results"]["attempts"] == 12
 
 
 @pytest.mark.lean
-async def test_real_lean_verdicts_through_the_runner(shared_data: Path, tmp_path: Path) -> None:
+async def test_real_lean_verdicts_through_the_runner(bench_data: Path, tmp_path: Path) -> None:
     cfg = EvalConfig(
         env=EnvironmentConfig(
             id="core",
-            taskset=TasksetConfig(path=shared_data, split=None, names=["mathd_numbertheory_101"]),
+            taskset=TasksetConfig(path=bench_data, split=None, names=["mathd_numbertheory_101"]),
             runtime=RuntimeConfig(name="local"),
         ),
         samples=3,
@@ -194,8 +194,8 @@ async def test_real_lean_verdicts_through_the_runner(shared_data: Path, tmp_path
     assert s["results"]["pass_at_k"]["all"]["pass@1"] == pytest.approx(1 / 3)
 
 
-async def test_tactic_loop_through_the_runner(shared_data: Path, tmp_path: Path) -> None:
-    cfg = make(shared_data, tmp_path / "tl", limit=2, samples=2, k=[1, 2])
+async def test_tactic_loop_through_the_runner(bench_data: Path, tmp_path: Path) -> None:
+    cfg = make(bench_data, tmp_path / "tl", limit=2, samples=2, k=[1, 2])
     cfg.env.harness.name = "tactic-loop"
     cfg.env.harness.prompt_format = "chat"
     first = load_environment(cfg.env).tasks()[0]
@@ -218,21 +218,21 @@ async def test_tactic_loop_through_the_runner(shared_data: Path, tmp_path: Path)
 
 
 async def test_progress_bar_shows_tasks_rate_and_pass_rate(
-    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    bench_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = make(shared_data, tmp_path / "p", limit=4).model_copy(update={"progress": True})
+    cfg = make(bench_data, tmp_path / "p", limit=4).model_copy(update={"progress": True})
     await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
     err = capsys.readouterr().err
-    assert "4/4" in err and "att/s" in err and "pass 100.0%" in err
+    assert "16/16" in err and "att/s" in err and "pass 100.0%" in err
 
 
-async def test_versions_name_the_lean_project(shared_data: Path, tmp_path: Path) -> None:
+async def test_versions_name_the_lean_project(bench_data: Path, tmp_path: Path) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "lean-toolchain").write_text("leanprover/lean4:v4.24.0\n")
     manifest = {"packages": [{"name": "mathlib", "rev": "f897ebcf"}, {"name": "aesop", "rev": "a"}]}
     (proj / "lake-manifest.json").write_text(json.dumps(manifest))
-    cfg = make(shared_data, tmp_path / "v", limit=1)
+    cfg = make(bench_data, tmp_path / "v", limit=1)
     cfg.env.runtime.lean_project = proj
     s = await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
     v = s["versions"]
@@ -242,7 +242,7 @@ async def test_versions_name_the_lean_project(shared_data: Path, tmp_path: Path)
 
 
 async def test_versions_find_the_project_leanrl_setup_made(
-    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bench_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No project configured: the one `leanrl setup` made the default is the one recorded."""
     proj = tmp_path / "cache" / "projects" / "p"
@@ -254,7 +254,7 @@ async def test_versions_find_the_project_leanrl_setup_made(
     (tmp_path / "cache" / "default-project").write_text(str(proj))
     monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
-    s = await run_eval(make(shared_data, tmp_path / "v", limit=1), policy=ScriptedPolicy(TEXTS))
+    s = await run_eval(make(bench_data, tmp_path / "v", limit=1), policy=ScriptedPolicy(TEXTS))
     v = s["versions"]
     assert (
         v["lean_project"] == str(proj) and v["lean_project_toolchain"] == "leanprover/lean4:v4.19.0"
@@ -265,11 +265,11 @@ async def test_versions_find_the_project_leanrl_setup_made(
 
 
 async def test_an_unreachable_server_fails_before_the_runtime_starts(
-    shared_data: Path, tmp_path: Path
+    bench_data: Path, tmp_path: Path
 ) -> None:
     from leanrl import PolicyConfig, PolicyError
 
-    cfg = make(shared_data, tmp_path / "o", limit=1)
+    cfg = make(bench_data, tmp_path / "o", limit=1)
     cfg.policy = PolicyConfig(backend="openai", model="m", base_url="http://127.0.0.1:9/v1")
     env = load_environment(cfg.env)
     with pytest.raises(PolicyError, match="cannot reach the OpenAI-compatible server"):

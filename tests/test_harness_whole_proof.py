@@ -286,11 +286,9 @@ def test_bare_tactics_and_term_proofs() -> None:
 
 
 @pytest.fixture
-def tasks(shared_data: Path) -> tuple[MiniF2FTaskset, list[Task]]:
+def tasks(bench_data: Path) -> tuple[MiniF2FTaskset, list[Task]]:
     ts = MiniF2FTaskset(
-        TasksetConfig(
-            path=shared_data, limit=3, policy=VerificationPolicy(allow_native_decide=True)
-        )
+        TasksetConfig(path=bench_data, limit=3, policy=VerificationPolicy(allow_native_decide=True))
     )
     return ts, ts.tasks()
 

@@ -101,10 +101,10 @@ def test_plain_output_text_before_any_message_is_an_error() -> None:
     assert m.severity == "error" and m.pos is None and "out of memory" in m.data
 
 
-def test_backtick_and_quote_sorry_wordings_parse_the_same(shared_data: Path) -> None:
+def test_backtick_and_quote_sorry_wordings_parse_the_same(bench_data: Path) -> None:
     # v4.9 writes 'sorry', current Lean writes `sorry`; parsing keeps the text verbatim and the
     # policy never looks at it (it uses the structured sorries list and the sorryAx axiom).
-    out = (shared_data / "repl-transcripts" / "readme.expected.out").read_text("utf-8")
+    out = (bench_data / "repl-transcripts" / "readme.expected.out").read_text("utf-8")
     ans = parse_response(json.loads(split_blocks(out)[0]))
     assert isinstance(ans, CommandResponse)
     (m,) = from_repl(ans.messages)
@@ -113,8 +113,8 @@ def test_backtick_and_quote_sorry_wordings_parse_the_same(shared_data: Path) -> 
     assert old[0].severity == m.severity
 
 
-def test_shift_and_repl_offsets(shared_data: Path) -> None:
-    out = (shared_data / "repl-transcripts" / "have_by_sorry.expected.out").read_text("utf-8")
+def test_shift_and_repl_offsets(bench_data: Path) -> None:
+    out = (bench_data / "repl-transcripts" / "have_by_sorry.expected.out").read_text("utf-8")
     ans = parse_response(json.loads(split_blocks(out)[0]))
     assert isinstance(ans, CommandResponse)
     (m,) = from_repl(ans.messages, line_offset=0)

@@ -172,15 +172,15 @@ def test_no_lean_anywhere_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_
 # -- leanrl verify ---------------------------------------------------------------------------
 
 
-def _env(shared_data: Path) -> EnvironmentConfig:
+def _env(bench_data: Path) -> EnvironmentConfig:
     return EnvironmentConfig(
         id="minif2f",
-        taskset=TasksetConfig(path=shared_data / "minif2f.jsonl", split=None),
+        taskset=TasksetConfig(path=bench_data / "minif2f.jsonl", split=None),
         runtime=RuntimeConfig(workers=2, options={"repl_command": FAKE, "spares": 0}),
     )
 
 
-async def test_verify_file(shared_data: Path, tmp_path: Path) -> None:
+async def test_verify_file(bench_data: Path, tmp_path: Path) -> None:
     rows = [
         {"name": "aime_1983_p9", "proof": "nlinarith"},
         {"name": "aime_1983_p9", "proof": "sorry"},
@@ -190,7 +190,7 @@ async def test_verify_file(shared_data: Path, tmp_path: Path) -> None:
     proofs = tmp_path / "p.jsonl"
     proofs.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "v.jsonl"
-    summary = await verify_file(_env(shared_data), proofs, out)
+    summary = await verify_file(_env(bench_data), proofs, out)
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["reason"] for g in got] == ["ok", "sorry", "ok", "native"]
     assert [g["row"] for g in got] == [1, 2, 3, 4] and got[3]["id"] == "mine"
@@ -208,21 +208,21 @@ async def test_verify_file(shared_data: Path, tmp_path: Path) -> None:
     ],
 )
 async def test_verify_bad_rows_name_the_row(
-    shared_data: Path, tmp_path: Path, line: str, match: str
+    bench_data: Path, tmp_path: Path, line: str, match: str
 ) -> None:
     proofs = tmp_path / "p.jsonl"
     proofs.write_text(json.dumps({"name": "aime_1983_p9", "proof": "rfl"}) + "\n" + line + "\n")
     with pytest.raises(DatasetError, match=match):
-        await verify_file(_env(shared_data), proofs, tmp_path / "v.jsonl")
+        await verify_file(_env(bench_data), proofs, tmp_path / "v.jsonl")
 
 
-def test_verify_cli(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_cli(bench_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     proofs = tmp_path / "p.jsonl"
     proofs.write_text(json.dumps({"name": "aime_1983_p9", "proof": "nlinarith"}) + "\n")
     cfg = tmp_path / "c.toml"
     cfg.write_text(
         "[env.taskset]\n"
-        f'path = "{shared_data / "minif2f.jsonl"}"\n'
+        f'path = "{bench_data / "minif2f.jsonl"}"\n'
         "[env.runtime]\nworkers = 1\n"
         "[env.runtime.options]\n"
         f"repl_command = {json.dumps(FAKE)}\n"

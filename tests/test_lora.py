@@ -14,7 +14,7 @@ from leanrl.errors import ConfigError
 from leanrl.policy import PolicyConfig, SamplingConfig
 from tests.test_grpo_trainer import DigitEnv
 
-pytest.importorskip("peft", reason="LoRA needs peft: pip install 'leanrl[lora]'")
+pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,11 @@ def test_unknown_environment_lists_known_ones() -> None:
     assert "minif2f" in str(e.value) and "proofnet" in str(e.value)
 
 
-def test_unknown_harness_and_runtime_list_known_ones(shared_data: Path) -> None:
-    env = load_environment("minif2f", harness="no-such-harness", path=shared_data)
+def test_unknown_harness_and_runtime_list_known_ones(bench_data: Path) -> None:
+    env = load_environment("minif2f", harness="no-such-harness", path=bench_data)
     with pytest.raises(ConfigError, match="unknown harness 'no-such-harness'"):
         _ = env.harness
-    env = load_environment("minif2f", runtime="no-such-runtime", path=shared_data)
+    env = load_environment("minif2f", runtime="no-such-runtime", path=bench_data)
     with pytest.raises(ConfigError, match="unknown runtime 'no-such-runtime'"):
         _ = env.runtime
 
@@ -115,7 +115,7 @@ def test_third_party_package_installs_and_registers(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_built_wheel_works_outside_the_source_tree(tmp_path: Path, shared_data: Path) -> None:
+def test_built_wheel_works_outside_the_source_tree(tmp_path: Path, bench_data: Path) -> None:
     dist = tmp_path / "dist"
     _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO))
     wheel = next(dist.glob("leanrl-*.whl"))
@@ -135,7 +135,7 @@ def test_built_wheel_works_outside_the_source_tree(tmp_path: Path, shared_data: 
     out = _run_outside(
         "import leanrl, leanrl.environments.minif2f as m\n"
         "print(leanrl.__file__)\nprint(m.__file__)\n"
-        f"env = leanrl.load_environment('minif2f', limit=2, path={str(shared_data)!r})\n"
+        f"env = leanrl.load_environment('minif2f', limit=2, path={str(bench_data)!r})\n"
         "print(env.taskset.lean_toolchain)\n",
         site,
         tmp_path,

@@ -16,7 +16,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here; this checks the message without it")
 async def test_missing_vllm_says_how_to_install(tiny_model_dir: Path) -> None:
     p = make_policy(PolicyConfig(model=str(tiny_model_dir), backend="vllm"))
-    with pytest.raises(PolicyError, match=r"pip install 'leanrl\[vllm\]'"):
+    with pytest.raises(PolicyError, match=r'pip install -e ".*\[vllm\]"'):
         await p.start()
 
 
@@ -29,7 +29,7 @@ def test_importing_the_backend_does_not_import_vllm() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (pip install 'leanrl[vllm]')")
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (the vllm extra) and a GPU")
 async def test_vllm_generates_with_logprobs(tiny_model_dir: Path) -> None:
     p = make_policy(
         PolicyConfig(

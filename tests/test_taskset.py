@@ -1,4 +1,4 @@
-"""Tasksets: every built-in from the shared data, filters, column mapping, bad rows, offline hub."""
+"""Tasksets: every built-in from the fixture data, filters, column mapping, bad rows, offline hub."""
 
 from __future__ import annotations
 
@@ -14,24 +14,23 @@ from leanrl import ConfigError, DatasetError, load_environment
 from leanrl.taskset import split_header
 
 BUILTINS = {
-    # id: (rows in the test split, toolchain)
-    "minif2f": (244, "leanprover/lean4:v4.24.0"),
-    "minif2f-deepseek": (244, "leanprover/lean4:v4.9.0"),
-    "proofnet": (186, "leanprover/lean4:v4.20.0"),
-    "proofnet-deepseek": (186, "leanprover/lean4:v4.9.0"),
-    "putnambench": (672, "leanprover/lean4:v4.27.0"),
-    "core": (65, "leanprover/lean4:v4.24.0"),
+    # id: (rows in the test split of the fixture file, toolchain)
+    "minif2f": (14, "leanprover/lean4:v4.24.0"),
+    "minif2f-deepseek": (4, "leanprover/lean4:v4.9.0"),
+    "proofnet": (3, "leanprover/lean4:v4.20.0"),
+    "proofnet-deepseek": (3, "leanprover/lean4:v4.9.0"),
+    "putnambench": (3, "leanprover/lean4:v4.27.0"),
 }
 
 
 @pytest.mark.parametrize("env_id", sorted(BUILTINS))
-def test_builtin_loads_from_local_folder(env_id: str, shared_data: Path) -> None:
-    env = load_environment(env_id, split="test", path=shared_data)
+def test_builtin_loads_from_local_folder(env_id: str, bench_data: Path) -> None:
+    env = load_environment(env_id, split="test", path=bench_data)
     tasks = env.tasks()
     want, toolchain = BUILTINS[env_id]
     assert len(tasks) == want
     assert env.taskset.lean_toolchain == toolchain
-    assert env.taskset.hub_id or env_id == "core"
+    assert env.taskset.hub_id
     assert len({t.id for t in tasks}) == len(tasks)
     for t in tasks:
         assert t.formal_statement.endswith(":= by")
@@ -39,23 +38,37 @@ def test_builtin_loads_from_local_folder(env_id: str, shared_data: Path) -> None
         assert t.split == "test"
 
 
-def test_limit_20_from_a_file(shared_data: Path) -> None:
-    env = load_environment("minif2f", split="test", limit=20, path=shared_data / "minif2f.jsonl")
+def test_limit_20_from_a_file(bench_data: Path) -> None:
+    env = load_environment("minif2f", split="test", limit=10, path=bench_data / "minif2f.jsonl")
     assert isinstance(env, leanrl.Environment)
     tasks = env.tasks()
-    assert len(tasks) == 20
+    assert len(tasks) == 10
     assert tasks[0].header.startswith("import Mathlib")
     assert tasks[0].informal_statement
 
 
-def test_split_valid_and_none(shared_data: Path) -> None:
-    assert len(load_environment("minif2f", split="valid", path=shared_data).tasks()) == 244
-    assert len(load_environment("minif2f", split="validation", path=shared_data).tasks()) == 244
-    assert len(load_environment("minif2f", split=None, path=shared_data).tasks()) == 488
+def test_split_valid_and_none(bench_data: Path) -> None:
+    assert len(load_environment("minif2f", split="valid", path=bench_data).tasks()) == 6
+    assert len(load_environment("minif2f", split="validation", path=bench_data).tasks()) == 6
+    assert len(load_environment("minif2f", split=None, path=bench_data).tasks()) == 20
 
 
-def test_names_pattern_shuffle(shared_data: Path) -> None:
-    kw = {"split": "test", "path": shared_data}
+def test_core_ships_its_statements() -> None:
+    """`core` loads offline with no path: its data is part of the package."""
+    env = load_environment("core")
+    tasks = env.tasks()
+    assert len(tasks) == 67 and env.taskset.lean_toolchain == "leanprover/lean4:v4.24.0"
+    assert len(load_environment("core", split=None).tasks()) == 121
+    for t in tasks:
+        assert t.header == "" and t.formal_statement.endswith(":= by")
+        assert "ℕ" not in t.formal_statement and "ℤ" not in t.formal_statement
+        assert "import" not in t.formal_statement
+    ground = [t for t in tasks if t.extra.get("ground")]
+    assert ground and all(t.formal_statement.startswith(f"theorem {t.name} :") for t in ground)
+
+
+def test_names_pattern_shuffle(bench_data: Path) -> None:
+    kw = {"split": "test", "path": bench_data}
     picked = load_environment("minif2f", names=["imo_1959_p1", "amc12a_2020_p10"], **kw).tasks()
     assert {t.id for t in picked} == {"imo_1959_p1", "amc12a_2020_p10"}
     algebra = load_environment("minif2f", pattern="mathd_algebra_*", **kw).tasks()
@@ -68,22 +81,22 @@ def test_names_pattern_shuffle(shared_data: Path) -> None:
     assert a == b and a != c and a != plain
 
 
-def test_unknown_name_is_a_clear_error(shared_data: Path) -> None:
-    env = load_environment("minif2f", names=["no_such_problem"], path=shared_data)
+def test_unknown_name_is_a_clear_error(bench_data: Path) -> None:
+    env = load_environment("minif2f", names=["no_such_problem"], path=bench_data)
     with pytest.raises(ConfigError, match="no_such_problem"):
         env.tasks()
 
 
-def test_putnambench_fills_in_answers(shared_data: Path) -> None:
-    tasks = {t.id: t for t in load_environment("putnambench", path=shared_data).tasks()}
+def test_putnambench_fills_in_answers(bench_data: Path) -> None:
+    tasks = {t.id: t for t in load_environment("putnambench", path=bench_data).tasks()}
     t = tasks["putnam_1962_a2"]
     assert "putnam_1962_a2_solution" in t.formal_statement
     assert ":= sorry" not in t.formal_statement  # the official answer replaced the placeholder
     assert t.category == "analysis"
 
 
-def test_proofnet_deepseek_uses_unique_ids(shared_data: Path) -> None:
-    tasks = load_environment("proofnet-deepseek", split=None, path=shared_data).tasks()
+def test_proofnet_deepseek_uses_unique_ids(bench_data: Path) -> None:
+    tasks = load_environment("proofnet-deepseek", split=None, path=bench_data).tasks()
     names = [t.name for t in tasks]
     assert len(set(names)) < len(names)  # names repeat across books...
     assert len({t.id for t in tasks}) == len(tasks)  # ...ids do not
@@ -192,9 +205,9 @@ def test_unreachable_hub_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
         load_environment("proofnet").tasks()
 
 
-def test_core_has_no_hub_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dataset_without_a_source_says_how_to_give_one() -> None:
     with pytest.raises(DatasetError, match=r"no Hugging Face dataset.*--env\.taskset\.path"):
-        load_environment("core").tasks()
+        load_environment("dataset").tasks()
 
 
 def test_split_header() -> None:

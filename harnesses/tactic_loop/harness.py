@@ -91,6 +91,7 @@ class TacticLoopHarness(Harness):
     """Many turns against REPL tactic mode; the finished proof is re-checked as a whole."""
 
     name = "tactic-loop"
+    needs_tactic_sessions = True
     description = "many turns: send tactics, see goals and errors, continue (REPL tactic mode)"
 
     @property

@@ -53,6 +53,14 @@ class WholeProofHarness(Harness):
         sampling: SamplingConfig,
         taskset: Taskset,
     ) -> list[list[Rollout]]:
+        groups = await self.generate(tasks, policy, sampling)
+        await check_and_reward(tasks, groups, runtime, taskset)
+        return groups
+
+    async def generate(
+        self, tasks: Sequence[Task], policy: Policy, sampling: SamplingConfig
+    ) -> list[list[Rollout]]:
+        """Sample and extract the proofs, without checking them (``run`` checks them next)."""
         prompts = [self.prompt(t) for t in tasks]
         t0 = time.perf_counter()
         completions = await policy.generate(prompts, self.sampling(sampling))
@@ -77,7 +85,6 @@ class WholeProofHarness(Harness):
                     r.verdict = Verdict.reject(ex.reason, ex.detail)
                 group.append(r)
             groups.append(group)
-        await check_and_reward(tasks, groups, runtime, taskset)
         return groups
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,6 +26,12 @@ class EvalCommand(ConfigCommand, EvalConfig):
     --env.harness.prompt_format kimina --samples 8 --k 1,8 --limit 8. Rerun the same command to
     resume an interrupted run.
     """
+
+    cli_common: ClassVar[tuple[str, ...]] = (
+        "samples", "k", "out", "sampling.temperature", "sampling.max_tokens",
+        "env.harness.prompt_format", "env.taskset.path", "env.runtime.workers",
+    )  # fmt: skip
+    """Options ``--help`` shows in full (the others by name; ``--help-all`` shows every one)."""
 
     model: str | None = None
     """Shortcut for --policy.model: a local model folder, a Hugging Face id, or (with --backend
@@ -68,8 +75,18 @@ class EvalCommand(ConfigCommand, EvalConfig):
 
         config = self.to_eval_config()
         summary = asyncio.run(run_eval(config))
+        for warning in summary.get("warnings", []):
+            print(f"leanrl eval: warning: {warning}", file=sys.stderr)
         if self.print_json:
             print(json.dumps(summary, indent=2, default=str))
+            return
+        if summary.get("generate_only"):
+            res = summary["results"]
+            print(
+                f"{res['attempts']} completions ({res['reasons'].get('unchecked', 0)} with a proof)"
+                f" in {summary['completions']}\nnothing was checked (--generate-only); where Lean "
+                f"is installed: leanrl verify {summary['completions']} --env {config.env.id}"
+            )
             return
         table = summary["results"]["pass_at_k"]
         ks = summary["ks"]

@@ -60,7 +60,12 @@ class EvalConfig(BaseModel):
     """Chunks in flight at once. 2 overlaps generation of chunk i+1 with verification of chunk
     i; 1 runs them one after the other; more helps when verification is the slower part."""
     progress: bool = True
-    """Show a progress bar (tasks done, attempts/s, pass rate so far) on stderr."""
+    """Show a progress bar (attempts done, attempts/s, pass rate so far) on stderr."""
+    generate_only: bool = False
+    """Sample and store completions without checking them, so no Lean is needed:
+    ``completions.jsonl`` in the output folder holds one row per extracted proof, for
+    ``leanrl verify OUT/completions.jsonl --env ID`` where Lean is installed. Needs a harness that
+    can work without Lean between turns (``whole-proof``)."""
 
     @field_validator("k", mode="before")
     @classmethod

@@ -45,19 +45,29 @@ def summarize(
     counts: dict[str, list[int]] = {t: [0, 0] for t in task_ids}
     reasons: Counter[str] = Counter()
     gen_tokens = 0
+    infra_tasks: set[str] = set()
     for r in records:
         if r["task_id"] not in wanted or r["sample"] >= samples:
+            continue
+        verdict = r.get("verdict")
+        reason = str(verdict.get("reason", "?")) if verdict else "unchecked"
+        reasons[reason] += 1
+        gen_tokens += int(r.get("completion_tokens", 0))
+        if reason == "infra":
+            # The checker did not run: not the model's failure. The attempt is left out of
+            # pass@k (its task stays incomplete) and redone by the next resume.
+            infra_tasks.add(r["task_id"])
             continue
         c = counts[r["task_id"]]
         c[0] += 1
         c[1] += 1 if r.get("accepted") else 0
-        reasons[str((r.get("verdict") or {}).get("reason", "?"))] += 1
-        gen_tokens += int(r.get("completion_tokens", 0))
     complete = {t: (n, c) for t, (n, c) in counts.items() if n >= samples}
     return {
         "tasks": len(task_ids),
         "tasks_complete": len(complete),
-        "attempts": sum(n for n, _ in counts.values()),
+        "infra": reasons.get("infra", 0),
+        "tasks_with_infra": len(infra_tasks),
+        "attempts": sum(n for n, _ in counts.values()) + reasons.get("infra", 0),
         "accepted": sum(c for _, c in counts.values()),
         "solved": sum(1 for _, c in counts.values() if c > 0),
         "generated_tokens": gen_tokens,
@@ -68,12 +78,54 @@ def summarize(
     }
 
 
+def run_warnings(summary: Mapping[str, Any]) -> list[str]:
+    """What a reader of the summary must not miss: attempts the checker could not judge
+    (``infra``), loudly when they are most of the run; the Lean that ran differing from the
+    taskset's."""
+    res, out = summary["results"], []
+    infra, attempts = res.get("infra", 0), res.get("attempts", 0)
+    if infra:
+        share = infra / max(1, attempts)
+        text = (
+            f"{infra} of {attempts} attempts ({100 * share:.0f}%) could not be checked (`infra`: "
+            "the checker did not run, e.g. a Lean process or sandbox failed to start). They are "
+            f"not counted as model failures: their {res.get('tasks_with_infra', 0)} tasks are left "
+            "out of pass@k until the same command is rerun, which retries them."
+        )
+        if share >= 0.5:
+            text = "MOST ATTEMPTS WERE NOT CHECKED; pass@k covers only the rest. " + text
+        out.append(text)
+    ver = summary.get("versions", {})
+    want, ran = _version_part(ver.get("lean_toolchain")), _version_part(ver.get("lean_ran"))
+    if want and ran and want != ran:
+        out.append(
+            f"the Lean that checked the attempts is {ran}, but the taskset was written for {want}: "
+            "results may differ from the benchmark's (point the runtime at a project or image "
+            f"with Lean {want}; `leanrl setup --env {summary['config']['env']['id']}` makes one)."
+        )
+    return out
+
+
+def _version_part(text: Any) -> str | None:
+    """``leanprover/lean4:v4.24.0`` or ``Lean (version 4.24.0, ...)`` -> ``4.24.0``."""
+    import re
+
+    m = re.search(r"(\d+\.\d+\.\d+(?:-rc\d+)?)", str(text or ""))
+    return m.group(1) if m else None
+
+
 def write_report(out: Path, summary: Mapping[str, Any], plot: bool = True) -> None:
     """Write summary.json, report.md and (when matplotlib is there) pass_at_k.png."""
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     png = out / "pass_at_k.png"
+    plot = plot and not summary.get("generate_only")
     has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png, plot_title(summary))
-    (out / "report.md").write_text(_markdown(summary, png.name if has_plot else None))
+    text = _markdown(summary, png.name if has_plot else None)
+    if plot and not has_plot:
+        from leanrl._dist import install_hint
+
+        text += f"\n(The pass@k plot needs matplotlib: `{install_hint('plot')}`.)\n"
+    (out / "report.md").write_text(text)
 
 
 def model_name(summary: Mapping[str, Any]) -> str:
@@ -128,7 +180,8 @@ def pass_at_k_figure(curve: Mapping[str, Mapping[str, float | int]], title: str 
     ax.grid(True, alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if ax.get_lines():  # a run with no complete task yet has no curve to label
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -147,9 +200,11 @@ def _plot(curve: Mapping[str, Mapping[str, float | int]], path: Path, title: str
 def _markdown(s: Mapping[str, Any], png: str | None) -> str:
     cfg, res, ver = s["config"], s["results"], s["versions"]
     ks = s["ks"]
-    lines = [
-        f"# Evaluation: {cfg['env']['id']} with {model_name(s)}",
-        "",
+    lines = [f"# Evaluation: {cfg['env']['id']} with {model_name(s)}", ""]
+    lines += [f"> **Warning:** {w}\n" for w in s.get("warnings", [])]
+    if s.get("generate_only"):
+        return "\n".join([*lines, *_generate_only_lines(s)]) + "\n"
+    lines += [
         f"- harness: `{cfg['env']['harness']['name']}` (prompt format "
         f"`{cfg['env']['harness']['prompt_format']}`), runtime: `{cfg['env']['runtime']['name']}`",
         f"- backend: `{cfg['policy']['backend']}`, samples per task: {cfg['samples']}, "
@@ -157,6 +212,8 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
         f"max_tokens {cfg['sampling']['max_tokens']}, seed {cfg['sampling']['seed']}",
         f"- tasks: {res['tasks']} ({res['tasks_complete']} complete), attempts: "
         f"{res['attempts']}, accepted: {res['accepted']}, solved tasks: {res['solved']}",
+        f"- Lean that ran: {ver.get('lean_ran') or 'not reported by the runtime'}"
+        + ("" if "lean_ran" in ver else " (nothing was checked in the last invocation)"),
         f"- Lean: {ver.get('lean_toolchain')}, Mathlib: {ver.get('mathlib_rev')} (the taskset's)"
         + (
             f"; Lean project used: {ver.get('lean_project')} (toolchain "
@@ -193,3 +250,21 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
             f"{t.get('attempts_per_s', 0):.2f} attempts/s",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _generate_only_lines(s: Mapping[str, Any]) -> list[str]:
+    cfg, res = s["config"], s["results"]
+    unchecked = res["reasons"].get("unchecked", 0)
+    return [
+        "Completions only (`--generate-only`): nothing was checked by Lean, so there is no "
+        "pass@k yet.",
+        "",
+        f"- tasks: {res['tasks']}, samples per task: {cfg['samples']}, completions: "
+        f"{res['attempts']}, with a proof to check: {unchecked}",
+        f"- check them where Lean is installed: `leanrl verify {s.get('completions')} "
+        f"--env {cfg['env']['id']}`",
+        "",
+        "| before Lean | attempts |",
+        "|---|---:|",
+        *(f"| {k} | {v} |" for k, v in res["reasons"].items()),
+    ]

@@ -16,19 +16,23 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, LeanrlError, PolicyError
 from leanrl.eval.config import EvalConfig
-from leanrl.eval.report import package_versions, summarize, write_report
+from leanrl.eval.report import package_versions, run_warnings, summarize, write_report
 from leanrl.eval.store import ResultStore
-from leanrl.policy import Policy
+from leanrl.harness import Harness
+from leanrl.policy import Policy, PolicyConfig, Prompt, SamplingConfig
 from leanrl.proofs import PROOFS_FILE, ProofStore, kept_from
 from leanrl.rollout import Rollout
+from leanrl.runtime import Runtime, TacticSession
 from leanrl.task import Task
+from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
 __all__ = ["chunk_seed", "run_eval", "run_eval_sync"]
 
@@ -56,6 +60,11 @@ async def run_eval(
     own_policy = policy is None  # close only what this call made; callers own what they pass
     env = env or load_environment(config.env)
     harness, runtime = env.harness, env.runtime  # unknown ids fail here, listing known ones
+    checking = not config.generate_only
+    if checking:
+        env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before any work
+    elif type(harness).generate is Harness.generate:
+        await harness.generate([], policy or _NoPolicy(), config.sampling)  # raises, says why
     # The cheap checks all run before anything starts, and every problem is reported at once
     # (an offline machine may lack both the model and the dataset).
     problems: list[LeanrlError] = []
@@ -70,7 +79,8 @@ async def run_eval(
     except LeanrlError as e:
         problems.append(e)
     try:
-        runtime.preflight()  # e.g. no Lean project: say so now, not after loading the model
+        if checking:
+            runtime.preflight()  # e.g. no Lean project: say so now, not after loading the model
     except LeanrlError as e:
         problems.append(e)
     if len(problems) == 1:
@@ -107,9 +117,11 @@ async def run_eval(
                 # Connecting is a cheap probe: a server that is not there fails in seconds,
                 # before a Lean pool spends its start-up loading Mathlib.
                 await policy.start()
-            await runtime.start()  # a missing Lean project fails here, before the model loads
+            if checking:
+                await runtime.start()  # a missing Lean project fails here, before the model loads
             await policy.start()
             progress = _Progress(config, tasks, store)
+            counted = _CountingRuntime(runtime, progress.checked)
             sem = asyncio.Semaphore(config.pipeline_depth)
 
             async def one(i: int) -> int:
@@ -117,8 +129,13 @@ async def run_eval(
                     sampling = config.sampling.model_copy(
                         update={"n": n, "seed": chunk_seed(config.sampling.seed, i)}
                     )
-                    groups = await harness.run(chunks[i], policy, runtime, sampling, env.taskset)
-                _check_groups(harness.name, chunks[i], groups, n)
+                    if checking:
+                        groups = await harness.run(
+                            chunks[i], policy, counted, sampling, env.taskset
+                        )
+                    else:
+                        groups = await harness.generate(chunks[i], policy, sampling)
+                _check_groups(harness.name, chunks[i], groups, n, verdicts=checking)
                 written = store.append(
                     _record(t, r, i) for t, g in zip(chunks[i], groups, strict=True) for r in g
                 )
@@ -135,16 +152,22 @@ async def run_eval(
                 for j in jobs:
                     j.cancel()
                 progress.close()
-        versions = await _versions(policy.config.model or config.policy.model, env, runtime)
+        versions = await _versions(
+            policy.config.model or config.policy.model,
+            env,
+            runtime,
+            ran_lean=checking and bool(pending),
+        )
         runtime_metrics = runtime.metrics()  # cost and counters (sandbox/CPU-seconds, restarts)
     finally:
         store.close()
         if pending:
-            await runtime.close()
+            if checking:
+                await runtime.close()
             if own_policy:
                 await policy.close()
     wall = time.perf_counter() - t_start
-    summary = {
+    summary: dict[str, Any] = {
         "out": str(config.out_dir),
         "fingerprint": config.fingerprint(),
         "ks": config.ks,
@@ -164,8 +187,34 @@ async def run_eval(
             "attempts_per_s": new / wall if wall > 0 else 0.0,
         },
     }
+    if config.generate_only:
+        summary["generate_only"] = True
+        summary["completions"] = str(_write_completions(config.out_dir, store.records.values()))
+    summary["warnings"] = run_warnings(summary)
     write_report(config.out_dir, summary)
     return summary
+
+
+def _write_completions(out: Path, records: Iterable[dict[str, Any]]) -> Path:
+    """``completions.jsonl``: one row per extracted proof, in the format ``leanrl verify``
+    reads (``name``, ``proof``, ``preamble``, ``id``), written whole (a resume rewrites it)."""
+    path = out / "completions.jsonl"
+    rows = [
+        {
+            "name": r["name"],
+            "id": f"{r['task_id']}/{r['sample']}",
+            "task_id": r["task_id"],
+            "sample": r["sample"],
+            "proof": r["proof"],
+            "preamble": r.get("preamble") or "",
+        }
+        for r in sorted(records, key=lambda r: (str(r["task_id"]), int(r["sample"])))
+        if r.get("proof") is not None
+    ]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    tmp.replace(path)
+    return path
 
 
 def run_eval_sync(config: EvalConfig, **kw: Any) -> dict[str, Any]:
@@ -215,7 +264,12 @@ def _kept_proofs(config: EvalConfig, tasks: Sequence[Task], store: ResultStore) 
 
 
 def _check_groups(
-    harness: str, tasks: Sequence[Task], groups: Sequence[Sequence[Rollout]], n: int
+    harness: str,
+    tasks: Sequence[Task],
+    groups: Sequence[Sequence[Rollout]],
+    n: int,
+    *,
+    verdicts: bool = True,
 ) -> None:
     """Every task came back with samples 0..n-1, once each, each with a Verdict; otherwise the
     chunk is not recorded (a silent gap would leave the task out of pass@k for good)."""
@@ -231,7 +285,7 @@ def _check_groups(
                 f"expected 0..{n - 1} once each (does the policy honour sampling.n?)"
             )
         missing = [r.sample for r in group if r.verdict is None]
-        if missing:
+        if missing and verdicts:
             raise PolicyError(
                 f"harness {harness!r} left samples {missing[:8]} of task {task.id!r} without a "
                 "verdict"
@@ -271,10 +325,18 @@ def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
     return rec
 
 
-async def _versions(model: str, env: Environment, runtime: Any) -> dict[str, Any]:
+async def _versions(
+    model: str, env: Environment, runtime: Any, *, ran_lean: bool = False
+) -> dict[str, Any]:
     out: dict[str, Any] = dict(package_versions())
     ts = env.taskset
-    out["lean_toolchain"] = type(ts).lean_toolchain
+    if ran_lean:  # what really ran, from the runtime; None when it cannot tell
+        try:
+            out["lean_ran"] = await runtime.lean_version()
+        except Exception as e:  # noqa: BLE001 - versions are informative, never fatal
+            out["lean_ran"] = None
+            out["lean_ran_error"] = f"{type(e).__name__}: {e}"
+    out["lean_toolchain"] = ts.lean_toolchain  # a `dataset` taskset may take its file's
     out["mathlib_rev"] = type(ts).mathlib_rev
     out["model"] = model
     out["model_revision"] = _model_revision(model)
@@ -342,22 +404,28 @@ def _model_revision(model: str) -> str | None:
 
 
 class _Progress:
-    """tqdm bar: tasks done, attempts/s, pass rate so far (tasks with an accepted attempt)."""
+    """tqdm bar over attempts: it moves as verdicts arrive (and as chunks are recorded), with
+    attempts/s and the pass rate so far (tasks with an accepted attempt) beside it."""
 
     def __init__(self, config: EvalConfig, tasks: Sequence[Task], store: ResultStore) -> None:
         from tqdm import tqdm
 
         self.n = config.samples
         self.store = store
+        self.generate_only = config.generate_only
         self.t0 = time.perf_counter()
-        self.new = 0
+        self.new = 0  # attempts recorded by this run
+        self.verdicts = 0  # verdicts that arrived in this run (some not recorded yet)
         done = [t for t in tasks if self._complete(t)]
         self.done = len(done)
         self.solved = sum(1 for t in done if self._solved(t))
+        self.initial = sum(1 for t in tasks for s in range(self.n) if store.has((t.id, s)))
+        self.total = len(tasks) * self.n
+        self.at = self.initial  # attempts the bar shows as done
         self.bar = tqdm(
-            total=len(tasks),
-            initial=self.done,
-            unit="task",
+            total=self.total,
+            initial=self.initial,
+            unit="attempt",
             desc="eval",
             disable=not config.progress,
             dynamic_ncols=True,
@@ -370,18 +438,90 @@ class _Progress:
     def _solved(self, t: Task) -> bool:
         return any(self.store.records[(t.id, s)].get("accepted") for s in range(self.n))
 
+    def checked(self, verdicts: int) -> None:
+        """Verdicts arrived (called by the runtime wrapper, before the chunk is recorded)."""
+        self.verdicts += verdicts
+        self._move()
+
     def update(self, chunk: Sequence[Task], written: int) -> None:
+        """A chunk was recorded."""
         self.new += written
         finished = [t for t in chunk if self._complete(t)]
         self.done += len(finished)
         self.solved += sum(1 for t in finished if self._solved(t))
+        self._move()
+
+    def _move(self) -> None:
+        # Attempts rejected before Lean (no proof in the text) never reach the runtime: they
+        # count when their chunk is recorded; the bar never moves back.
+        at = min(self.total, self.initial + max(self.new, self.verdicts))
         self._postfix()
-        self.bar.update(len(finished))
+        self.bar.update(max(0, at - self.at))
+        self.at = max(self.at, at)
 
     def _postfix(self) -> None:
-        rate = self.new / max(1e-9, time.perf_counter() - self.t0)
+        rate = max(self.new, self.verdicts) / max(1e-9, time.perf_counter() - self.t0)
+        if self.generate_only:  # nothing is checked: no pass rate to show
+            self.bar.set_postfix_str(f"{rate:.2f} att/s, not checked", refresh=False)
+            return
         pass_rate = self.solved / self.done if self.done else 0.0
         self.bar.set_postfix_str(f"{rate:.2f} att/s, pass {100 * pass_rate:.1f}%", refresh=False)
 
     def close(self) -> None:
         self.bar.close()
+
+
+class _NoPolicy(Policy):
+    """Stands in for a policy not made yet, for a check that never generates."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        super().__init__(PolicyConfig(model="none"))
+
+    async def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> Any:
+        raise AssertionError("never called")  # pragma: no cover
+
+
+class _CountingRuntime(Runtime):
+    """The run's runtime, reporting each verdict to the progress bar as it arrives.
+
+    A batch is checked in the pieces the runtime would make of it anyway
+    (:meth:`Runtime.check_piece`: one attempt for the local pool, which runs them concurrently;
+    ``batch_size`` for the sandboxed runtimes), so the bar moves per attempt without changing
+    how attempts are sent. Other runtimes get their batches whole."""
+
+    def __init__(self, inner: Runtime, on_done: Callable[[int], None]) -> None:
+        super().__init__(inner.config)
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+        self.on_done = on_done
+        self.piece = inner.check_piece()
+
+    def __getattr__(self, attr: str) -> Any:  # max_tactic_sessions and other extras
+        return getattr(self.inner, attr)
+
+    async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
+        if self.piece <= 0 or len(attempts) <= self.piece:
+            verdicts = await self.inner.check(attempts)
+            self.on_done(len(verdicts))
+            return verdicts
+
+        async def part(chunk: Sequence[Attempt]) -> list[Verdict]:
+            got = await self.inner.check(chunk)
+            self.on_done(len(got))
+            return got
+
+        step = self.piece
+        parts = await asyncio.gather(
+            *(part(attempts[i : i + step]) for i in range(0, len(attempts), step))
+        )
+        return [v for p in parts for v in p]
+
+    def supports_tactic_sessions(self) -> bool:
+        return self.inner.supports_tactic_sessions()
+
+    def tactic_session(
+        self, header: str, policy: VerificationPolicy | None = None
+    ) -> AbstractAsyncContextManager[TacticSession]:
+        return self.inner.tactic_session(header, policy)

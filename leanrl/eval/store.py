@@ -1,5 +1,8 @@
 """results.jsonl: one line per attempt, written durably, reconciled on restart.
 
+Attempts whose checker could not run (verdict ``infra``) are not final: a restart redoes them,
+and the later record of the same attempt replaces the earlier one.
+
 A chunk's attempts are appended with one ``write`` call and one fsync (an fsync per line would
 block the event loop for seconds per chunk on an ordinary disk, stalling the verification that
 overlaps generation). A kill at any point leaves whole lines plus at most one torn last line; on
@@ -83,7 +86,8 @@ class ResultStore:
             good_end += len(line)
             if key in records:
                 dupes += 1
-                continue
+                if not retried(records[key]):
+                    continue  # the first answer stands; a retried `infra` one is replaced
             records[key] = rec
         if good_end != len(raw) or dupes:
             # Rewrite atomically: the good lines, each attempt once.
@@ -94,7 +98,8 @@ class ResultStore:
         return records
 
     def has(self, key: Key) -> bool:
-        return key in self.records
+        """The attempt is recorded for good (an ``infra`` record is redone on resume)."""
+        return key in self.records and not retried(self.records[key])
 
     def append(self, records: Iterable[dict[str, Any]]) -> int:
         """Record attempts not recorded yet (one line each, durably, in one write); return how
@@ -103,7 +108,7 @@ class ResultStore:
         new: dict[Key, dict[str, Any]] = {}
         for rec in records:
             key = (str(rec["task_id"]), int(rec["sample"]))
-            if key not in self.records and key not in new:
+            if not self.has(key) and key not in new:
                 new[key] = rec
         if not new:
             return 0
@@ -141,6 +146,13 @@ class ResultStore:
                 "it to finish, or give this one another --out."
             ) from None
         self._lock_fd = fd
+
+
+def retried(record: dict[str, Any]) -> bool:
+    """An attempt whose checker did not run (``infra``): not the model's answer, so a resume
+    redoes it and its new record replaces this one."""
+    verdict = record.get("verdict")
+    return isinstance(verdict, dict) and verdict.get("reason") == "infra"
 
 
 def _atomic_write(path: Path, data: str | bytes) -> None:

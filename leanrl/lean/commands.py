@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -128,11 +129,21 @@ class VerifyCommand(ConfigCommand):
         summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         if cmd.print_json:
             print(json.dumps(summary, indent=2))
-            return
-        print(f"{summary['accepted']}/{summary['rows']} accepted  ({summary['wall_s']} s)")
-        for reason, n in summary["reasons"].items():
-            print(f"  {reason:<18} {n}")
-        print(f"verdicts: {out}\nsummary:  {summary_path}")
+        else:
+            print(f"{summary['accepted']}/{summary['rows']} accepted  ({summary['wall_s']} s)")
+            for reason, n in summary["reasons"].items():
+                print(f"  {reason:<18} {n}")
+            print(f"verdicts: {out}\nsummary:  {summary_path}")
+        infra = summary["reasons"].get("infra", 0)
+        if infra:
+            # Those rows were not judged at all: a script must not take the file as checked.
+            print(
+                f"leanrl verify: error: {infra} of {summary['rows']} rows could not be checked "
+                "(`infra`: the checker did not run); see their `detail` in the verdicts file, "
+                "fix the runtime and rerun",
+                file=sys.stderr,
+            )
+            raise SystemExit(1)
 
 
 def _taskset_pins(env_id: str) -> tuple[str | None, str | None, str]:

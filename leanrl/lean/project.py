@@ -277,6 +277,7 @@ def doctor(
     from leanrl.lean.trust.containment import isolation_problem
 
     checks: list[Check] = []
+    own = "   (or export LEANRL_LEAN_PROJECT=/path/to/project)"
     setup = f"leanrl setup --env {env_id}"
     problem = isolation_problem()
     checks.append(
@@ -289,6 +290,13 @@ def doctor(
             else "apt-get install bubblewrap   (or use the docker runtime)",
         )
     )
+    if toolchain is None:  # `leanrl setup` refuses such an environment: do not send users there
+        setup = (
+            "export LEANRL_LEAN_PROJECT=/path/to/project (a Lean project of the version your data "
+            f"was written for: environment {env_id!r} names no Lean version, so `leanrl setup` "
+            "cannot make one for it)"
+        )
+        own = ""
     for tool in ("elan", "lake", "lean"):
         path = which(tool)
         ver = _version([tool, "--version"]) if path else None
@@ -306,7 +314,7 @@ def doctor(
             Check(
                 name="Lean project",
                 ok=False,
-                fix=f"{setup}   (or export LEANRL_LEAN_PROJECT=/path/to/project)",
+                fix=f"{setup}{own}",
             )
         )
         return checks

@@ -51,6 +51,19 @@ def resolve_model(model: str) -> str:
     hub id that is neither cached nor downloadable (offline), in seconds, saying how to fix it.
     """
     path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            raise ConfigError(
+                f"{path} is a GGUF file (the llama.cpp format); the hf and vllm backends load "
+                "Hugging Face model folders (config.json and safetensors). Serve the GGUF with an "
+                f"OpenAI-compatible server (e.g. `llama-server -m {path} --port 8080`) and use "
+                "--backend openai --policy.base-url http://127.0.0.1:8080/v1, or pass the "
+                "model's Hugging Face folder or id."
+            )
+        raise ConfigError(
+            f"{path} is a file; --model takes a model folder (holding config.json and the "
+            "weights) or a Hugging Face id."
+        )
     if path.exists() or _looks_like_path(model):
         if not path.is_dir():
             raise ConfigError(
@@ -61,7 +74,7 @@ def resolve_model(model: str) -> str:
         if not (path / "config.json").is_file():
             raise ConfigError(
                 f"{path} is not a model folder (no config.json in it). Point --model at the "
-                "folder `save_pretrained` or `huggingface-cli download --local-dir` wrote."
+                "folder `save_pretrained` or `hf download ID --local-dir DIR` wrote."
             )
         return str(path)
     if not re.fullmatch(r"[\w.\-]+/[\w.\-]+|[\w.\-]+", model):
@@ -69,8 +82,8 @@ def resolve_model(model: str) -> str:
     if _cached(model):
         return model
     fix = (
-        f"Download it on a machine with internet (`huggingface-cli download {model} --local-dir "
-        f"DIR`), copy DIR here, and pass --model DIR."
+        f"Download it on a machine with internet (`hf download {model} --local-dir DIR`, the "
+        "command huggingface_hub installs), copy DIR here, and pass --model DIR."
     )
     if hub_offline():
         raise PolicyError(

@@ -1,4 +1,4 @@
-"""``vllm`` policy: in-process vLLM on a GPU (``pip install 'leanrl[vllm]'``), imported lazily."""
+"""``vllm`` policy: in-process vLLM on a GPU (the ``vllm`` extra), imported lazily."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from leanrl._dist import install_hint
 from leanrl.errors import PolicyError
 from leanrl.policies._common import LoopLock, resolve_model, to_messages
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
@@ -20,7 +21,7 @@ def import_vllm() -> Any:
     except ImportError as e:
         raise PolicyError(
             f"the vllm backend needs the optional vLLM package ({e}). Install it with "
-            "`pip install 'leanrl[vllm]'` on a machine with a CUDA GPU, or use --backend hf "
+            f"`{install_hint('vllm')}` on a machine with a CUDA GPU, or use --backend hf "
             "(transformers) or --backend openai (a running server)."
         ) from e
     return vllm

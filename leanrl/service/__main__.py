@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sys
 
-from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict, SettingsError
 
-from leanrl.cli import _SETTINGS
+from leanrl.cli import _SETTINGS, normalize_argv
 from leanrl.errors import LeanrlError
 from leanrl.service.cli import ServeCommand
 
@@ -29,7 +29,11 @@ class _ServeApp(ServeCommand, BaseSettings):
 def main(argv: list[str] | None = None) -> int:
     """Parse the ``serve`` flags and run the service."""
     try:
-        CliApp.run(_ServeApp, cli_args=sys.argv[1:] if argv is None else argv)
+        args = normalize_argv(sys.argv[1:] if argv is None else argv)
+        CliApp.run(_ServeApp, cli_args=args)
+    except SettingsError as e:
+        print(f"leanrl serve: error: {str(e).removeprefix('error parsing CLI: ')}", file=sys.stderr)
+        return 2
     except LeanrlError as e:
         print(f"leanrl serve: error: {e}", file=sys.stderr)
         return 2

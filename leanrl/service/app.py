@@ -151,6 +151,7 @@ class VerificationService:
         self.warm_headers = list(warm_headers)
         self._started = time.monotonic()
         self._ready = False
+        self._lean_version: str | None = None
         self._sessions: dict[str, _Session] = {}
         self._opening = 0
         self._closed_why: OrderedDict[str, str] = OrderedDict()
@@ -181,6 +182,10 @@ class VerificationService:
             except Exception as e:  # noqa: BLE001
                 self.warm_failures += 1
                 log.warning("warming up %r failed: %s", header[:200], e)
+        try:  # what the clients' reports name as the Lean that ran
+            self._lean_version = await self.runtime.lean_version()
+        except Exception as e:  # noqa: BLE001 - informative only
+            log.warning("the runtime could not tell its Lean version: %s", e)
         self._reaper = asyncio.create_task(self._reap_loop())
         self._ready = True
 
@@ -412,7 +417,10 @@ class VerificationService:
 
     def health(self) -> Health:
         return Health(
-            status="ok" if self._ready else "starting", runtime=self.runtime.name, pid=os.getpid()
+            status="ok" if self._ready else "starting",
+            runtime=self.runtime.name,
+            pid=os.getpid(),
+            lean_version=self._lean_version,
         )
 
     def metrics(self) -> ServiceMetrics:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from leanrl._dist import require
 from leanrl._sandbox_config import ServiceLimits
 from leanrl.config import ConfigCommand
 from leanrl.runtime import RuntimeConfig
@@ -21,6 +22,12 @@ class ServeCommand(ConfigCommand):
     address other than loopback needs a bearer token (--token or LEANRL_SERVICE_TOKEN). The
     docker and modal runtimes run this inside their sandboxes; see docs/sandboxes.md.
     """
+
+    cli_common: ClassVar[tuple[str, ...]] = (
+        "host", "port", "uds", "token", "port_file", "log_level", "warm_headers",
+        "runtime.name", "runtime.workers", "runtime.lean_project",
+    )  # fmt: skip
+    """Options ``--help`` shows in full (the others by name; ``--help-all`` shows every one)."""
 
     host: str = "127.0.0.1"
     """Address to bind. Anything other than loopback requires a token."""
@@ -44,6 +51,8 @@ class ServeCommand(ConfigCommand):
     """The runtime the service wraps (default: the local Lean pool)."""
 
     def cli_cmd(self) -> None:
+        require("fastapi", "serve", "leanrl serve")
+        require("uvicorn", "serve", "leanrl serve")
         from leanrl.service.server import serve
 
         cmd = self.resolved()

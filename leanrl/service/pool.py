@@ -260,11 +260,21 @@ class WarmPool:
         error = ""
         try:
             sb = await self.backend.create()
+            t0 = time.monotonic()
             if not await self._wait_healthy(sb):
-                error = (
-                    f"sandbox {sb.id} did not answer /health within "
-                    f"{self.config.start_timeout_s:g} s"
-                )
+                waited = time.monotonic() - t0
+                if await sb.alive():
+                    error = (
+                        f"sandbox {sb.id} did not answer /health within "
+                        f"{self.config.start_timeout_s:g} s"
+                    )
+                else:  # it died: say so, and why, instead of blaming a timeout
+                    why = ""
+                    with contextlib.suppress(Exception):
+                        why = await sb.exit_reason()
+                    error = f"sandbox {sb.id} exited after {waited:.1f} s while starting" + (
+                        f": {why}" if why else " (no exit reason available)"
+                    )
                 await self._terminate(sb)
                 sb = None
         except asyncio.CancelledError:

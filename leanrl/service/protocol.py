@@ -109,6 +109,8 @@ class Health(_Wire):
     """Name of the wrapped runtime."""
     pid: int = 0
     """Process id of the service (handy when several run on one machine)."""
+    lean_version: str | None = None
+    """The Lean version the wrapped runtime runs (its ``lean_version()``), once started."""
 
 
 class ServiceMetrics(_Wire):

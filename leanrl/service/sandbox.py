@@ -95,6 +95,11 @@ class Sandbox(abc.ABC):
         """CPU time it has actually used so far, when the backend can measure it."""
         return None
 
+    async def exit_reason(self) -> str:
+        """Why it stopped (an exit code, the end of its log), for the error of a sandbox that
+        died while starting. Called before :meth:`terminate`. Default: nothing known."""
+        return ""
+
     def age_s(self, now: float | None = None) -> float:
         """Seconds since creation began."""
         return (now if now is not None else time.monotonic()) - self.created_at

@@ -245,6 +245,10 @@ class SandboxRuntime(Runtime):
 
     # -- checking ---------------------------------------------------------------------------
 
+    def check_piece(self) -> int:
+        """The batch size: each batch goes to one sandbox anyway."""
+        return self.settings().batch_size
+
     async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
         if not attempts:
             return []
@@ -437,7 +441,13 @@ class SandboxRuntime(Runtime):
 
     async def _probe(self, sb: Sandbox) -> bool:
         health = await self._client(sb).health(retries=0, timeout_s=_PROBE_TIMEOUT_S)
+        if health.lean_version:
+            self._lean_version = health.lean_version
         return health.status == "ok"
+
+    async def lean_version(self) -> str | None:
+        """The Lean version the sandboxes' services report (from their ``/health``)."""
+        return getattr(self, "_lean_version", None)
 
     async def _forget(self, sb: Sandbox) -> None:
         c = self._clients.pop(id(sb), None)

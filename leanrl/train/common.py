@@ -17,6 +17,7 @@ seen had it never stopped.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -256,7 +257,15 @@ class RunDir:
         rows = [r for r in self.metrics() if r.get(key) is not None]
         if not rows:
             return None
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError:
+            from leanrl._dist import install_hint
+
+            logging.getLogger("leanrl.train").warning(
+                "reward_curve.png not drawn: matplotlib is missing (%s)", install_hint("train")
+            )
+            return None
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -24,7 +24,7 @@ class ExpertIterationCommand(ConfigCommand, ExpertIterationConfig):
     Rerun the same command to resume after the last finished round. The run folder holds
     proofs.jsonl (every verified proof), metrics.jsonl (one row per round: solved_total,
     solved_new, ...), checkpoint-R/ per round, round-R/ (the round's samples and SFT) and
-    solved.png. Needs accelerate: pip install 'leanrl[sft]'.
+    solved.png. Needs accelerate (the ``sft`` extra).
     """
 
     model: str | None = None

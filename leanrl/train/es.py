@@ -38,6 +38,7 @@ The run state is the base model + the history (``es_history.py``); full checkpoi
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import shutil
@@ -86,6 +87,8 @@ from leanrl.train.es_workers import (
 )
 from leanrl.train.lora import LoRAConfig
 
+log = logging.getLogger("leanrl.train.es")
+
 __all__ = ["ESConfig", "ESScorerConfig", "ESTrainer", "es_coefficients", "shape_rewards"]
 
 _ENGINE_TMP = ".tmp-es-engine-master-"
@@ -100,7 +103,7 @@ class ESScorerConfig(BaseModel):
     backend: Literal["inprocess", "processes", "vllm"] = "inprocess"
     """``inprocess``: one after another on the trainer's model (no copies). ``processes``: local
     worker processes, each rebuilding the weights from base model + history (CPU, or one GPU
-    each). ``vllm``: perturb inside a vLLM engine on a GPU (``pip install 'leanrl[vllm]'``)."""
+    each). ``vllm``: perturb inside a vLLM engine on a GPU (the ``vllm`` extra)."""
     workers: int = Field(default=2, ge=1)
     """``processes``: number of worker processes (each holds one copy of the model)."""
     threads_per_worker: int = Field(default=1, ge=1)
@@ -307,6 +310,7 @@ class ESTrainer:
         if world.is_main:
             save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
+        self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
         source = self._source()
         if cfg.scorer.backend != "vllm":
             self.model, self.tokenizer, self.weights = load_weights(source, records)
@@ -485,6 +489,7 @@ class ESTrainer:
             return row
         if self._logger is not None:
             self._logger.log(row)
+        log.info(_iteration_line(row, cfg.steps))
         self.history.append(record)
         if it % cfg.save_every == 0 or it == cfg.steps:
             self.save_checkpoint()
@@ -660,3 +665,21 @@ def _check_finite(scores: Sequence[MemberScore], members: Sequence[Member], it: 
                 f"iteration {it}, member {i} (seed {m.seed}): mean reward {score.reward}: the "
                 "Environment must return finite rewards"
             )
+
+
+def _iteration_line(row: dict[str, Any], steps: int) -> str:
+    """One concise log line for a finished iteration."""
+
+    def f(key: str, fmt: str = ".3f") -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    what = (
+        "skipped (all members scored alike)"
+        if row.get("skipped")
+        else (f"update {f('update_norm', '.3g')}")
+    )
+    return (
+        f"iteration {row['step']}/{steps}: reward {f('reward_mean')} (max {f('reward_max')}) "
+        f"pass {f('pass_rate')} population {row['population']} {what} {f('step_time_s', '.2f')}s"
+    )

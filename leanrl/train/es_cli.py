@@ -6,7 +6,7 @@ transformers load only once the config has been checked.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from leanrl.config import ConfigCommand, validate
 from leanrl.train.common import check_model_path, print_run_summary
@@ -25,6 +25,12 @@ class ESCommand(ConfigCommand, ESConfig):
     The run folder holds es_history.bin, metrics.jsonl, checkpoint-N/ (Hugging Face model
     folders) and reward_curve.png.
     """
+
+    cli_common: ClassVar[tuple[str, ...]] = (
+        "out", "steps", "tasks_per_step", "population", "sigma", "lr", "seed", "save_every",
+        "sampling.temperature", "sampling.max_tokens", "env.taskset.path",
+    )  # fmt: skip
+    """Options ``--help`` shows in full (the others by name; ``--help-all`` shows every one)."""
 
     model: str | None = None
     """Shortcut for --policy.model: a local model folder or a Hugging Face id."""

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from leanrl._dist import install_hint
 from leanrl.environment import EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
@@ -574,7 +575,7 @@ def _count_params(path: str) -> tuple[int, int]:
 class VLLMScorer:
     """Scores members with a vLLM engine, perturbing weights inside the engine (GPU only).
 
-    Loads lazily (``pip install 'leanrl[vllm]'``). Prefix caching is off, and the cache is reset
+    Loads lazily (the ``vllm`` extra). Prefix caching is off, and the cache is reset
     after every weight change anyway, so no KV block computed under one member's weights is
     reused for another.
     """
@@ -596,7 +597,7 @@ class VLLMScorer:
             from vllm import LLM
         except ImportError:
             raise PolicyError(
-                "scorer 'vllm' needs vLLM on a GPU machine: pip install 'leanrl[vllm]'"
+                f"scorer 'vllm' needs vLLM on a GPU machine: {install_hint('vllm')}"
             ) from None
         import torch
 

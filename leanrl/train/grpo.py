@@ -73,6 +73,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from leanrl._dist import install_hint
 from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
@@ -180,7 +181,7 @@ class GRPOTrainer:
         if backend == "vllm":
             if importlib.util.find_spec("vllm") is None:
                 raise ConfigError(
-                    "policy.backend is 'vllm' but vLLM is not installed: pip install vllm "
+                    f"policy.backend is 'vllm' but vLLM is not installed: {install_hint('vllm')} "
                     "(on a machine with an NVIDIA GPU), or use --policy.backend hf"
                 )
             if device.type != "cuda":
@@ -228,6 +229,7 @@ class GRPOTrainer:
             # The tasks load before the model: a bad taskset fails in seconds, not after a load.
             tasks = await asyncio.to_thread(env.tasks)
             batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
+            env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before the load
             resumed = False
             if world.is_main:
                 self._forget_failed_start()

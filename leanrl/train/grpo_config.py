@@ -7,7 +7,7 @@ does not import torch. The objective the options configure is in :mod:`leanrl.tr
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from leanrl.policy import SamplingConfig
 from leanrl.train.common import TrainConfig
 from leanrl.train.distributed import DistributedConfig
 from leanrl.train.lora import LoRAConfig
+from leanrl.train.trl_names import TRL_DIFFERENT, TRL_SAME, translate_trl
 from leanrl.train.vllm_server import VLLMServerConfig
 
 __all__ = ["GRPOConfig", "LossAgg", "RewardScale"]
@@ -31,7 +32,20 @@ def _grpo_sampling() -> SamplingConfig:
 
 
 class GRPOConfig(TrainConfig):
-    """GRPO options. Defaults follow the papers each field cites."""
+    """GRPO options. Defaults follow the papers each field cites. TRL's ``GRPOConfig`` names
+    are accepted where they mean the same (``learning_rate``, ``num_generations``, ...; see
+    ``leanrl.train.trl_names``)."""
+
+    foreign_names: ClassVar[dict[str, str]] = {
+        **{k: f"--{v.replace('_', '-')}" for k, v in TRL_SAME.items()},
+        **TRL_DIFFERENT,
+    }
+    """TRL names and what leanrl calls them (the CLI's "did you mean" reads this)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_names(cls, data: Any) -> Any:
+        return translate_trl(data)
 
     sampling: SamplingConfig = Field(default_factory=_grpo_sampling)
     """Sampling during training (``n`` is ignored: ``group_size`` is used). Default temperature

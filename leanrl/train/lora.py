@@ -15,7 +15,7 @@ Generation engines that take plain weights (a vLLM engine, in-process or behind 
 get the *merged* weights ``W + (alpha / r)·B·A`` under the base model's own tensor names
 (:func:`merge_stream`), one tensor at a time.
 
-``peft`` is imported lazily: ``pip install 'leanrl[lora]'``.
+``peft`` is imported lazily (the ``lora`` extra).
 """
 
 from __future__ import annotations
@@ -95,8 +95,10 @@ def _peft() -> Any:
     try:
         import peft
     except ImportError:
+        from leanrl._dist import install_hint
+
         raise ConfigError(
-            "lora.rank > 0 needs the peft package: pip install 'leanrl[lora]' (or pip install "
+            f"lora.rank > 0 needs the peft package: {install_hint('lora')} (or pip install "
             "peft), or set lora.rank = 0 to train every weight"
         ) from None
     return peft

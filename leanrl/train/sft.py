@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from leanrl._dist import install_hint
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig, SamplingConfig
@@ -131,7 +132,7 @@ class SFTTrainer:
         if importlib.util.find_spec("accelerate") is None:
             raise ConfigError(
                 "leanrl train sft runs on transformers' Trainer, which needs accelerate: "
-                "pip install 'leanrl[sft]' (or pip install accelerate)"
+                f"{install_hint('sft')} (or pip install accelerate)"
             )
         if cfg.env.harness.name == "tactic-loop":
             raise ConfigError(

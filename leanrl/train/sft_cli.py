@@ -22,7 +22,7 @@ class SFTCommand(ConfigCommand, SFTConfig):
     --env.harness.prompt_format deepseek --out runs/sft. A dataset with proofs works too:
     --env deepseek-prover-v1 --data.from_env. Rerun the same command to resume from the last
     checkpoint. The run folder holds metrics.jsonl, checkpoint-N/ (Hugging Face model folders)
-    and loss_curve.png. Needs accelerate: pip install 'leanrl[sft]'.
+    and loss_curve.png. Needs accelerate (the ``sft`` extra).
     """
 
     model: str | None = None

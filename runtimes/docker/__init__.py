@@ -9,6 +9,7 @@ published on 127.0.0.1 only) and memory, CPU and process limits. The image is bu
 
 from __future__ import annotations
 
+from leanrl._sandbox_config import image_tag
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
 from leanrl.service.sandbox_runtime import (
@@ -54,6 +55,8 @@ class DockerRuntime(SandboxRuntime):
         from leanrl.runtimes.docker.backend import DockerBackend
 
         d = self.config.docker
+        if d.image is None:  # the image built for the taskset's Lean
+            d = d.model_copy(update={"image": image_tag(self.taskset_pins[0])})
         service = self.settings().service
         args = inner_runtime_args(
             self.config, d.inner_runtime, d.inner_options, service, cpus=d.cpus

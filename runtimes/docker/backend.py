@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leanrl._sandbox_config import DockerConfig
+from leanrl._sandbox_config import DockerConfig, image_tag
 from leanrl.service.sandbox import (
     Sandbox,
     SandboxBackend,
@@ -117,9 +117,10 @@ def docker_run_args(
 def _image_and_command(c: DockerConfig) -> list[str]:
     # The command replaces the image's ENTRYPOINT (the Dockerfile's is the service itself), so
     # it is never appended to it.
+    image = image_tag(None) if c.image is None else c.image
     if not c.command:
-        return [c.image]
-    return ["--entrypoint", c.command[0], c.image, *c.command[1:]]
+        return [image]
+    return ["--entrypoint", c.command[0], image, *c.command[1:]]
 
 
 @dataclass(eq=False)
@@ -173,12 +174,14 @@ class DockerBackend(SandboxBackend):
                 f"no Docker engine reachable with {c.docker_bin!r}: {err.strip() or out.strip()}. "
                 "Start one (e.g. `dockerd`, or .ci/start-docker.sh) or set DOCKER_HOST."
             )
-        rc, _, err = await _docker(c.docker_bin, "image", "inspect", c.image)
+        image = image_tag(None) if c.image is None else c.image
+        rc, _, err = await _docker(c.docker_bin, "image", "inspect", image)
         if rc != 0:
             raise SandboxStartError(
-                f"Docker image {c.image!r} not found: build it from the leanrl checkout with "
-                f"`docker build -f runtimes/docker/Dockerfile -t {c.image} .` (see "
-                "docs/sandboxes.md), or set runtime.docker.image"
+                f"Docker image {image!r} not found: build it from the leanrl checkout with "
+                f"`docker build -f runtimes/docker/Dockerfile -t {image} .` with the build "
+                "arguments of the taskset's Lean version (see docs/sandboxes.md), or set "
+                "runtime.docker.image"
             )
         await self.remove_stale()
         if c.transport == "unix":

@@ -6,7 +6,7 @@
 # image defined in runtimes/modal/image.py, so both contain the same thing.
 #
 #   install-lean.sh TOOLCHAIN MATHLIB_REV REPL_REV
-#   install-lean.sh leanprover/lean4:v4.15.0 v4.15.0 v4.15.0
+#   install-lean.sh leanprover/lean4:v4.24.0 v4.24.0 v4.24.0
 #
 # MATHLIB_REV "none" makes a project without Mathlib (core Lean tasksets only).
 set -euo pipefail

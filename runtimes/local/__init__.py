@@ -102,6 +102,35 @@ class LocalRuntime(Runtime):
         elif cfg.mode == "oneshot" and self._option_command("lean_command") is None:
             lean_command(find_project(cfg.lean_project))
 
+    async def lean_version(self) -> str | None:
+        """What ``lean --version`` says in the Lean project (or ``options.lean_command``); the
+        project's ``lean-toolchain`` file when Lean cannot be asked; None without a project."""
+        cmd = self._option_command("lean_command")
+        cwd: Path | None = None
+        project = None
+        try:
+            project = find_project(self.config.lean_project)
+            if cmd is None:
+                cmd, cwd = lean_command(project)
+        except LeanNotFoundError:
+            pass
+        if cmd is not None:
+            found = await _ask_version([*cmd, "--version"], self._cwd(cwd))
+            if found:
+                return found
+        pin = project / "lean-toolchain" if project is not None else None
+        if pin is not None and pin.is_file():
+            return pin.read_text(encoding="utf-8").strip() or None
+        return None
+
+    def check_piece(self) -> int:
+        """1: the pool checks each attempt on its own process anyway."""
+        return 1
+
+    def supports_tactic_sessions(self) -> bool:
+        """Only warm REPL processes have tactic mode (not one-shot ``lean``)."""
+        return self.config.mode == "repl"
+
     def metrics(self) -> dict[str, float]:
         """The pool's counters: processes started, killed, recycled, attempts checked, ..."""
         if self.pool is None:
@@ -272,3 +301,27 @@ class LocalTacticSession(TacticSession):
             self.broken = f"crash ({e})"
         await self.worker.proc.kill()
         return TacticState(proof_state=None, error=self.broken)
+
+
+async def _ask_version(cmd: list[str], cwd: Path | None) -> str | None:
+    """``4.24.0`` from ``Lean (version 4.24.0, x86_64-unknown-linux-gnu, ...)``, or None."""
+    import re
+
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 60.0)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return None
+    m = re.search(r"version (\d+\.\d+\.\d+(?:-rc\d+)?)", out.decode(errors="replace"))
+    return m.group(1) if m else None

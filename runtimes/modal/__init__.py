@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 
+from leanrl._dist import require
+from leanrl._sandbox_config import image_pins
 from leanrl.runtime import RuntimeConfig
 from leanrl.service.sandbox import SandboxBackend
 from leanrl.service.sandbox_runtime import (
@@ -90,6 +92,10 @@ class ModalRuntime(SandboxRuntime):
         if m.backend == "local":
             from leanrl.runtimes.modal.local_backend import LocalProcessBackend
 
+            # Its sandboxes are `leanrl serve` processes here.
+            require("fastapi", "serve", "the modal runtime's local backend")
+            require("uvicorn", "serve", "the modal runtime's local backend")
+
             args = inner_runtime_args(
                 self.config, m.local_runtime, m.inner_options, service, cpus=m.cpu
             )
@@ -101,5 +107,14 @@ class ModalRuntime(SandboxRuntime):
             )
         from leanrl.runtimes.modal.backend import ModalBackend
 
+        require("modal", "modal", "the modal runtime")
+        if m.image_source != "registry":  # the image is built: for the taskset's Lean by default
+            want, rev = self.taskset_pins
+            toolchain, mathlib, repl = image_pins(
+                m.lean_toolchain or want, m.mathlib_rev or rev, m.repl_rev
+            )
+            m = m.model_copy(
+                update={"lean_toolchain": toolchain, "mathlib_rev": mathlib, "repl_rev": repl}
+            )
         args = inner_runtime_args(self.config, "local", m.inner_options, service, cpus=m.cpu)
         return ModalBackend(m, args)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import leanrl
-from leanrl._sandbox_config import ModalConfig
+from leanrl._sandbox_config import ModalConfig, image_pins
 from leanrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -100,8 +100,8 @@ def image_recipe(config: ModalConfig) -> ImageRecipe:
         apt_packages=APT_PACKAGES,
         local_files=((INSTALL_SCRIPT, script),),
         lean_commands=(
-            f"LEAN_HOME={LEAN_HOME} bash {script} {config.lean_toolchain} "
-            f"{config.mathlib_rev} {config.repl_rev}",
+            f"LEAN_HOME={LEAN_HOME} bash {script} "
+            + " ".join(image_pins(config.lean_toolchain, config.mathlib_rev, config.repl_rev)),
         ),
         requirements=REQUIREMENTS,
         source=(src, remote),
@@ -120,11 +120,10 @@ def build_image(config: ModalConfig) -> modal.Image:
     """The ``modal.Image`` the Sandboxes run (lazy: nothing is built or sent here)."""
     import modal
 
-    args = {
-        "LEAN_TOOLCHAIN": config.lean_toolchain,
-        "MATHLIB_REV": config.mathlib_rev,
-        "REPL_REV": config.repl_rev,
-    }
+    toolchain, mathlib, repl = image_pins(
+        config.lean_toolchain, config.mathlib_rev, config.repl_rev
+    )
+    args = {"LEAN_TOOLCHAIN": toolchain, "MATHLIB_REV": mathlib, "REPL_REV": repl}
     if config.image_source == "registry":
         if not config.image_ref:
             raise ConfigError(

@@ -42,6 +42,16 @@ class LocalSandbox(Sandbox):
     async def alive(self) -> bool:
         return self.terminated_at is None and self.proc.returncode is None
 
+    async def exit_reason(self) -> str:
+        """Its exit code and the end of its log (``leanrl serve``'s error)."""
+        code = self.proc.returncode
+        try:
+            tail = (Path(self.workdir) / "serve.log").read_text(errors="replace").strip()
+        except OSError:
+            tail = ""
+        lines = tail.splitlines()[-6:]
+        return f"exit code {code}" + ("; log ends: " + " | ".join(lines) if lines else "")
+
     def cpu_seconds(self) -> float | None:
         try:
             import psutil

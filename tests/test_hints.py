@@ -1,0 +1,104 @@
+"""Hints that send a newcomer the right way: the hub's `hf` command, a GGUF file named as such,
+doctor never recommending a `setup` that refuses, a dying sandbox reported with its cause, and
+no "no running event loop" traceback in front of the real error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leanrl import ConfigError, PolicyError, RuntimeConfig
+from leanrl._sandbox_config import PoolConfig
+from leanrl.policies._common import resolve_model
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+
+def test_offline_model_hint_uses_the_hf_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PolicyError) as e:
+        resolve_model("someone/not-cached-model")
+    assert "hf download someone/not-cached-model --local-dir DIR" in str(e.value)
+    assert "huggingface-cli" not in str(e.value)
+    from shutil import which
+
+    assert which("hf", path=str(Path(sys.executable).parent)), "huggingface_hub ships `hf`"
+
+
+def test_a_gguf_file_is_named_as_such(tmp_path: Path) -> None:
+    gguf = tmp_path / "model-q4.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00")
+    with pytest.raises(ConfigError) as e:
+        resolve_model(str(gguf))
+    msg = str(e.value)
+    assert "is a GGUF file" in msg and "does not exist" not in msg
+    assert "--backend openai" in msg
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"x")
+    with pytest.raises(ConfigError, match="is a file; --model takes a model folder"):
+        resolve_model(str(other))
+
+
+def test_doctor_never_recommends_a_setup_that_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from leanrl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["doctor", "--env", "dataset", "--no-smoke",
+              "--env.runtime.lean-project", str(tmp_path / "none")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "leanrl setup --env dataset" not in out
+    assert "LEANRL_LEAN_PROJECT" in out
+    # and the command doctor would have suggested does refuse:
+    assert main(["setup", "--env", "dataset"]) == 2
+    assert "does not say which Lean toolchain" in capsys.readouterr().err
+
+
+async def test_a_sandbox_that_dies_while_starting_is_reported_with_its_cause() -> None:
+    from leanrl.runtimes.modal.local_backend import LocalProcessBackend
+    from leanrl.service.client import ServiceClient
+    from leanrl.service.pool import PoolUnavailable, WarmPool
+    from leanrl.service.sandbox import Sandbox
+    from leanrl.service.sandbox_runtime import inner_runtime_args
+
+    async def probe(sb: Sandbox) -> bool:
+        async with ServiceClient(sb.url, sb.token) as c:
+            return (await c.health(retries=0, timeout_s=2)).status == "ok"
+
+    # The service listens, then its runtime fails to start and it exits.
+    args = inner_runtime_args(
+        RuntimeConfig(), "_echo_runtime:EchoRuntime", {"start_error": "planted: no Lean here"}
+    )
+    be = LocalProcessBackend(args, pythonpath=[TESTS])
+    pool = WarmPool(be, PoolConfig(target_ready=1, max_sandboxes=1, start_timeout_s=900), probe)
+    with pytest.raises(PoolUnavailable) as e:
+        await pool.start()
+    await pool.close()
+    msg = str(e.value)
+    assert "exited after" in msg and "planted: no Lean here" in msg and "exit code" in msg
+    assert "within 900 s" not in msg
+
+
+def test_run_sync_shows_only_the_real_error(tmp_path: Path) -> None:
+    """The README's first example without Lean: one traceback, the LeanNotFoundError."""
+    code = (
+        "import leanrl\n"
+        "env = leanrl.load_environment('core', limit=1)\n"
+        "t = env.tasks()[0]\n"
+        "env.runtime.check_sync([leanrl.Attempt(name=t.name, header=t.header,\n"
+        "    formal_statement=t.formal_statement, proof='omega')])\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "LeanNotFoundError" in out.stderr
+    assert "no running event loop" not in out.stderr
+    assert "During handling of the above exception" not in out.stderr
