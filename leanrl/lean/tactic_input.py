@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import textwrap
 
-from leanrl.lean.forbidden import Finding, scan
+from leanrl.lean.trust.syntax import Finding, scan
 from leanrl.verdict import Reason, VerificationPolicy
 
 __all__ = ["as_one_tactic", "prescan_tactic", "relocate_positions"]

@@ -16,11 +16,11 @@ the checker classified. Keeping this pure makes every rule testable without Lean
 
 from __future__ import annotations
 
-from leanrl.lean.forbidden import scan
 from leanrl.lean.messages import from_repl
 from leanrl.lean.protocol import CommandResponse, ReplError
 from leanrl.lean.source import Assembled, model_text
 from leanrl.lean.trust.report import CheckReport
+from leanrl.lean.trust.syntax import scan
 from leanrl.verdict import Attempt, Message, Reason, Verdict
 
 __all__ = [

@@ -1,0 +1,365 @@
+"""The pre-scan: a deny-by-default allow-list over the text the model wrote.
+
+It runs on the model's part of an attempt (preamble, restated statement, proof) before Lean does,
+and on every tactic block a model sends in tactic mode. It reads the text with
+:mod:`leanrl.lean.trust.lexer`, so comments and strings are exactly what Lean takes them to be: a
+word inside a comment or string never triggers a rule, and a comment or string can never hide
+code from it (a text the lexer cannot read unambiguously is refused outright).
+
+What is checked, token by token:
+
+* **commands**: every command keyword is either on the allow-list (declarations, their
+  modifiers, ``namespace``/``section``/``end``, ``variable``, ``universe``, ``mutual``, ``open``,
+  ``set_option``, ``attribute``, ``#check``/``#print``/``#reduce``) or refused with the reason it
+  is dangerous (``macro``, ``elab``, ``simproc``, ``#eval``, ``#exit``, ``import``, ...). Command
+  keywords are reserved tokens in Lean, so the rule applies wherever one appears; an unknown
+  ``#word`` at the start of a line is refused too.
+* **attributes** (``@[...]``, ``attribute [...]``, nested ``(attr := ...)``): allow-listed lemma
+  attributes only; anything that registers code (``simproc``, ``aesop``, ``norm_num``,
+  ``positivity``, ``delab``, parsers, ``extern``, ...) or is unknown is refused.
+* **options** (``set_option``, also ``... in`` inside proofs): allow-listed names only.
+* **names** (however spelled: ``_root_.``, ``@``, ``«»``, name literals): native evaluation
+  (``native_decide``, ``Lean.reduceBool``, ``ofReduceBool``, ``trustCompiler``, ``_native``
+  auxiliaries, ``decide +native``, ``bv_decide``) -> ``native`` unless the policy allows it;
+  ``sorry``/``admit``/``sorryAx`` -> ``sorry``; ``axiom`` -> ``axiom``; ``unsafe*``,
+  ``run_tac``, ``by_elab``, ``plausible``, meta-programming monads and IO -> ``forbidden``.
+
+The pre-scan is a cheap first filter that gives a clear reason; it is never the defence on its
+own. The verdict comes from a separate checker process (see docs/verification.md), which is what
+stands behind anything this cannot know about (a command keyword of a library newer than its
+tables reads to it as an identifier). See docs/prescan.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from leanrl.lean.trust.allowlist import (
+    ALLOWED_ATTRIBUTES,
+    ALLOWED_OPTION_PREFIXES,
+    ALLOWED_OPTIONS,
+    CODE_ATTRIBUTES,
+    COMMANDS,
+    HASH_COMMANDS,
+    METAPROGRAM_NAMES,
+    NATIVE_NAMES,
+    NATIVE_TACTICS,
+    NOTATION_COMMANDS,
+    SORRY_NAMES,
+    TACTICS,
+    UNSAFE_OPTION_PREFIXES,
+    UNSAFE_OPTIONS,
+    WHY,
+)
+from leanrl.lean.trust.lexer import Kind, Token, bracket_delta, tokenize
+from leanrl.verdict import Reason, VerificationPolicy
+
+__all__ = ["Finding", "scan"]
+
+
+class Finding(NamedTuple):
+    """One construct the pre-scan refuses."""
+
+    reason: Reason
+    """The verdict reason it maps to."""
+    token: str
+    """The construct, as written (``native_decide``, ``@[simproc]``, ``#eval``)."""
+    line: int
+    """1-based line of its first occurrence in the scanned text."""
+    why: str
+    """What the construct could do, and how to write the proof instead."""
+
+
+_REASON = {"native": Reason.NATIVE, "sorry": Reason.SORRY, "axiom": Reason.AXIOM}
+# Words after `#print` that are part of the command, not commands of their own.
+_PRINT_WORDS = frozenset("axioms prefix equations eqns sig".split())
+
+
+def scan(text: str, policy: VerificationPolicy) -> list[Finding]:
+    """Every construct in ``text`` (model-written Lean) the pre-scan refuses, in text order, one
+    finding per distinct construct. Empty means the text passes."""
+    # Per-taskset switches read with getattr: tasksets may carry them on their policy (see
+    # docs/prescan.md, "Extending the allow-list").
+    allow_notation = bool(getattr(policy, "allow_notation", False))
+    waived = frozenset(getattr(policy, "prescan_allow", ()) or ())
+    tokens = tokenize(text)
+    if allow_notation:
+        atoms, bad = _notation_atoms(tokens)
+        if bad:
+            return bad
+        if atoms:  # new tokens change how Lean splits the rest of the text: read it again
+            tokens = tokenize(text, extra_symbols=atoms)
+    return _Scan(tokens, policy.allow_native_decide, allow_notation, waived).run()
+
+
+class _Scan:
+    def __init__(
+        self,
+        tokens: list[Token],
+        allow_native: bool,
+        allow_notation: bool,
+        waived: frozenset[str] = frozenset(),
+    ) -> None:
+        self.toks = tokens
+        self.allow_native = allow_native
+        self.allow_notation = allow_notation
+        self.waived = waived
+        self.found: list[Finding] = []
+        self.seen: set[tuple[Reason, str]] = set()
+        self.names: set[int] = set()  # attribute and option names: no other rule applies
+        self.args: set[int] = set()  # attribute arguments: name rules apply, command rules don't
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def add(self, kind: str, token: str, line: int, why: str = "") -> None:
+        reason = _REASON.get(kind, Reason.FORBIDDEN)
+        if reason is Reason.NATIVE and self.allow_native:
+            return
+        # A taskset may allow a construct by the name its finding shows (`@[my_attr]`,
+        # `set_option hygiene`, `alias`); never text the lexer cannot read, `sorry`, an axiom,
+        # or native code (that has its own switch).
+        if reason is Reason.FORBIDDEN and kind != "lexing" and token in self.waived:
+            return
+        if (reason, token) in self.seen:
+            return
+        self.seen.add((reason, token))
+        self.found.append(Finding(reason, token, line, why or WHY[kind]))
+
+    def tok(self, i: int) -> Token | None:
+        return self.toks[i] if 0 <= i < len(self.toks) else None
+
+    def is_sym(self, i: int, text: str) -> bool:
+        t = self.tok(i)
+        return t is not None and t.kind is Kind.SYMBOL and t.text == text
+
+    def keyword(self, i: int) -> str:
+        """The token's text when it can be a keyword (an identifier not written with «»)."""
+        t = self.tok(i)
+        return t.text if t is not None and t.kind is Kind.IDENT and not t.escaped else ""
+
+    def line_start(self, i: int) -> bool:
+        prev = self.tok(i - 1)
+        return prev is None or prev.line != self.toks[i].line
+
+    # -- the pass ---------------------------------------------------------------------------------
+
+    def run(self) -> list[Finding]:
+        for i, t in enumerate(self.toks):
+            if t.kind is Kind.ERROR:
+                snippet = t.text.strip().splitlines()[0][:40] if t.text.strip() else t.text
+                self.add(
+                    "lexing",
+                    snippet or "<end of text>",
+                    t.line,
+                    f"the text cannot be read safely ({t.error}); Lean would reject it, or could "
+                    "read it differently from the pre-scan",
+                )
+            elif t.kind is Kind.SYMBOL and t.text == "@[":
+                self.attributes(i + 1, "@[")
+            elif t.kind is Kind.SYMBOL and t.text == "#":
+                self.hash_command(i)
+            elif t.kind in (Kind.IDENT, Kind.NAME) and i not in self.names:
+                if t.kind is Kind.IDENT and not t.escaped and i not in self.args:
+                    self.command_word(i, t)
+                self.name_rules(t)
+        return self.found
+
+    def command_word(self, i: int, t: Token) -> None:
+        word = t.text
+        if word == "attribute" and self.is_sym(i + 1, "["):
+            self.attributes(i + 2, "attribute [")
+        elif word == "set_option":
+            self.option(i + 1)
+        elif word in ("open", "export") and self.keyword(i + 1) == "private":
+            self.add("open_private", f"{word} private", t.line)
+        if word == "native" and (self.is_sym(i - 1, "+") or self.is_sym(i + 1, ":=")):
+            self.add("native", "decide +native" if self.is_sym(i - 1, "+") else "native :=", t.line)
+        kind = COMMANDS.get(word, "")
+        if word in NOTATION_COMMANDS and self.allow_notation:
+            kind = ""
+        if kind:
+            self.add(kind, word, t.line)
+        if word in TACTICS:
+            self.add(TACTICS[word], word, t.line)
+        if word in NATIVE_TACTICS:
+            self.add("native", word, t.line)
+        if word == "tactic":
+            self.add("aesop_tactic", word, t.line)
+
+    def name_rules(self, t: Token) -> None:
+        """Rules on what a name refers to, however it is spelled."""
+        parts = list(t.parts) or [t.text]
+        while parts[:1] == ["_root_"]:
+            parts = parts[1:]
+        if not parts:
+            return
+        last, first = parts[-1], parts[0]
+        shown = t.text
+        if last in NATIVE_NAMES or any(p.startswith("_native") for p in parts):
+            self.add("native", shown, t.line)
+        if last in SORRY_NAMES:
+            self.add("sorry", shown, t.line)
+        if last.startswith("unsafe") or last.endswith("Unsafe"):
+            self.add("unsafe", shown, t.line)
+        if last in METAPROGRAM_NAMES or first in METAPROGRAM_NAMES:
+            self.add("metaprogram", shown, t.line)
+
+    # -- `#` commands -----------------------------------------------------------------------------
+
+    def hash_command(self, i: int) -> None:
+        nxt = self.tok(i + 1)
+        if nxt is None or nxt.kind is not Kind.IDENT or nxt.space_before or nxt.escaped:
+            return
+        word = nxt.text
+        kind = HASH_COMMANDS.get(word)
+        line = self.toks[i].line
+        if kind is None:
+            # Not a known command: `#s` is Mathlib's `Finset.card` notation mid-line, but a
+            # `#word` that starts a line is a command the pre-scan does not know: refused.
+            if self.line_start(i):
+                self.add("unknown_hash", f"#{word}", line)
+            return
+        self.names.add(i + 1)
+        if kind:
+            self.add(kind, f"#{word}", line)
+        elif word == "print":
+            after = self.tok(i + 2)
+            if after is not None and after.kind is Kind.STRING:
+                self.add("print", "#print", line)
+            elif self.keyword(i + 2) in _PRINT_WORDS:
+                self.names.add(i + 2)
+
+    # -- options ------------------------------------------------------------------------------------
+
+    def option(self, i: int) -> None:
+        t = self.tok(i)
+        if t is None or t.kind is not Kind.IDENT:
+            return  # not an option name: Lean rejects the command
+        self.names.add(i)
+        name = t.value
+        shown = f"set_option {t.text}"
+        if name in UNSAFE_OPTIONS or name.startswith(UNSAFE_OPTION_PREFIXES):
+            self.add("option_unsafe", shown, t.line)
+        elif name not in ALLOWED_OPTIONS and not name.startswith(ALLOWED_OPTION_PREFIXES):
+            self.add("option_unknown", shown, t.line)
+
+    # -- attributes ---------------------------------------------------------------------------------
+
+    def attributes(self, i: int, opener: str) -> int:
+        """Check the attribute instances from ``i`` up to the ``]`` that closes ``opener``;
+        return the index after it."""
+        end = self._closing(i, "]")
+        start = i
+        for a, b in self._split(start, end):
+            self.attribute(a, b, opener)
+        return end + 1
+
+    def attribute(self, a: int, b: int, opener: str) -> None:
+        """One attribute instance, tokens [a, b): ``[-] [local|scoped] name args...``."""
+        k = a
+        if opener.startswith("attribute") and self.is_sym(k, "-"):
+            k += 1  # `attribute [-simp] foo` removes an attribute: harmless
+            erase = True
+        else:
+            erase = False
+        if self.keyword(k) in ("local", "scoped"):
+            self.names.add(k)
+            k += 1
+        t = self.tok(k)
+        if t is None or k >= b or t.kind is not Kind.IDENT:
+            where = self.tok(a) or self.toks[-1]
+            self.add("attr_unknown", f"{opener}{where.text}]", where.line)
+            return
+        self.names.add(k)
+        name = t.value
+        shown = f"{opener}{name}]"
+        if _is_code_attribute(name):
+            if not erase:
+                self.add("attr_code", shown, t.line)
+        elif name not in ALLOWED_ATTRIBUTES and not erase:
+            self.add("attr_unknown", shown, t.line)
+        j = k + 1
+        while j < b:
+            # `(attr := simp, norm_cast)` (`to_additive`, `simps`): more attribute instances.
+            if self.keyword(j) == "attr" and self.is_sym(j + 1, ":=") and self.is_sym(j - 1, "("):
+                close = self._closing(j + 2, ")")
+                for x, y in self._split(j + 2, min(close, b)):
+                    self.attribute(x, y, "(attr := ")
+                j = close + 1
+                continue
+            arg = self.toks[j]
+            self.args.add(j)
+            if arg.kind in (Kind.IDENT, Kind.NAME) and _is_code_attribute(arg.value):
+                # `simps (config := {attrs := [`norm_num]})` names attributes as data
+                self.add("attr_code", f"{opener}{name} … {arg.text}]", arg.line)
+            j += 1
+
+    def _closing(self, i: int, close: str) -> int:
+        """Index of the bracket closing the one just before ``i`` (or the last index + 1)."""
+        depth = 0
+        for j in range(i, len(self.toks)):
+            delta = bracket_delta(self.toks[j])
+            if delta < 0 and depth == 0:
+                return j
+            depth += delta
+        return len(self.toks)
+
+    def _split(self, a: int, b: int) -> list[tuple[int, int]]:
+        """[a, b) split at the commas outside brackets."""
+        parts: list[tuple[int, int]] = []
+        depth, start = 0, a
+        for j in range(a, b):
+            t = self.toks[j]
+            depth += bracket_delta(t)
+            if t.kind is Kind.SYMBOL and t.text == "," and depth == 0:
+                parts.append((start, j))
+                start = j + 1
+        parts.append((start, b))
+        return [(x, y) for x, y in parts if x < y]
+
+
+def _is_code_attribute(name: str) -> bool:
+    return (
+        name in CODE_ATTRIBUTES
+        or name.endswith(("_parser", "_proc", "_elab", "_delab"))
+        or name.startswith(("builtin_", "aesop"))
+    )
+
+
+def _notation_atoms(tokens: list[Token]) -> tuple[list[str], list[Finding]]:
+    """The new tokens that notation commands declare (their string atoms before ``=>``), and
+    findings for atoms that would change how comments, strings or names are read."""
+    atoms: list[str] = []
+    bad: list[Finding] = []
+    for i, t in enumerate(tokens):
+        if t.kind is not Kind.IDENT or t.escaped or t.text not in NOTATION_COMMANDS:
+            continue
+        for u in tokens[i + 1 :]:
+            if u.kind is Kind.SYMBOL and u.text == "=>":
+                break
+            if u.kind is Kind.IDENT and not u.escaped and u.text in COMMANDS:
+                break
+            if u.kind is not Kind.STRING:
+                continue
+            atom = _atom_text(u.text)
+            if any(s in atom for s in ('"', "`", "«", "»", "--", "/-", "-/")) or not atom:
+                bad.append(
+                    Finding(
+                        Reason.FORBIDDEN,
+                        f"{t.text} {u.text}",
+                        u.line,
+                        "a notation token with a quote, backtick, `«»` or comment marker changes "
+                        "where Lean's comments, strings and names begin and end",
+                    )
+                )
+            else:
+                atoms.append(atom)
+    return atoms, bad
+
+
+def _atom_text(literal: str) -> str:
+    if literal.startswith("r"):
+        body = literal.lstrip("r").strip("#")[1:-1]
+    else:
+        body = literal[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return body.strip()
