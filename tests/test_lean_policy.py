@@ -451,8 +451,16 @@ def test_cheat_dangling_reference_means_tampering() -> None:
 )
 def test_cheat_statement_changed(preamble: str, status: str) -> None:
     rep = report(status=status, detail="the type of t differs from the reference statement's")
-    v = judge(attempt("exact h.symm", preamble), check=rep)
+    # Notation commands are refused by the pre-scan already (see the next test); with it off,
+    # the trusted checker still sees the changed statement.
+    policy = NO_SCAN if "notation" in preamble else None
+    v = judge(attempt("exact h.symm", preamble, policy), check=rep)
     assert v.reason is Reason.STATEMENT_CHANGED, (preamble, v.detail)
+
+
+def test_notation_is_refused_by_the_prescan() -> None:
+    v = judge(attempt("exact h.symm", 'local notation a " = " b => True'))
+    assert v.reason is Reason.FORBIDDEN and "`notation`" in v.detail
 
 
 def test_cheat_theorem_replaced_by_def() -> None:

@@ -59,13 +59,14 @@ def as_one_tactic(block: str) -> str:
 def prescan_tactic(text: str, policy: VerificationPolicy) -> str | None:
     """Why ``text`` (model-written tactics or preamble) must not reach a REPL process, or None.
 
-    The same scan as for whole proofs (:mod:`leanrl.lean.forbidden`): ``run_tac``, ``by_elab``,
+    The same scan as for whole proofs (:mod:`leanrl.lean.trust.syntax`): ``run_tac``, ``by_elab``,
     ``#eval`` and friends run arbitrary code inside the process, which tactic mode would otherwise
     hand them. ``policy.forbid_tokens = False`` switches it off, as for whole proofs.
     """
     if not policy.forbid_tokens:
         return None
-    findings: list[Finding] = scan(text, policy)
+    # Scan what the REPL will be sent: `as_one_tactic` turns tabs into spaces and CRLF into LF.
+    findings: list[Finding] = scan("\n".join(_lines(text)), policy)
     if not findings:
         return None
     f = min(findings, key=lambda f: _PRIORITY.index(f.reason))
