@@ -80,6 +80,9 @@ class Rollout(BaseModel):
     could be extracted."""
     preamble: str = ""
     """Helper lemmas the model put before the theorem, checked together with the proof."""
+    restated_statement: str = ""
+    """The model's own statement when it restated the theorem differently from the reference
+    (checked in its place; the trusted checker rejects it unless its type is the reference's)."""
     verdict: Verdict | None = None
     """What Lean said about ``proof``."""
     reward: float = 0.0

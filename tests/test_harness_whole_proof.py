@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from leanrl import ConfigError, HarnessConfig, Reason, SamplingConfig, Task, TasksetConfig
 from leanrl.environments.minif2f import MiniF2FTaskset
 from leanrl.harnesses.whole_proof import WholeProofHarness, build_prompt, extract_proof
+from leanrl.lean.trust.lexer import mask_comments
 from leanrl.verdict import VerificationPolicy
 from tests._scripted_runtime import ScriptedPolicy, ScriptedRuntime
 
@@ -124,8 +126,13 @@ def test_completion_proof_followed_by_a_restated_theorem_keeps_the_proof() -> No
         "\n  omega",
         "",
     )
+    # a different statement is not the reference's: it goes to the checker as the model's own
+    # statement, which the trusted checker rejects (`statement_changed`) unless it elaborates to
+    # exactly the reference type
     other = "\nimport Mathlib\ntheorem t1 : True := by\n  trivial\n```"
-    assert ex(other, completion=True).reason == Reason.STATEMENT_CHANGED
+    e = ex(other, completion=True)
+    assert (e.reason, e.proof, e.preamble) == (None, "\n  trivial", "")
+    assert e.restated_statement == "theorem t1 : True := by"
 
 
 def test_a_theorem_inside_a_comment_is_not_the_answer() -> None:
@@ -136,7 +143,11 @@ def test_a_theorem_inside_a_comment_is_not_the_answer() -> None:
         "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) :\n  x = 1 := by\n  omega -/\n```"
     )
     e = ex(text)
-    assert e.reason == Reason.STATEMENT_CHANGED and e.preamble == ""
+    # the uncommented theorem is the answer (its own statement, for the checker to judge); the
+    # commented one stays a closed comment after the proof and never reaches the preamble
+    assert e.reason is None and e.preamble == ""
+    assert e.restated_statement == "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) : True := by"
+    assert mask_comments(e.proof or "").strip() == "trivial"
     commented_draft = (
         "```lean4\n/- draft:\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  simp\n-/\n"
         "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```"
@@ -202,7 +213,9 @@ def test_preamble_cannot_wrap_or_modify_the_reference_statement() -> None:
     opened = (
         "```lean4\nopen Foo in\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```"
     )
-    assert ex(opened).preamble == ""  # `open ... in` would apply to the reference statement
+    # `open ... in` becomes `open`: the proof still sees the opened names; the reference
+    # statement stays top-level `t1` (the checker compares its type with the reference's)
+    assert ex(opened).preamble == "open Foo"
     # an `end` the model did not open would close the header's own section (ProofNet headers
     # open `noncomputable section`): dropped
     stray = "```lean4\nlemma aux : True := trivial\nend\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
@@ -236,21 +249,29 @@ def test_helper_lemmas_become_the_preamble() -> None:
         "```lean4\n/-- helper -/\nlemma helper : 1 = 1 := rfl\n\n/-- main -/\n"
         "set_option maxRecDepth 1000 in\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
     )
-    assert ex(two_docs).preamble == "/-- helper -/\nlemma helper : 1 = 1 := rfl"
+    # the theorem's doc comment is dropped; its `set_option ... in` stays an option (it only
+    # affects the theorem that follows)
+    assert ex(two_docs).preamble == (
+        "/-- helper -/\nlemma helper : 1 = 1 := rfl\nset_option maxRecDepth 1000"
+    )
 
 
-def test_changed_or_renamed_statement_is_rejected() -> None:
+def test_changed_statement_goes_to_the_checker_and_renamed_is_rejected() -> None:
+    # A statement that differs from the reference is the model's own: extraction passes it on
+    # and the trusted checker compares its elaborated type with the reference's.
     changed = "```lean4\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 ∨ True := by\n  simp\n```"
     e = ex(changed)
-    assert e.reason == Reason.STATEMENT_CHANGED and "differs" in e.detail
+    assert e.reason is None and e.proof == "\n  simp"
+    assert e.restated_statement == "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 ∨ True := by"
+    # no theorem of that name at all: certainly wrong, rejected here
     renamed = "```lean4\ntheorem easier : True := by\n  trivial\n```"
     assert ex(renamed).reason == Reason.STATEMENT_CHANGED
     assert ex("```lean4\nexample : True := trivial\n```").reason == Reason.STATEMENT_CHANGED
     # comments, spacing and `lemma` do not count as a change
     same = "```lean4\nlemma t1 (x : ℕ) -- x\n (h₀ : x + 1 = 2) : x = 1 := by omega\n```"
-    assert ex(same).proof == "omega"
+    assert (ex(same).proof, ex(same).restated_statement) == ("omega", "")
     tight = "```lean4\ntheorem t1 (x:ℕ) (h₀:x+1=2):\n    x=1 := by omega\n```"
-    assert ex(tight).proof == "omega"
+    assert (ex(tight).proof, ex(tight).restated_statement) == ("omega", "")
     # but whitespace between two names is part of the statement: `f a b` is not `f ab`
     task = Task(
         name="t2",
@@ -258,7 +279,8 @@ def test_changed_or_renamed_statement_is_rejected() -> None:
         formal_statement="theorem t2 (f : ℕ → ℕ → ℕ) (a b ab : ℕ) : f a b = f a b := by",
     )
     merged = "```lean4\ntheorem t2 (f : ℕ → ℕ → ℕ) (a b ab : ℕ) : f ab = f ab := by\n  rfl\n```"
-    assert extract_proof(merged, task).reason == Reason.STATEMENT_CHANGED
+    e = extract_proof(merged, task)
+    assert e.restated_statement.startswith("theorem t2 (f : ℕ → ℕ → ℕ) (a b ab : ℕ) : f ab")
 
 
 def test_truncation_and_missing_code() -> None:
@@ -388,3 +410,84 @@ async def test_verdicts_go_to_their_own_attempts(tasks) -> None:
     # only sample 0 has the accepted tactic; a verdict must never be credited to another proof
     assert [r.verdict.accepted for r in groups[0]] == [True, False, False]
     assert [r.verdict.id for r in groups[0]] == [f"{ts[0].id}/{i}" for i in range(3)]
+
+
+# -- reading the model's code with Lean's lexer ------------------------------------------------
+
+
+def test_a_quoted_theorem_name_is_the_theorem() -> None:
+    e = ex("```lean4\ntheorem «t1» (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n  omega\n```")
+    assert (e.reason, e.proof, e.restated_statement) == (None, "\n  omega", "")
+
+
+def test_strings_and_comments_do_not_confuse_extraction() -> None:
+    text = (
+        "```lean4\n"
+        'lemma opener : "/-".length = 2 := by decide\n'
+        'def msg : String := "theorem t1 : False := by sorry"\n'
+        "-- theorem t1 (x : ℕ) : False := by simp   (a note, not code)\n"
+        "theorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1 := by\n"
+        '  have : "end" = "end" := rfl -- not the end of anything\n'
+        "  omega\n```"
+    )
+    e = ex(text)
+    assert e.reason is None and e.restated_statement == ""
+    assert e.preamble.startswith('lemma opener : "/-".length = 2 := by decide\ndef msg')
+    assert e.proof == '\n  have : "end" = "end" := rfl -- not the end of anything\n  omega'
+
+
+def test_cosmetic_differences_still_match_the_reference() -> None:
+    # redundant parentheses, `«»`, `->`/`→`, `fun`/`λ`, attributes, layout, comments
+    task = Task(
+        name="t3",
+        header="",
+        formal_statement=(
+            "theorem t3 (f : ℕ → ℕ) (h : ∀ x, f x = x) : (fun x => f x) 2 = 2 ∧ f (3) = 3 := by"
+        ),
+    )
+    restated = (
+        "```lean4\n@[simp] theorem «t3» (f : ℕ -> ℕ) (h : (∀ x, f x = x)) :\n"
+        "    ((λ x => f x) 2 = 2 ∧ f 3 = 3) -- the goal\n    := by\n  simp [h]\n```"
+    )
+    e = extract_proof(restated, task)
+    assert (e.reason, e.restated_statement, e.proof) == (None, "", "\n  simp [h]")
+    # but `a[i]` is not `a [i]`: a space there changes what Lean reads
+    index = Task(
+        name="t4", header="", formal_statement="theorem t4 (a : Array ℕ) : a[0]! = 0 := by"
+    )
+    spaced = "```lean4\ntheorem t4 (a : Array ℕ) : a [0]! = 0 := by\n  sorry\n```"
+    assert extract_proof(spaced, index).restated_statement != ""
+
+
+def test_a_restated_putnam_statement_keeps_the_reference_definitions() -> None:
+    other = (
+        "```lean4\nabbrev putnam_x_solution : ℕ := 3\n"
+        "theorem putnam_x : (putnam_x_solution) = 3 ∧ True := by\n  simp\n```"
+    )
+    e = extract_proof(other, PUTNAM)
+    assert e.reason is None and e.preamble == ""
+    assert e.restated_statement == (
+        "abbrev putnam_x_solution : ℕ := 3\n-- the answer\n"
+        "theorem putnam_x : (putnam_x_solution) = 3 ∧ True := by"
+    )
+
+
+def test_an_equation_style_proof_is_no_proof() -> None:
+    text = "```lean4\ntheorem t1 (x : ℕ) (h₀ : x + 1 = 2) : x = 1\n  | _ => by omega\n```"
+    assert ex(text).reason == Reason.NO_PROOF
+
+
+async def test_the_harness_sends_the_restated_statement(tmp_path: Path) -> None:
+    row = {"name": "t1", "split": "test", "header": HEADER, "formal_statement": STMT}
+    (tmp_path / "minif2f.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+    taskset = MiniF2FTaskset(TasksetConfig(path=tmp_path))
+    (task,) = taskset.tasks()
+    head = task.formal_statement.rsplit(":= by", 1)[0]
+    texts = [f"```lean4\n{head} ∧ True := by\n  omega\n```"]
+    rt = ScriptedRuntime()
+    h = WholeProofHarness(HarnessConfig(prompt_format="chat"))
+    await h.run([task], ScriptedPolicy(texts), rt, SamplingConfig(n=1), taskset)
+    (a,) = rt.attempts
+    assert a.formal_statement == task.formal_statement and a.proof == "\n  omega"
+    assert a.restated_statement.endswith("∧ True := by")
+    assert a.restated_statement.startswith(f"theorem {task.name}")

@@ -1,9 +1,18 @@
 """Pulling a proof out of a model's text.
 
-The result is always the *proof body* (what goes after the reference statement's ``:= by``)
-plus optional helper lemmas (the preamble), or a reason why there is none. The model's own copy
-of the statement is never used: when it restates the theorem, the restatement is compared with
-the reference and a different one is rejected (``statement_changed``).
+The result is always the *proof body* (what goes after the statement's ``:= by``) plus optional
+helper lemmas (the preamble), or a reason why there is none. The model's text is read with
+Lean's own lexical rules (:mod:`leanrl.lean.trust.lexer`): a declaration, ``:=`` or ``end``
+inside a comment or string literal is never taken for code, and ``theorem «t»`` is ``theorem t``.
+
+When the model restates the theorem, its statement is compared with the reference as token
+streams (comments, layout, ``«»``, ``lemma``/``theorem``, the ``:= by`` and redundant parentheses
+do not count). A match puts the proof under the reference statement. A restatement that does not
+match is *not* rejected here: it comes back as ``restated_statement`` (the reference's own
+definitions before the theorem, such as PutnamBench's ``abbrev ..._solution``, then the model's
+theorem), and the trusted checker accepts it only if it elaborates to exactly the reference type
+(``statement_changed`` otherwise). What is certainly wrong is rejected here: no theorem with the
+task's name, the theorem declared twice, or a redefinition of what the statement is built on.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import textwrap
 
 from pydantic import BaseModel, ConfigDict
 
+from leanrl.lean.trust.lexer import Kind, Token, bracket_delta, code_only, tokenize
 from leanrl.task import Task
 from leanrl.verdict import Reason
 
@@ -25,9 +35,14 @@ class Extracted(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     proof: str | None = None
-    """The tactic block to put under the reference statement (None when rejected)."""
+    """The tactic block to put under the statement (None when rejected)."""
     preamble: str = ""
     """Helper lemmas/definitions the model wrote before the theorem."""
+    restated_statement: str = ""
+    """The model's own statement (ending in ``:= by``, after the reference's definitions) when it
+    restated the theorem in a way that does not match the reference token for token; empty when
+    the proof goes under the reference statement. The trusted checker compares its elaborated
+    type with the reference's."""
     reason: Reason | None = None
     """Why nothing can be checked (``no_proof``, ``truncated``, ``statement_changed``)."""
     detail: str = ""
@@ -39,40 +54,26 @@ _DECL_LINE = re.compile(
     r"^(?:@\[|theorem\b|lemma\b|def\b|example\b|abbrev\b|instance\b|structure\b|inductive\b|"
     r"noncomputable\b|private\b|protected\b|namespace\b|section\b|end\b|open\b|import\b|#)"
 )
-_ANY_THEOREM = re.compile(
-    r"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(theorem|lemma|example)\b"
-    r"[ \t]*([^\s(:{\[]*)"
-)
-
-
-def _mask_comments(code: str) -> str:
-    """``code`` with every comment character (``--`` lines, nested ``/- -/``) replaced by a space,
-    newlines kept, so positions still line up. Declarations are only looked for outside comments:
-    a theorem written inside a comment must never be taken for the model's answer (its text
-    before it would become a preamble that leaves the comment open and hides the reference
-    statement)."""
-    out = list(code)
-    i, depth, n = 0, 0, len(code)
-    while i < n:
-        if code.startswith("/-", i):
-            depth += 1
-            out[i] = out[i + 1] = " "
-            i += 2
-        elif depth and code.startswith("-/", i):
-            depth -= 1
-            out[i] = out[i + 1] = " "
-            i += 2
-        elif depth:
-            if code[i] != "\n":
-                out[i] = " "
-            i += 1
-        elif code.startswith("--", i):
-            while i < n and code[i] != "\n":
-                out[i] = " "
-                i += 1
-        else:
-            i += 1
-    return "".join(out)
+_THEOREM_WORDS = ("theorem", "lemma", "example")
+_MODIFIERS = frozenset("private protected noncomputable partial nonrec".split())
+_DEFINING = tuple("abbrev def theorem lemma instance structure inductive class opaque".split())
+# Spellings Lean reads as the same token (`unicodeSymbol`s and notation aliases of core).
+_SAME = {
+    "->": "→",
+    "<-": "←",
+    "<->": "↔",
+    "<=": "≤",
+    ">=": "≥",
+    "λ": "fun",
+    "↦": "=>",
+    "/\\": "∧",
+    "\\/": "∨",
+    "forall": "∀",
+    "lemma": "theorem",
+}
+# Tokens whose meaning depends on whether a space precedes them (`a[i]` is indexing, `a [i]`
+# applies `a` to a list; `x.1` is a projection).
+_SPACE_MATTERS = frozenset("[ . ! ? ⁻¹".split())
 
 
 def strip_reasoning(text: str) -> tuple[str, str | None]:
@@ -110,36 +111,222 @@ def _fenced(text: str) -> tuple[str | None, bool]:
     return None, False
 
 
-def _strip_comments(s: str) -> str:
-    s = re.sub(r"/-.*?-/", " ", s, flags=re.S)
-    return re.sub(r"--[^\n]*", " ", s)
+# -- comparing statements as token streams ------------------------------------------------------
+
+
+def _significant(tokens: list[Token]) -> list[Token]:
+    """Tokens that make up the statement: doc comments and modifiers in front dropped."""
+    out = [t for t in tokens if t.kind is not Kind.DOC]
+    i = 0
+    while i < len(out):
+        t = out[i]
+        if t.kind is Kind.SYMBOL and t.text == "@[":
+            depth = 0
+            while i < len(out):
+                depth += bracket_delta(out[i])
+                if depth == 0:
+                    break
+                i += 1
+            i += 1
+        elif t.kind is Kind.IDENT and t.text in _MODIFIERS:
+            i += 1
+        else:
+            break
+    return out[i:]
+
+
+def _unwrap(words: list[str], colon: int) -> list[str]:
+    """Drop parentheses that cannot change the meaning: ``((e))`` -> ``(e)``, a whole type
+    ``: (P)`` -> ``: P`` (after a colon, up to a closing bracket or the end), and ``(x)`` around
+    one name or number in the type (never around a binder before the top-level colon)."""
+    changed = True
+    while changed:
+        changed = False
+        for a, w in enumerate(words):
+            if w != "(":
+                continue
+            b = _match(words, a)
+            if b < 0:
+                continue
+            before = words[a - 1] if a > 0 else ""
+            after = words[b + 1] if b + 1 < len(words) else ""
+            closes = after in (")", "]", "}", "⟩", "")
+            if (
+                (before == "(" and after == ")")
+                or (before == ":" and closes)
+                or (b == a + 2 and a > colon and _atom(words[a + 1]))
+            ):
+                del words[b]
+                del words[a]
+                if a < colon:
+                    colon -= 2
+                changed = True
+                break
+    return words
+
+
+def _atom(word: str) -> bool:
+    return bool(word) and (word[0].isalnum() or word[0] in "_«") and " " not in word
+
+
+def _match(words: list[str], a: int) -> int:
+    depth = 0
+    for j in range(a, len(words)):
+        if words[j] == "(":
+            depth += 1
+        elif words[j] == ")":
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def _words(tokens: list[Token]) -> list[str]:
+    out: list[str] = []
+    for k, t in enumerate(tokens):
+        word = t.value if t.kind in (Kind.IDENT, Kind.NAME) else t.text
+        word = _SAME.get(word, word) if t.kind in (Kind.IDENT, Kind.SYMBOL) else word
+        prev = tokens[k - 1] if k else None
+        glued = not t.space_before and prev is not None
+        if glued and (t.text in _SPACE_MATTERS or (prev is not None and prev.text == ".")):
+            word = "\u2060" + word  # marks "no space before" where that changes the meaning
+        out.append(word)
+    return out
+
+
+def _top_colon(tokens: list[Token]) -> int:
+    depth = 0
+    for i, t in enumerate(tokens):
+        depth += bracket_delta(t)
+        if depth == 0 and t.kind is Kind.SYMBOL and t.text == ":":
+            return i
+    return len(tokens)
 
 
 def normalize_statement(s: str) -> str:
-    """A statement with comments, whitespace, the proof opener and lemma/theorem removed, for
-    comparing a restated statement with the reference."""
-    s = _strip_comments(s).strip()
-    s = re.sub(r":=\s*(by)?\s*$", "", s)
-    s = re.sub(r"^(@\[[^\]]*\]\s*)?(private\s+|protected\s+)?(theorem|lemma)\b", "theorem", s)
-    # Whitespace only matters between two identifier characters (`f a b` is not `f ab`).
-    s = re.sub(r"\s+", " ", s).strip()
-    return re.sub(r" (?=[^\w'.!?])|(?<=[^\w'.!?]) ", "", s)
+    """A canonical form of a statement for comparing a restated statement with the reference:
+    its tokens (so comments, layout and ``«»`` quoting do not count) without the doc comment,
+    attributes and modifiers in front, with ``lemma`` read as ``theorem``, without the trailing
+    ``:=``/``:= by``, and without parentheses that cannot change the meaning."""
+    tokens = _significant(tokenize(s))
+    words = _words(tokens)
+    if words[-2:] == [":=", "by"]:
+        words = words[:-2]
+    elif words[-1:] == [":="]:
+        words = words[:-1]
+    return " ".join(_unwrap(words, _top_colon(tokens)))
+
+
+def _norm_words(s: str) -> list[str]:
+    """Text as canonical tokens (comments, doc comments and layout dropped), for comparing the
+    definitions a reference statement starts with."""
+    return _words([t for t in tokenize(s) if t.kind is not Kind.DOC])
+
+
+# -- finding declarations ----------------------------------------------------------------------
+
+
+class _Decl:
+    """A declaration found in code: where its text starts (its first modifier, attribute or doc
+    comment), its keyword, and its name token."""
+
+    def __init__(self, start: int, keyword: Token, name: Token | None) -> None:
+        self.start = start
+        self.keyword = keyword
+        self.name = name
+
+
+def _declarations(code: str, words: tuple[str, ...]) -> list[_Decl]:
+    """Declarations whose keyword is one of ``words`` and that start a line (possibly after
+    modifiers, attributes, a doc comment, or an ``open ... in``/``set_option ... in`` on the
+    same line), outside comments and strings."""
+    tokens = tokenize(code)
+    found: list[_Decl] = []
+    for k, t in enumerate(tokens):
+        if t.kind is not Kind.IDENT or t.escaped or t.text not in words:
+            continue
+        first = k
+        j = k - 1
+        while j >= 0:
+            u = tokens[j]
+            if u.kind is Kind.DOC or (u.kind is Kind.IDENT and u.text in _MODIFIERS):
+                j -= 1
+            elif u.kind is Kind.SYMBOL and u.text == "]":
+                opener = _attribute_open(tokens, j)
+                if opener < 0:
+                    break
+                j = opener - 1
+            else:
+                break
+            first = j + 1
+        head = tokens[first]
+        prev = tokens[first - 1] if first > 0 else None
+        if prev is not None and prev.line == head.line and prev.text != "in":
+            continue  # something else on the line before it: not a declaration start
+        nxt = tokens[k + 1] if k + 1 < len(tokens) else None
+        name = nxt if nxt is not None and nxt.kind is Kind.IDENT else None
+        found.append(_Decl(head.start, t, name))
+    return found
+
+
+def _attribute_open(tokens: list[Token], close: int) -> int:
+    depth = 0
+    for j in range(close, -1, -1):
+        u = tokens[j]
+        if u.kind is not Kind.SYMBOL:
+            continue
+        if u.text == "]":
+            depth += 1
+        elif u.text in ("[", "@["):
+            depth -= 1
+            if depth == 0:
+                return j if u.text == "@[" else -1
+    return -1
+
+
+def _named(code: str, name: str) -> list[_Decl]:
+    """Declarations of the theorem ``name`` (``theorem``/``lemma``; ``instance`` for tasksets
+    whose statement is one), however the name is quoted."""
+    return [
+        d
+        for d in _declarations(code, ("theorem", "lemma", "instance"))
+        if d.name is not None and d.name.value == name
+    ]
+
+
+def _defined_names(code: str) -> set[str]:
+    """Names that ``code`` declares (``def``, ``abbrev``, ``theorem``, ...), unquoted."""
+    return {d.name.value for d in _declarations(code, _DEFINING) if d.name is not None}
+
+
+# -- the proof after `:=` ------------------------------------------------------------------------
 
 
 def _cut_after_proof(proof: str) -> str:
-    """Drop whatever follows the proof at column 0 (a new declaration, ``end``, ``#eval``)."""
+    """Drop whatever follows the proof at column 0 (a new declaration, ``end``, ``#eval``),
+    looking only at code (a ``theorem`` inside a comment or string does not end the proof)."""
     lines = proof.split("\n")
-    for i, line in enumerate(lines):
+    code_lines = code_only(proof).split("\n")
+    for i, line in enumerate(code_lines):
         if i > 0 and _DECL_LINE.match(line):
             return "\n".join(lines[:i])
     return proof
+
+
+def _ends_in_line_comment(text: str) -> bool:
+    """Whether the last line of ``text`` ends inside a ``--`` comment."""
+    tokens = tokenize(text, keep_comments=True)
+    last = text.rstrip("\n").count("\n") + 1
+    return any(
+        t.kind is Kind.COMMENT and t.text.startswith("--") and t.line == last for t in tokens
+    )
 
 
 def _body(rest: str) -> str:
     """The proof after ``:=``: a ``by`` block's tactics, or a term wrapped in ``exact``."""
     rest = _cut_after_proof(rest)
     stripped = rest.lstrip()
-    if re.match(r"by(?![\w'.])", stripped):
+    if re.match(r"by(?![\w'.!?])", stripped):
         after = stripped[2:]
         return after.lstrip(" \t") if after.lstrip(" \t").startswith("\n") else after.strip()
     term = textwrap.dedent(rest.strip("\n")).strip()
@@ -147,7 +334,7 @@ def _body(rest: str) -> str:
         return ""
     # Continuation lines deeper than the tactic column, so the term stays one tactic. A line
     # comment on the last line would swallow the closing parenthesis: close it on its own line.
-    close = "\n    )" if "--" in term.rsplit("\n", 1)[-1] else ")"
+    close = "\n    )" if _ends_in_line_comment(term) else ")"
     return "exact (" + term.replace("\n", "\n    ") + close
 
 
@@ -157,29 +344,69 @@ def _as_block(proof: str) -> str:
     return "\n" + "\n".join(("  " + ln) if ln.strip() else "" for ln in lines)
 
 
+def _statement_end(after: str) -> int | None:
+    """Offset in ``after`` (text from the theorem keyword) of the ``:=`` that ends the
+    statement: the first outside brackets that is not a ``let``/``have``'s in its type."""
+    depth = 0
+    local = False  # inside a `let x := v;` / `have h := v;` of the statement's type
+    for t in tokenize(after):
+        depth += bracket_delta(t)
+        if t.kind is Kind.SYMBOL and t.text == ":=" and depth == 0:
+            if not local:
+                return t.start
+            local = False
+        elif t.kind is Kind.IDENT and t.text in ("let", "have") and depth == 0:
+            local = True
+    return None
+
+
+# -- the preamble --------------------------------------------------------------------------------
+
+
 def _clean_preamble(before: str, header: str) -> str:
     """The model's text before its theorem, made safe to put above the reference statement:
-    imports and header lines dropped, modifiers meant for the theorem (doc comment,
-    ``set_option ... in``, ``open ... in``) dropped, and namespaces/sections left open closed, so
-    the reference statement is elaborated as a top-level declaration under its own name."""
+    imports and header lines dropped, a doc comment meant for the theorem dropped, a
+    ``set_option ... in`` or ``open ... in`` in front of it made a plain ``set_option``/``open``
+    (the same effect on the one theorem that follows: the proof still sees the names it opened;
+    should an ``open`` change how the reference statement reads, the checker sees a different
+    type), and namespaces/sections left open closed, so the reference statement is elaborated
+    as a top-level declaration under its own name."""
     head = {ln.strip() for ln in header.splitlines() if ln.strip()}
     keep = [
         ln
-        for ln in before.split("\n")
-        if not ln.lstrip().startswith("import ") and ln.strip() not in head
+        for ln, c in zip(before.split("\n"), code_only(before).split("\n"), strict=True)
+        if not c.lstrip().startswith("import ") and ln.strip() not in head
     ]
     text = "\n".join(keep).strip()
-    while True:
-        new = re.sub(
-            r"(/--(?:(?!-/).)*-/|set_option\s+\S+\s+\S+\s+in|open\s[^\n]*?\sin)\s*$",
-            "",
-            text,
-            flags=re.S,
-        ).strip()
-        if new == text:
+    tokens = tokenize(text)  # removing tokens from the end leaves the ones before unchanged
+    options: list[str] = []
+    end = len(text)
+    while tokens and tokens[-1].kind is not Kind.ERROR:
+        last = tokens[-1]
+        if last.kind is Kind.DOC:
+            end = last.start
+            tokens.pop()
+            continue
+        k = _scoped_prefix(tokens) if last.kind is Kind.IDENT and last.text == "in" else None
+        if k is None:
             break
-        text = new
-    return _close_scopes(text)
+        options.insert(0, text[tokens[k].start : last.start].rstrip())
+        end = tokens[k].start
+        del tokens[k:]
+    return _close_scopes("\n".join([text[:end].rstrip(), *options]).strip())
+
+
+def _scoped_prefix(tokens: list[Token]) -> int | None:
+    """Index of the ``open``/``set_option`` that the final ``in`` of ``tokens`` belongs to."""
+    for k in range(len(tokens) - 2, -1, -1):
+        t = tokens[k]
+        if t.kind is Kind.IDENT and not t.escaped and t.text in ("open", "set_option"):
+            return k
+        if t.kind is not Kind.IDENT and t.kind is not Kind.NUMBER and t.text != ".":
+            if t.kind is Kind.STRING or t.text in ("(", ")", "→", "=>", "-"):
+                continue  # `open Foo (bar)`, `open Foo renaming a → b`, option values
+            return None
+    return None
 
 
 _SCOPE = re.compile(r"(?m)^[ \t]*(?:noncomputable[ \t]+)?(namespace|section|end)\b[ \t]*([^\s-]*)")
@@ -192,7 +419,7 @@ def _close_scopes(text: str) -> str:
     with ``open`` so the proof still sees the helper lemmas by their short names)."""
     stack: list[tuple[str, str]] = []
     stray: list[tuple[int, int]] = []
-    for m in _SCOPE.finditer(_mask_comments(text)):
+    for m in _SCOPE.finditer(code_only(text)):
         kind, name = m.group(1), m.group(2)
         if kind == "end":
             if stack:
@@ -209,6 +436,9 @@ def _close_scopes(text: str) -> str:
         if kind == "namespace" and name:
             text += f"\nopen {name}"
     return text
+
+
+# -- extraction ----------------------------------------------------------------------------------
 
 
 def extract_proof(
@@ -239,7 +469,7 @@ def extract_proof(
         # ended with: the proof. Only when the model starts over with its own declarations
         # (a restated header/theorem) is the code searched for the theorem.
         lead = _cut_after_proof(code).rstrip()
-        first = next((ln for ln in lead.split("\n") if ln.strip()), "")
+        first = next((ln for ln in code_only(lead).split("\n") if ln.strip()), "")
         if first and not _DECL_LINE.match(first.lstrip()):
             if lead.startswith("\n"):
                 return Extracted(proof=lead)
@@ -248,7 +478,7 @@ def extract_proof(
                 # indentation, so the block stays one tactic block.
                 return Extracted(proof="\n" + lead)
             return Extracted(proof=lead.strip())
-        if not _ANY_THEOREM.search(_mask_comments(code)):
+        if not _declarations(code, _THEOREM_WORDS):
             return Extracted(reason=Reason.NO_PROOF, detail="the completion is empty")
     else:
         found, unclosed = _fenced(body)
@@ -257,7 +487,7 @@ def extract_proof(
         if found is None:
             if truncated:
                 return Extracted(reason=Reason.TRUNCATED, detail="cut off before any code block")
-            if not _decl_re(task.name).search(_mask_comments(body)):
+            if not _named(body, task.name):
                 return Extracted(reason=Reason.NO_PROOF, detail="no Lean code block in the output")
             found = body
         code = found
@@ -265,58 +495,48 @@ def extract_proof(
     return _from_code(code, task)
 
 
-def _decl_re(name: str) -> re.Pattern[str]:
-    """A line declaring the theorem ``name`` (``theorem``/``lemma``; ``instance`` for tasksets
-    whose statement is one), with attributes and modifiers."""
-    return re.compile(
-        rf"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:private\s+|protected\s+)?(?:noncomputable\s+)?"
-        rf"(?:theorem|lemma|instance)\s+{re.escape(name)}(?![\w'.])"
-    )
-
-
-_DEFINES = re.compile(
-    r"(?m)^[ \t]*(?:@\[[^\]\n]*\]\s*)?(?:noncomputable\s+)?(?:private\s+|protected\s+)?"
-    r"(?:abbrev|def|theorem|lemma|instance|structure|inductive)\s+([^\s(:{\[]+)"
-)
-
-
-def _norm_text(s: str) -> str:
-    """Text with comments dropped and whitespace normalized as in :func:`normalize_statement`."""
-    s = re.sub(r"\s+", " ", _strip_comments(s)).strip()
-    return re.sub(r" (?=[^\w'.!?])|(?<=[^\w'.!?]) ", "", s)
-
-
 def _split_reference(task: Task) -> tuple[str, str]:
     """The reference statement as (what comes before the theorem, the theorem): some tasksets
     put definitions in the statement (PutnamBench's ``abbrev ..._solution``)."""
     stmt = task.formal_statement
-    m = _decl_re(task.name).search(_mask_comments(stmt))
-    if m is None:
+    decls = _named(stmt, task.name)
+    if not decls:
         return "", stmt
-    return stmt[: m.start()], stmt[m.start() :]
+    start = decls[0].start
+    return stmt[:start], stmt[start:]
 
 
 def _without_restated_prefix(before: str, prefix: str) -> str | None:
     """``before`` minus a restatement of the reference's ``prefix`` at its end; ``before`` when
     the model did not restate it; None when it restated it differently."""
-    want = _norm_text(prefix)
+    want = _norm_words(prefix)
     if not want:
         return before
-    starts = [0] + [m.end() for m in re.finditer("\n", before)]
-    for j in sorted(starts, reverse=True):
-        if _norm_text(before[j:]) == want:
-            return before[:j]
-    ours = set(_DEFINES.findall(_mask_comments(prefix)))
-    if ours & set(_DEFINES.findall(_mask_comments(before))):
+    tokens = [t for t in tokenize(before) if t.kind is not Kind.DOC]
+    if len(tokens) >= len(want) and _words(tokens[-len(want) :]) == want:
+        return before[: tokens[-len(want)].start]
+    if _defined_names(prefix) & _defined_names(before):
         return None  # it redefines what the statement is built on (an answer, a definition)
     return before
 
 
+def _restated(prefix: str, theorem: str) -> str:
+    """The model's statement as the text to check: the reference's definitions, then the
+    model's theorem from its keyword (``lemma`` read as ``theorem``), ending in ``:= by``."""
+    text = theorem.rstrip()
+    if text.startswith("lemma"):
+        text = "theorem" + text[len("lemma") :]
+    sep = "\n" if _ends_in_line_comment(text) else " "
+    return f"{prefix.rstrip()}\n{text}{sep}:= by".lstrip("\n")
+
+
 def _from_code(code: str, task: Task) -> Extracted:
-    masked = _mask_comments(code)
-    matches = list(_decl_re(task.name).finditer(masked))
-    if not matches:
-        others = [m.group(2) or m.group(1) for m in _ANY_THEOREM.finditer(masked)]
+    decls = _named(code, task.name)
+    if not decls:
+        others = [
+            d.name.text if d.name is not None else d.keyword.text
+            for d in _declarations(code, _THEOREM_WORDS)
+        ]
         if others:
             return Extracted(
                 reason=Reason.STATEMENT_CHANGED,
@@ -324,38 +544,47 @@ def _from_code(code: str, task: Task) -> Extracted:
             )
         proof = re.sub(r"^\s*(:=\s*)?by\b", "", code.strip("\n"))
         lines = [
-            ln for ln in proof.split("\n") if not re.match(r"\s*(import|open|set_option)\s", ln)
+            ln
+            for ln, c in zip(proof.split("\n"), code_only(proof).split("\n"), strict=True)
+            if not re.match(r"\s*(import|open|set_option)\s", c)
         ]
         proof = "\n".join(lines).rstrip()
         if not proof.strip():
             return Extracted(reason=Reason.NO_PROOF, detail="the code block is empty")
         return Extracted(proof=_as_block(proof))
-    if len(matches) > 1:
+    if len(decls) > 1:
         # Lean would reject the redeclaration anyway; say why instead of letting an earlier copy
         # (perhaps of a different statement) sit in the preamble above the reference.
         return Extracted(
             reason=Reason.STATEMENT_CHANGED,
-            detail=f"the code declares the theorem {task.name!r} {len(matches)} times",
+            detail=f"the code declares the theorem {task.name!r} {len(decls)} times",
         )
-    m = matches[-1]
-    before, after = code[: m.start()], code[m.start() :]
+    decl = decls[0]
+    before, after = code[: decl.start], code[decl.start :]
     ref_prefix, ref_theorem = _split_reference(task)
-    ref = normalize_statement(ref_theorem)
-    for assign in re.finditer(r":=", after):
-        if normalize_statement(after[: assign.start()]) == ref:
-            proof = _body(after[assign.end() :]).rstrip()
-            if not proof.strip():
-                return Extracted(reason=Reason.NO_PROOF, detail="the theorem has an empty proof")
-            rest = _without_restated_prefix(before, ref_prefix)
-            if rest is None:
-                return Extracted(
-                    reason=Reason.STATEMENT_CHANGED,
-                    detail="the code redefines what the reference statement is built on "
-                    f"({', '.join(sorted(set(_DEFINES.findall(_mask_comments(ref_prefix)))))})",
-                )
-            return Extracted(proof=proof, preamble=_clean_preamble(rest, task.header))
-    first = after.split(":=", 1)[0].strip().replace("\n", " ")
+    rest = _without_restated_prefix(before, ref_prefix)
+    if rest is None:
+        names = ", ".join(sorted(_defined_names(ref_prefix)))
+        return Extracted(
+            reason=Reason.STATEMENT_CHANGED,
+            detail=f"the code redefines what the reference statement is built on ({names})",
+        )
+    assign = _statement_end(after)
+    if assign is None:
+        return Extracted(
+            reason=Reason.NO_PROOF,
+            detail="the theorem has no `:=` proof (equation-style `|` proofs cannot be placed "
+            "under the reference statement)",
+        )
+    restated = ""
+    if normalize_statement(after[:assign]) != normalize_statement(ref_theorem):
+        keyword_at = decl.keyword.start - decl.start
+        restated = _restated(ref_prefix, after[keyword_at:assign])
+    proof = _body(after[assign + 2 :]).rstrip()
+    if not proof.strip():
+        return Extracted(reason=Reason.NO_PROOF, detail="the theorem has an empty proof")
     return Extracted(
-        reason=Reason.STATEMENT_CHANGED,
-        detail=f"the restated theorem differs from the reference: {first[:200]!r}",
+        proof=proof,
+        preamble=_clean_preamble(rest, task.header),
+        restated_statement=restated,
     )

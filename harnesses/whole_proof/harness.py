@@ -79,6 +79,7 @@ class WholeProofHarness(Harness):
                     turns=[Turn.from_completion(c)],
                     proof=ex.proof,
                     preamble=ex.preamble,
+                    restated_statement=ex.restated_statement,
                     timings={"generate": per_sample, "generate_batch": gen_s},
                 )
                 if ex.reason is not None:
@@ -93,7 +94,8 @@ async def check_and_reward(
 ) -> None:
     """Check every rollout that has a proof and no verdict yet (one batch), then reward.
 
-    The proof always goes under the task's reference statement, judged by the taskset's
+    The proof goes under the task's reference statement (or under the model's own restatement,
+    which the trusted checker compares with the reference), judged by the taskset's
     verification policy.
     """
     pending: list[Rollout] = []
@@ -109,6 +111,7 @@ async def check_and_reward(
                         formal_statement=task.formal_statement,
                         proof=r.proof,
                         preamble=r.preamble,
+                        restated_statement=r.restated_statement,
                         policy=taskset.config.policy,
                         id=f"{task.id}/{r.sample}",
                     )

@@ -306,6 +306,7 @@ def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
         "verdict": v.model_dump(mode="json") if v is not None else None,
         "proof": r.proof,
         "preamble": r.preamble,
+        "restated_statement": r.restated_statement,
         "completion": r.completion,
         "finish_reason": r.turns[-1].finish_reason if r.turns else None,
         "prompt": prompt,
