@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leanrl.harnesses.whole_proof.extract import extract_proof
-from leanrl.lean.judge import judge_prescan
+from leanrl.lean.trust.allowlist import COMMANDS
 from leanrl.lean.trust.lexer import Kind, bracket_delta, tokenize
-from leanrl.lean.trust.rules import COMMANDS
+from leanrl.lean.trust.rules import judge_prescan
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Reason, VerificationPolicy
 

@@ -70,7 +70,7 @@ async def test_lean_reads_comments_and_literals_as_the_lexer_does() -> None:
 
 def test_the_pre_scan_passes_every_case() -> None:
     # Runs without Lean: the cases above reach Lean only because the pre-scan lets them through.
-    from leanrl.lean.judge import judge_prescan
+    from leanrl.lean.trust.rules import judge_prescan
 
     for i, pre, p, _ in CASES:
         a = Attempt(name="t", header="", formal_statement=SYMM, preamble=pre, proof=p)

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from leanrl.harnesses.whole_proof.extract import extract_proof
-from leanrl.lean.judge import judge_prescan
 from leanrl.lean.tactic_input import prescan_tactic
 from leanrl.lean.trust.lexer import Kind, tokenize
+from leanrl.lean.trust.rules import judge_prescan
 from leanrl.lean.trust.syntax import scan
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Reason, VerificationPolicy
