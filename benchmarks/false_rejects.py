@@ -4,7 +4,9 @@ Every proof given here was published as checked by Lean, so anything the whole-p
 (``harnesses/whole_proof/extract.py``) or the pre-scan (``leanrl/lean/trust/syntax.py``)
 refuses is a candidate false reject. Each refusal is listed with its reason. Refusals of a
 construct the policy forbids *on purpose* (native code under the strict policy, a proof that
-defines its own elaborator or macro) are counted apart, as "by design".
+defines its own elaborator or macro) are counted apart. "restated" counts the proofs that pass
+with the model's own statement (it differs from the reference beyond layout, comments, `«»` and
+redundant parentheses), which the trusted checker then compares by type.
 
 Inputs (any number, each a path):
 
@@ -176,7 +178,8 @@ def cases(spec: str, statements: dict[str, dict]) -> Iterator[Case]:
 
 
 def judge(case: Case, policy: VerificationPolicy) -> tuple[str, str] | None:
-    """(stage and reason, detail) when extraction or the pre-scan refuses the proof."""
+    """(stage and reason, detail) when extraction or the pre-scan refuses the proof; an
+    accepted proof whose statement differs from the reference gives ("restated", statement)."""
     ex = extract_proof(case.text, case.task, completion_style=case.completion_style)
     if ex.reason is not None or ex.proof is None:
         return f"extract:{ex.reason.value if ex.reason else '?'}", ex.detail
@@ -191,7 +194,7 @@ def judge(case: Case, policy: VerificationPolicy) -> tuple[str, str] | None:
     )
     v = judge_prescan(attempt)
     if v is None:
-        return None
+        return ("restated", ex.restated_statement) if ex.restated_statement else None
     return f"prescan:{v.reason.value}", v.detail
 
 
@@ -224,29 +227,36 @@ def main(argv: list[str] | None = None) -> int:
     sources = sorted({c.source for c in all_cases}, key=[c.source for c in all_cases].index)
     for label, policy in policies.items():
         print(f"\n== policy: {label} ==")
-        print(f"{'source':44} {'proofs':>6} {'false rejects':>14} {'by design':>10}")
-        total = false_total = design_total = 0
+        print(
+            f"{'source':44} {'proofs':>6} {'false rejects':>14} {'refused on purpose':>19}"
+            f" {'restated':>9}"
+        )
+        total = false_total = design_total = restated_total = 0
         listed: list[str] = []
         for source in sources:
             mine = [c for c in all_cases if c.source == source]
-            false = design = 0
+            false = design = restated = 0
             for c in mine:
                 got = judge(c, policy)
                 if got is None:
                     continue
                 stage, detail = got
+                if stage == "restated":  # passed, with the model's own statement for the checker
+                    restated += 1
+                    continue
                 if by_design(stage, detail, policy):
                     design += 1
-                    listed.append(f"  by design     {source}/{c.name}: {stage}: {detail[:150]}")
+                    listed.append(f"  on purpose    {source}/{c.name}: {stage}: {detail[:150]}")
                 else:
                     false += 1
                     listed.append(f"  FALSE REJECT  {source}/{c.name}: {stage}: {detail[:150]}")
             total += len(mine)
             false_total += false
             design_total += design
-            print(f"{source:44} {len(mine):>6} {false:>14} {design:>10}")
+            restated_total += restated
+            print(f"{source:44} {len(mine):>6} {false:>14} {design:>19} {restated:>9}")
         rate = 100.0 * false_total / max(total, 1)
-        print(f"{'all':44} {total:>6} {false_total:>14} {design_total:>10}")
+        print(f"{'all':44} {total:>6} {false_total:>14} {design_total:>19} {restated_total:>9}")
         print(f"false-reject rate: {false_total}/{total} = {rate:.2f}%")
         print("\n".join(listed))
     return 0

@@ -532,7 +532,7 @@ CONTROLS: list[tuple[str, str, str]] = [
     (
         "first and the native identifier",
         "",
-        "first | omega | simp\n  have native : ℕ := 0\n  exact h.symm",
+        "first | omega | simp\n  have native : ℕ := 0\n  let native := 1\n  exact h.symm",
     ),
     ("decide kernel switch", "", "decide +kernel"),
 ]

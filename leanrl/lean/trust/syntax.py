@@ -172,8 +172,13 @@ class _Scan:
             self.option(i + 1)
         elif word in ("open", "export") and self.keyword(i + 1) == "private":
             self.add("open_private", f"{word} private", t.line)
-        if word == "native" and (self.is_sym(i - 1, "+") or self.is_sym(i + 1, ":=")):
-            self.add("native", "decide +native" if self.is_sym(i - 1, "+") else "native :=", t.line)
+        if word == "native":
+            # `decide +native`, `(native := true)`, `{ native := true }`: a switch in a
+            # configuration, not a local named `native` (`let native := 1`)
+            if self.is_sym(i - 1, "+"):
+                self.add("native", "decide +native", t.line)
+            elif self.is_sym(i + 1, ":=") and any(self.is_sym(i - 1, s) for s in "({,"):
+                self.add("native", "native :=", t.line)
         kind = COMMANDS.get(word, "")
         if word in NOTATION_COMMANDS and self.allow_notation:
             kind = ""
