@@ -147,8 +147,11 @@ def test_a_string_read_differently_when_interpolated_is_refused() -> None:
     # where both readings agree, the braces' contents are lexed as code (conservatively)
     toks = tokenize('"{sorry}"')
     assert [(t.kind.value, t.nested) for t in toks] == [("string", False), ("ident", True)]
-    # and a plain `{` that cannot be code is just text
-    assert kinds('"{" x') == [("string", '"{"'), ("ident", "x")]
+    # `"{"` is ambiguous too: read as interpolated, its `{` opens code that starts with the
+    # closing quote, so the literal would run on past it
+    assert "interpolated" in error('"{" x').error
+    # a `{...}` whose code Lean could not read at all leaves only the plain reading
+    assert kinds("\"{'ab'}\" x") == [("string", "\"{'ab'}\""), ("ident", "x")]
 
 
 # -- character literals vs primes (tokenFnAux, charLitFnAux, isIdRest) ---------------------------
@@ -294,3 +297,13 @@ def test_code_only_blanks_literals_and_comments() -> None:
     code = code_only(text)
     assert len(code) == len(text)
     assert code == 'theorem t : s = "' + " " * 9 + '" := by' + " " * 13 + "\n  exact ' '"
+
+
+def test_hostile_nesting_is_an_error_not_a_crash() -> None:
+    # Strings inside interpolated strings inside ...: the lexer stops following at a fixed depth
+    # (a Python recursion error here would crash the caller instead of rejecting the text).
+    assert "nested too deeply" in error('s!"{' * 5000).error
+    assert error('"{' * 20000 + '"').kind is Kind.ERROR
+    # deep brackets and comments are plain loops
+    assert len(tokenize("(" * 50000)) == 50000
+    assert tokenize("/-" * 20000 + "-/" * 20000) == []

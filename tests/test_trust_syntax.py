@@ -342,7 +342,7 @@ ATTACKS: list[tuple[str, str, str, Reason, str]] = [
     # -- text the pre-scan cannot read exactly -------------------------------------------------------
     ("unterminated comment", "", "exact h.symm /- hide the rest", F, "/- hide the rest"),
     ("comment glued to a symbol", "", "exact h.symm <--- x\n  native_decide", F, "<---"),
-    ("ambiguous interpolation", "", 'exact foo "a{"b"}c"', F, '"a{"b"}c"'),
+    ("ambiguous interpolation", "", 'exact foo "a{"b"}c"', F, '"a{"'),
     ("tab", "", "exact\th.symm", F, "\t"),
 ]
 
@@ -602,3 +602,10 @@ def test_hand_written_valid_proof_passes_extraction_and_prescan(task: Task, code
     )
     v = judge_prescan(attempt)
     assert v is None, v.detail if v else ""
+
+
+def test_hostile_structure_gives_findings_not_crashes() -> None:
+    # Nested attribute lists and long inputs are read in one pass each.
+    found = scan("@[" * 5000 + "simproc" + "]" * 5000, VerificationPolicy())
+    assert found and found[0].reason is F
+    assert scan("@[simp] " * 5000 + "theorem x : True := trivial", VerificationPolicy()) == []

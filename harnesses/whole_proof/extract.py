@@ -71,6 +71,9 @@ _SAME = {
     "forall": "∀",
     "lemma": "theorem",
 }
+# Bounds on work that grows faster than the text (hostile text can be ~200k characters).
+_MAX_UNWRAP = 4000  # statement tokens to drop redundant parentheses from
+_MAX_ATTRIBUTE = 200  # tokens in an attribute list in front of a declaration
 # Tokens whose meaning depends on whether a space precedes them (`a[i]` is indexing, `a [i]`
 # applies `a` to a list; `x.1` is a projection).
 _SPACE_MATTERS = frozenset("[ . ! ? ⁻¹".split())
@@ -139,6 +142,8 @@ def _unwrap(words: list[str], colon: int) -> list[str]:
     """Drop parentheses that cannot change the meaning: ``((e))`` -> ``(e)``, a whole type
     ``: (P)`` -> ``: P`` (after a colon, up to a closing bracket or the end), and ``(x)`` around
     one name or number in the type (never around a binder before the top-level colon)."""
+    if len(words) > _MAX_UNWRAP:
+        return words  # quadratic below; no statement is that long except on purpose
     changed = True
     while changed:
         changed = False
@@ -271,7 +276,7 @@ def _declarations(code: str, words: tuple[str, ...]) -> list[_Decl]:
 
 def _attribute_open(tokens: list[Token], close: int) -> int:
     depth = 0
-    for j in range(close, -1, -1):
+    for j in range(close, max(close - _MAX_ATTRIBUTE, -1), -1):
         u = tokens[j]
         if u.kind is not Kind.SYMBOL:
             continue

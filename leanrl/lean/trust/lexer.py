@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
+from copy import copy
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
@@ -193,6 +194,7 @@ INTERPOLATING = frozenset(
 
 _QUOTABLE = frozenset("\\\"'rnt")
 _ASCII_ID_REST = re.compile(r"[A-Za-z0-9_'!?]*")
+_MAX_DEPTH = 16  # interpolated strings inside interpolated strings, as far as the lexer follows
 
 
 @dataclass
@@ -207,8 +209,11 @@ class _Lexer:
     id_firsts: frozenset[str] = frozenset()
     symbol_firsts: frozenset[str] = frozenset()
     spaced: bool = True  # whether whitespace came before the token being lexed
+    n: int = 0  # where the text ends for this lexer (a probe reads only up to a bound)
+    depth: int = 0  # interpolated strings being read inside each other
 
     def __post_init__(self) -> None:
+        self.n = len(self.text)
         starts = [0]
         starts.extend(i + 1 for i, c in enumerate(self.text) if c == "\n")
         self.line_starts = starts
@@ -222,7 +227,7 @@ class _Lexer:
     # -- positions ------------------------------------------------------------------------------
 
     def at(self, i: int) -> str:
-        return self.text[i] if i < len(self.text) else ""
+        return self.text[i] if i < self.n else ""
 
     def emit(
         self,
@@ -256,7 +261,7 @@ class _Lexer:
 
     def error(self, start: int, end: int, msg: str, nested: bool = False) -> int:
         self.emit(Kind.ERROR, start, max(end, start), nested, error=msg)
-        return len(self.text)  # stop: after an error nothing further can be trusted
+        return self.n  # stop: after an error nothing further can be trusted
 
     # -- whitespace and comments (Lean.Parser.whitespace) ---------------------------------------
 
@@ -264,7 +269,7 @@ class _Lexer:
         """Skip whitespace and comments from ``i``; (next position, whether anything was skipped).
         Returns position ``len(text)`` after an error token was emitted."""
         start = i
-        n = len(self.text)
+        n = self.n
         while i < n:
             c = self.text[i]
             if c == " " or c == "\n":
@@ -278,7 +283,7 @@ class _Lexer:
             elif c == "-" and self.at(i + 1) == "-":
                 if self._glued_comment(i, nested):
                     return n, True
-                j = self.text.find("\n", i)
+                j = self.text.find("\n", i, n)
                 j = n if j < 0 else j
                 if self.keep_comments:
                     self.emit(Kind.COMMENT, i, j, nested)
@@ -299,7 +304,7 @@ class _Lexer:
     def block_end(self, i: int) -> int:
         """End of a block comment whose body starts at ``i`` (nesting 1), or -1 (unterminated)."""
         depth = 1
-        n = len(self.text)
+        n = self.n
         while i < n:
             c = self.text[i]
             if c == "-" and self.at(i + 1) == "/":
@@ -340,7 +345,7 @@ class _Lexer:
         interpolated string's ``{``; returns the position after the last token (at that ``}``),
         or ``len(text)`` after an error."""
         depth = 0
-        n = len(self.text)
+        n = self.n
         while True:
             i, spaced = self.whitespace(i, nested)
             if i >= n:
@@ -386,21 +391,21 @@ class _Lexer:
     def ident_parts(self, i: int) -> tuple[int, list[str], str]:
         """Lean's ``identFnAux`` from ``i``: (end, components, error message or '')."""
         t = self.text
-        n = len(t)
+        n = self.n
         parts: list[str] = []
         while True:
             c = self.at(i)
             if c == "«":
-                j = t.find("»", i + 1)
+                j = t.find("»", i + 1, n)
                 if j < 0:
                     return n, parts, "unterminated identifier escape `«`"
                 parts.append(t[i + 1 : j])
                 i = j + 1
             elif c and is_id_first(c):
-                m = _ASCII_ID_REST.match(t, i + 1)  # the common case, then any other letters
+                m = _ASCII_ID_REST.match(t, i + 1, n)  # the common case, then other letters
                 j = m.end() if m else i + 1
                 while j < n and is_id_rest(t[j]):
-                    j = _ASCII_ID_REST.match(t, j + 1).end()  # type: ignore[union-attr]
+                    j = _ASCII_ID_REST.match(t, j + 1, n).end()  # type: ignore[union-attr]
                 parts.append(t[i:j])
                 i = j
             else:  # only reached after a `.` that `isIdCont` accepted
@@ -417,7 +422,7 @@ class _Lexer:
             return self.error(i, end, err, nested)
         # `mkIdResult`: a token at least as long as the identifier wins (`ℝ≥0` is one token).
         for sym in self.id_symbols if self.text[i] in self.id_firsts else ():
-            if self.text.startswith(sym, i) and len(sym) >= end - i:
+            if self.text.startswith(sym, i, self.n) and len(sym) >= end - i:
                 return self.emit(Kind.SYMBOL, i, i + len(sym), nested).end
         return self._emit_name(Kind.IDENT, i, end, parts, nested)
 
@@ -462,7 +467,7 @@ class _Lexer:
 
     def scan_plain(self, i: int) -> tuple[int, str]:
         """A plain string literal's body from ``i`` (after the opening quote): (end, error)."""
-        n = len(self.text)
+        n = self.n
         while i < n:
             c = self.text[i]
             if c == '"':
@@ -481,34 +486,39 @@ class _Lexer:
         end, err = self.scan_plain(i)
         if err:
             return self.error(start, end, err, nested)
-        body = self.text[i : end - 1]
-        if "{" in body:
-            # Lean reads it as interpolated after a keyword that takes one; where the keyword is
-            # not known here, both readings must agree on where the literal ends.
-            probe = _Lexer(self.text, self.symbols, False)
-            probe.tokens = [*self.tokens]
-            probe.spaced = self.spaced
+        if "{" in self.text[i : end - 1]:
+            # Lean reads it as interpolated after a keyword that takes one (`s!`, `throwError`,
+            # and keywords of libraries not known here): the two readings must agree on where
+            # the literal ends. The interpolated reading is tried only up to the plain one's end,
+            # so this costs no more than the literal itself.
+            probe = copy(self)
+            # (the probe sees the previous token only: all the rules look back one token)
+            probe.n, probe.tokens, probe.depth = end, self.tokens[-1:], self.depth + 1
             mark = len(probe.tokens)
             p_end = probe._interpolated(start, i, nested)
             inner = probe.tokens[mark:]
-            failed = any(tok.kind is Kind.ERROR for tok in inner)
-            if not failed and p_end != end:
+            errors = [tok.error for tok in inner if tok.kind is Kind.ERROR]
+            if not errors and p_end == end:
+                self.tokens.extend(inner)  # its `{...}` may be code to Lean: lexed as code
+                return end
+            if any("unterminated" in e or "nested too deeply" in e for e in errors):
+                # the interpolated reading runs past the plain one's end: it would end elsewhere
                 return self.error(
                     start,
-                    max(end, p_end),
+                    end,
                     "a string literal with `{` that Lean reads differently when it is "
                     "interpolated (after `s!`, `m!`, `throwError`, ...)",
                     nested,
                 )
-            if not failed:
-                self.tokens.extend(inner)  # its `{...}` may be code to Lean: lexed as code
-                return end
+            # otherwise Lean could not read it as interpolated at all: it is a plain string
         self.emit(Kind.STRING, start, end, nested)
         return end
 
     def _interpolated(self, start: int, i: int, nested: bool) -> int:
         """Lean's ``interpolatedStrFn``: text, ``{`` code ``}``, text, ... up to ``"``."""
-        n = len(self.text)
+        n = self.n
+        if self.depth > _MAX_DEPTH:
+            return self.error(start, n, "interpolated strings nested too deeply", nested)
         mark = len(self.tokens)
         spaced = self.spaced  # the code inside is lexed by `run`, which resets it
         code: list[Token] = []
@@ -525,7 +535,9 @@ class _Lexer:
                     return self.error(start, i, err, nested)
             elif c == "{":
                 before = len(self.tokens)
+                self.depth += 1
                 j = self.run(i + 1, stop_at_brace=True, nested=True)
+                self.depth -= 1
                 code.extend(self.tokens[before:])
                 del self.tokens[before:]
                 if any(tok.kind is Kind.ERROR for tok in code):
@@ -554,9 +566,9 @@ class _Lexer:
             i += 1
         i += 1  # the opening quote
         close = '"' + "#" * hashes
-        j = self.text.find(close, i)
+        j = self.text.find(close, i, self.n)
         if j < 0:
-            return self.error(start, len(self.text), "unterminated raw string literal", nested)
+            return self.error(start, self.n, "unterminated raw string literal", nested)
         end = j + len(close)
         self.emit(Kind.STRING, start, end, nested)
         return end
@@ -635,15 +647,15 @@ class _Lexer:
 
     def symbol(self, i: int, nested: bool) -> int:
         t = self.text
-        if t.startswith("/--", i) or t.startswith("/-!", i):
+        if t.startswith("/--", i, self.n) or t.startswith("/-!", i, self.n):
             if self._glued_comment(i, nested):
-                return len(t)
+                return self.n
             j = self.block_end(i + 3)
             if j < 0:
-                return self.error(i, len(t), "unterminated doc comment", nested)
+                return self.error(i, self.n, "unterminated doc comment", nested)
             self.emit(Kind.DOC, i, j, nested)
             return j
-        longest = min(self.max_symbol, len(t) - i) if t[i] in self.symbol_firsts else 1
+        longest = min(self.max_symbol, self.n - i) if t[i] in self.symbol_firsts else 1
         for k in range(longest, 1, -1):
             if t[i : i + k] in self.symbols:
                 return self.emit(Kind.SYMBOL, i, i + k, nested).end

@@ -108,6 +108,8 @@ class _Scan:
         self.seen: set[tuple[Reason, str]] = set()
         self.names: set[int] = set()  # attribute and option names: no other rule applies
         self.args: set[int] = set()  # attribute arguments: name rules apply, command rules don't
+        self.closer = _closers(tokens)
+        self.checked: set[int] = set()  # attribute lists already read (`@[` indices)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -229,7 +231,10 @@ class _Scan:
             self.add(kind, f"#{word}", line)
         elif word == "print":
             after = self.tok(i + 2)
-            if after is not None and after.kind is Kind.STRING:
+            if after is not None and (
+                after.kind is Kind.STRING
+                or (after.kind is Kind.ERROR and after.text.startswith(('"', "r")))
+            ):
                 self.add("print", "#print", line)
             elif self.keyword(i + 2) in _PRINT_WORDS:
                 self.names.add(i + 2)
@@ -253,9 +258,11 @@ class _Scan:
     def attributes(self, i: int, opener: str) -> int:
         """Check the attribute instances from ``i`` up to the ``]`` that closes ``opener``;
         return the index after it."""
-        end = self._closing(i, "]")
-        start = i
-        for a, b in self._split(start, end):
+        if i in self.checked:
+            return i
+        self.checked.add(i)
+        end = self.closer[i - 1]
+        for a, b in self._split(i, end):
             self.attribute(a, b, opener)
         return end + 1
 
@@ -287,40 +294,50 @@ class _Scan:
         while j < b:
             # `(attr := simp, norm_cast)` (`to_additive`, `simps`): more attribute instances.
             if self.keyword(j) == "attr" and self.is_sym(j + 1, ":=") and self.is_sym(j - 1, "("):
-                close = self._closing(j + 2, ")")
+                close = self.closer[j - 1]
                 for x, y in self._split(j + 2, min(close, b)):
                     self.attribute(x, y, "(attr := ")
                 j = close + 1
                 continue
             arg = self.toks[j]
+            if arg.kind is Kind.SYMBOL and arg.text == "@[":
+                j = self.closer[j] + 1  # a list of its own: read when the pass gets there
+                continue
             self.args.add(j)
             if arg.kind in (Kind.IDENT, Kind.NAME) and _is_code_attribute(arg.value):
                 # `simps (config := {attrs := [`norm_num]})` names attributes as data
                 self.add("attr_code", f"{opener}{name} … {arg.text}]", arg.line)
             j += 1
 
-    def _closing(self, i: int, close: str) -> int:
-        """Index of the bracket closing the one just before ``i`` (or the last index + 1)."""
-        depth = 0
-        for j in range(i, len(self.toks)):
-            delta = bracket_delta(self.toks[j])
-            if delta < 0 and depth == 0:
-                return j
-            depth += delta
-        return len(self.toks)
-
     def _split(self, a: int, b: int) -> list[tuple[int, int]]:
         """[a, b) split at the commas outside brackets."""
         parts: list[tuple[int, int]] = []
-        depth, start = 0, a
-        for j in range(a, b):
+        start, j = a, a
+        while j < b:
             t = self.toks[j]
-            depth += bracket_delta(t)
-            if t.kind is Kind.SYMBOL and t.text == "," and depth == 0:
+            if bracket_delta(t) > 0:
+                j = self.closer[j] + 1  # skip the bracketed part at once
+                continue
+            if t.kind is Kind.SYMBOL and t.text == ",":
                 parts.append((start, j))
                 start = j + 1
+            j += 1
         parts.append((start, b))
         return [(x, y) for x, y in parts if x < y]
+
+
+def _closers(tokens: list[Token]) -> list[int]:
+    """For each opening bracket, the index of the token that closes it (``len(tokens)`` when
+    nothing does); other entries are unused."""
+    closer = [len(tokens)] * len(tokens)
+    stack: list[int] = []
+    for j, t in enumerate(tokens):
+        delta = bracket_delta(t)
+        if delta > 0:
+            stack.append(j)
+        elif delta < 0 and stack:
+            closer[stack.pop()] = j
+    return closer
 
 
 def _is_code_attribute(name: str) -> bool:
