@@ -46,7 +46,7 @@ class ErrorRuntime(Runtime):
                 out.append(Verdict(accepted=True, reason=Reason.OK, id=a.id))
                 continue
             task = Task(name=a.name, header=a.header, formal_statement=a.formal_statement)
-            lines = checked_text(task, a.proof, a.preamble).split("\n")
+            lines = checked_text(task, a.proof, a.preamble, a.restated_statement).split("\n")
             line = next(i for i, ln in enumerate(lines) if ln.startswith("  ") and ln.strip())
             col = len(lines[line]) - len(lines[line].lstrip())
             msg = Message(
@@ -108,6 +108,21 @@ async def test_chat_formats_get_goedels_revision_request() -> None:
         ChatMessage(role="assistant", content=policy.per_turn[0]),
         ChatMessage(role="user", content=fb),
     ]
+
+
+async def test_a_restated_statement_is_checked_and_shown_as_written() -> None:
+    # The model restates the theorem with its own statement: it goes to the runtime as the
+    # attempt's restated statement, and Lean's errors are shown against that text.
+    own = "theorem t0 (n : Nat) : n + 0 = n := by"
+    policy = ScriptedPolicy([], per_turn=[f"```lean4\n{own}\n  simp\n```"])
+    rt = ErrorRuntime()
+    h = _harness("kimina", max_revisions=1)
+    (group,) = await h.run([TASK], policy, rt, SamplingConfig(n=1), Taskset())
+    (r,) = group
+    (a,) = rt.batches[0]
+    assert a.restated_statement == own and a.formal_statement == STATEMENT
+    assert r.restated_statement == own
+    assert f"{own}\n  <error>simp</error>" in r.turns[0].feedback
 
 
 async def test_revisions_stop_at_the_limit_and_the_last_verdict_stands() -> None:

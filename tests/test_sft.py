@@ -128,6 +128,25 @@ def test_pairs_from_a_dataset_proof_column() -> None:
     ]
 
 
+def test_a_dataset_proof_of_another_statement_is_left_out() -> None:
+    # Extraction passes a differing restatement on for the checker; as training data it would
+    # teach a proof of another theorem under this one's statement.
+    stmt = "theorem t (n : ℕ) : n + 0 = n := by"
+    same = Task(
+        name="t", header="", formal_statement=stmt, extra={"formal_proof": f"{stmt}\n  simp"}
+    )
+    other = Task(
+        name="t",
+        header="",
+        formal_statement=stmt,
+        extra={"formal_proof": "theorem t (n : ℕ) : n = n := by\n  rfl"},
+    )
+    got = load_pairs(SFTDataConfig(from_env=True, proof_column="formal_proof"), [same, other])
+    assert [(p.task.extra["formal_proof"], p.proof) for p in got] == [
+        (f"{stmt}\n  simp", "\n  simp")
+    ]
+
+
 def _pairs(n: int = 6) -> list[Pair]:
     tasks = load_environment("dataset", path=TOY, split="train").tasks()[:n]
     return [Pair(t, "\n  omega") for t in tasks]

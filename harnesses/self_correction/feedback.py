@@ -33,8 +33,11 @@ class ErrorShown:
     message: str
 
 
-def checked_text(task: Task, proof: str, preamble: str = "") -> str:
-    """The text Lean's message positions refer to (the attempt without its header)."""
+def checked_text(task: Task, proof: str, preamble: str = "", restated_statement: str = "") -> str:
+    """The text Lean's message positions refer to (the attempt without its header); with the
+    model's own ``restated_statement`` in place of the reference when it made one."""
+    if restated_statement:
+        task = task.model_copy(update={"formal_statement": restated_statement})
     return task.lean_text(proof, preamble)[len(task.header) :]
 
 

@@ -67,6 +67,7 @@ class _Episode:
     done: bool = False
     proof: str | None = None
     preamble: str = ""
+    restated_statement: str = ""
     verdict: Verdict | None = None
     history: list[str] = field(default_factory=list)
     gen_s: float = 0.0
@@ -86,7 +87,7 @@ class SelfCorrectionHarness(Harness):
 
     def feedback(self, ep: _Episode, verdict: Verdict, round_: int) -> str:
         """What the model is told after attempt ``round_`` (0-based) was rejected."""
-        text = checked_text(ep.task, ep.proof or "", ep.preamble)
+        text = checked_text(ep.task, ep.proof or "", ep.preamble, ep.restated_statement)
         errors = render_errors(verdict, text, self.config.feedback_errors, fenced=self.chat)
         if self.chat:
             return _CHAT_FEEDBACK.format(round=round_, errors=errors)
@@ -174,7 +175,7 @@ class SelfCorrectionHarness(Harness):
         ex = extract_proof(
             c.text, ep.task, finish_reason=c.finish_reason, completion_style=not self.chat
         )
-        ep.proof, ep.preamble = ex.proof, ex.preamble
+        ep.proof, ep.preamble, ep.restated_statement = ex.proof, ex.preamble, ex.restated_statement
         ep.verdict = None if ex.reason is None else Verdict.reject(ex.reason, ex.detail)
 
     async def _check(self, live: list[_Episode], runtime: Runtime, taskset: Taskset) -> None:
@@ -184,7 +185,7 @@ class SelfCorrectionHarness(Harness):
             return
         probes = [
             [Rollout(task_id=ep.task.id, sample=ep.sample, prompt="", proof=ep.proof,
-                     preamble=ep.preamble)]
+                     preamble=ep.preamble, restated_statement=ep.restated_statement)]
             for ep in pending
         ]  # fmt: skip
         t0 = time.perf_counter()
@@ -236,6 +237,7 @@ class SelfCorrectionHarness(Harness):
             turns=ep.turns,
             proof=ep.proof,
             preamble=ep.preamble,
+            restated_statement=ep.restated_statement,
             verdict=ep.verdict,
             timings={"generate": ep.gen_s, "verify": ep.verify_s},
             meta={

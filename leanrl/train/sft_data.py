@@ -124,7 +124,9 @@ def _pairs_from_tasks(tasks: Sequence[Task], column: str | None) -> list[Pair]:
             continue
         if _declares(value, t.name):  # a whole file: pull the proof out of it
             ex = extract_proof(f"```lean4\n{value.strip()}\n```", t)
-            if ex.proof is None:
+            # A restatement that differs from the reference (`restated_statement`) proves
+            # another theorem: not a proof of this task to train on.
+            if ex.proof is None or ex.restated_statement:
                 unusable += 1
                 continue
             out.append(Pair(t, ex.proof, ex.preamble))
