@@ -126,12 +126,16 @@ def _task_from_file(name: str, text: str) -> Task | None:
         return None
     chosen = next((k for k in decls if tokens[k + 1].value == name), decls[-1])
     start = tokens[chosen].start
-    depth = 0
+    depth, local = 0, False  # `local`: inside a `let x := v;` of the statement's type
     for t in tokens[chosen:]:
         depth += bracket_delta(t)
-        if depth == 0 and t.kind is Kind.SYMBOL and t.text == ":=":
-            stmt = text[start : t.start].strip() + " := by"
-            break
+        if depth == 0 and t.kind is Kind.IDENT and t.text in ("let", "have"):
+            local = True
+        elif depth == 0 and t.kind is Kind.SYMBOL and t.text == ":=":
+            if not local:
+                stmt = text[start : t.start].strip() + " := by"
+                break
+            local = False
     else:
         return None
     header = "\n".join(
