@@ -51,6 +51,9 @@ class KeptProof(BaseModel):
     """The tactic block that goes after ``:= by`` (what Lean accepted)."""
     preamble: str = ""
     """Helper lemmas checked together with the proof, placed before the statement."""
+    restated_statement: str = ""
+    """The model's own statement when it restated the theorem differently (the checker found it
+    the same theorem as the reference); the proof was written against it."""
     completion: str = ""
     """The model's text of the turn that held the proof (reasoning included)."""
     source: str = ""
@@ -221,6 +224,7 @@ class ProofStore:
                     task,
                     r.proof,
                     r.preamble,
+                    restated_statement=r.restated_statement,
                     completion=r.turns[-1].completion if r.turns else "",
                     source=source,
                     model=model,

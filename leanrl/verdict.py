@@ -116,6 +116,14 @@ class VerificationPolicy(_Frozen):
     ``structure``, ``class``). Off by default: the kernels of the Lean versions the benchmarks pin
     have known soundness bugs in checking inductive declarations (lean4#14576, lean4#14807), which
     the clean checker's replay, run by the same kernel, cannot catch."""
+    allow_notation: bool = False
+    """Let the pre-scan accept ``notation``/``infix``/``prefix``/``postfix`` in the model's text.
+    Off by default: they change how the rest of the text is parsed. Each notation's tokens are
+    checked and taught to the pre-scan's lexer first (docs/prescan.md)."""
+    prescan_allow: tuple[str, ...] = ()
+    """Constructs the pre-scan lets through although its tables refuse them, named exactly as
+    its findings name them (``"@[my_attr]"``, ``"set_option hygiene"``, ``"#synth"``).
+    Unreadable text, ``sorry``, ``axiom`` and native code are never waived this way."""
     forbid_tokens: bool = True
     """Run the syntax pre-scan (deny by default: only declarations, ``open``, sections, safe
     options and attributes, and term/tactic syntax pass) before Lean runs. A cheap first filter

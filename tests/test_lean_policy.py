@@ -416,6 +416,35 @@ def test_replay_needing_compiled_code_is_native_not_tampering() -> None:
         assert v.reason is Reason.NATIVE and "cannot be replayed" in v.detail
 
 
+def test_a_restatement_keeps_the_references_placeholders_out_of_the_prescan() -> None:
+    # PutnamBench: the extractor copies the reference's `abbrev ... := sorry` into the model's
+    # restatement; that `sorry` is the taskset's, the rest of the restatement is the model's.
+    stmt = "abbrev p_solution : ℕ := sorry\ntheorem p : p_solution = p_solution := by"
+    a = Attempt(
+        name="p",
+        header=HEADER,
+        formal_statement=stmt,
+        restated_statement="abbrev p_solution : ℕ := sorry\ntheorem p : (p_solution = p_solution) := by",
+        proof="rfl",
+    )
+    assert judge_prescan(a) is None
+    sneaky = a.model_copy(
+        update={"restated_statement": stmt.replace("theorem p", "theorem p (h : sorry)")}
+    )
+    v = judge_prescan(sneaky)
+    assert v is not None and v.reason is Reason.SORRY
+
+
+def test_policy_fields_reach_the_prescan() -> None:
+    notation = 'local notation "‖" x "‖" => x + 1'
+    assert judge_prescan(attempt("rfl", notation)) is not None
+    assert judge_prescan(attempt("rfl", notation, VerificationPolicy(allow_notation=True))) is None
+    attr = "@[my_attr] theorem helper : True := trivial"
+    assert judge_prescan(attempt("rfl", attr)) is not None
+    waived = VerificationPolicy(prescan_allow=("@[my_attr]",))
+    assert judge_prescan(attempt("rfl", attr, waived)) is None
+
+
 def test_new_inductive_types_are_refused_unless_allowed() -> None:
     rep = report(inductives=["MyNat"])
     v = judge(attempt("exact h.symm"), check=rep)

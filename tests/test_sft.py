@@ -104,6 +104,19 @@ def test_pairs_from_proofs_files_dedup_and_cap(tmp_path: Path) -> None:
     ]
 
 
+def test_a_kept_proof_of_a_restatement_trains_with_its_own_statement(tmp_path: Path) -> None:
+    # The checker accepted the proof under the model's own (equivalent) statement, whose
+    # hypothesis names the proof uses; the answer must restate it, not the reference.
+    restated = "theorem t0 (m : Nat) : (m + 0 = 0 + m) := by"
+    f = tmp_path / "proofs.jsonl"
+    ProofStore(f).add([kept_from(TASK, "\n  omega", restated_statement=restated)])
+    [pair] = load_pairs(SFTDataConfig(proofs=[f]))
+    assert pair.statement == restated
+    deepseek, chat = HarnessConfig(prompt_format="deepseek"), HarnessConfig(prompt_format="chat")
+    assert target_text(pair, deepseek) == f"\n{restated}\n  omega\n```"
+    assert target_text(pair, chat) == f"```lean4\n{restated}\n  omega\n```"
+
+
 def test_pairs_from_a_dataset_proof_column() -> None:
     env = load_environment(
         "leanrl.environments.corpora:DeepSeekProverV1", path=CORPORA / "deepseek_prover_v1.jsonl"

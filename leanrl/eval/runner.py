@@ -251,6 +251,7 @@ def _kept_proofs(config: EvalConfig, tasks: Sequence[Task], store: ResultStore) 
                 task,
                 rec["proof"],
                 rec.get("preamble") or "",
+                restated_statement=rec.get("restated_statement") or "",
                 completion=rec.get("completion") or "",
                 source="eval",
                 model=config.policy.model,

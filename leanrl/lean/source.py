@@ -84,4 +84,28 @@ def assemble(attempt: Attempt) -> Assembled:
 
 def model_text(attempt: Attempt) -> str:
     """The part of the attempt the model wrote (what the pre-scan looks at)."""
-    return "\n".join((attempt.preamble, attempt.restated_statement, attempt.proof))
+    restated = model_part(attempt.restated_statement, attempt.formal_statement)
+    return "\n".join((attempt.preamble, restated, attempt.proof))
+
+
+def model_part(restated: str, reference: str) -> str:
+    """``restated`` without the leading lines it shares with ``reference``.
+
+    The extractor keeps the reference's own text before the theorem (PutnamBench's
+    ``abbrev ..._solution : T := sorry`` placeholders) in a restated statement; that text is the
+    taskset's, not the model's. The cut is made only at a line start where the reference is
+    between tokens (not inside a comment or string), so what is scanned is read from the same
+    state Lean reads it in.
+    """
+    if not restated:
+        return ""
+    from leanrl.lean.trust.lexer import tokenize
+
+    inside = [(t.start, t.end) for t in tokenize(reference, keep_comments=True)]
+    best = 0
+    for b in [i + 1 for i, c in enumerate(reference) if c == "\n"]:
+        if b > len(restated) or not restated.startswith(reference[:b]):
+            break
+        if not any(a < b < e for a, e in inside):
+            best = b
+    return restated[best:]

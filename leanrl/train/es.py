@@ -512,6 +512,7 @@ class ESTrainer:
                 by_id[k["task_id"]],
                 k["proof"],
                 k["preamble"],
+                restated_statement=k.get("restated_statement", ""),
                 completion=k["completion"],
                 source="es",
                 model=self.config.policy.model,

@@ -137,6 +137,7 @@ async def score_rollouts(
             "sample": r.sample,
             "proof": r.proof,
             "preamble": r.preamble,
+            "restated_statement": r.restated_statement,
             "completion": r.turns[-1].completion if r.turns else "",
             "axioms": list(r.verdict.axioms),
             "verify_s": r.verdict.time_s,

@@ -84,6 +84,8 @@ class Pair:
     proof: str
     preamble: str = ""
     completion: str = ""
+    statement: str = ""
+    """The statement the proof was written against, when the model restated it differently."""
 
 
 # -- sources ----------------------------------------------------------------------------------------
@@ -94,7 +96,9 @@ def load_pairs(data: SFTDataConfig, env_tasks: Sequence[Task] | None = None) -> 
     pairs: list[Pair] = []
     for path in data.proofs:
         for row in read_proofs(path):
-            pairs.append(Pair(row.task(), row.proof, row.preamble, row.completion))
+            pairs.append(
+                Pair(row.task(), row.proof, row.preamble, row.completion, row.restated_statement)
+            )
     if data.from_env:
         pairs += _pairs_from_tasks(env_tasks or [], data.proof_column)
     out: list[Pair] = []
@@ -162,13 +166,16 @@ def target_text(pair: Pair, harness: HarnessConfig, target: str = "proof") -> st
         return pair.completion + ("```" if completion_style else "")
     task = pair.task
     body = _body(pair.proof)
+    statement = (pair.statement or task.formal_statement).rstrip()
     if completion_style:
-        if pair.preamble.strip():  # helpers must come first: the model restates the theorem
-            code = f"\n{pair.preamble.strip()}\n\n{task.formal_statement.rstrip()}{body}"
-            return code + "\n```"
+        if pair.preamble.strip() or pair.statement:
+            # Helpers must come first, and a proof of a restatement needs its own statement:
+            # the model starts over and restates the theorem.
+            pre = f"{pair.preamble.strip()}\n\n" if pair.preamble.strip() else ""
+            return f"\n{pre}{statement}{body}\n```"
         return body[1:] + "\n```"
     pre = f"{pair.preamble.strip()}\n\n" if pair.preamble.strip() else ""
-    return f"```lean4\n{task.header}{pre}{task.formal_statement.rstrip()}{body}\n```"
+    return f"```lean4\n{task.header}{pre}{statement}{body}\n```"
 
 
 def _messages(prompt: Prompt) -> list[dict[str, str]]:

@@ -3,7 +3,7 @@
 Read docs/verification.md (the threat model) first. The modules, in the order an attempt meets
 them:
 
-- ``lexer`` / ``syntax``: the pre-scan of the model's text (a cheap first filter with clear
+- ``lexer`` / ``allowlist`` / ``syntax``: the pre-scan of the model's text (a cheap first filter with clear
   messages; never the defence), with its allow-list and refusal tables in ``allowlist``;
 - ``containment``: what a Lean process can see, inherit and outlive;
 - ``judge``: the trusted checker processes, which never run model text, and the hand-off of an
