@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -112,6 +113,16 @@ async def test_checks_go_only_to_judges_and_judges_never_see_model_text(tmp_path
         if pid in judges:
             assert not saw_model_text and "pickle" not in kinds and "tactic" not in kinds
     assert sum(r["kind"] == "check" for reqs in by_pid.values() for r in reqs) == 7
+    # The nonce of every check never appears in anything a non-judge process was sent (paths
+    # included): nothing the attempt ran could have seen it.
+    nonces = [
+        re.search(r'"([0-9a-f]{32})"', r["text"]).group(1)  # type: ignore[union-attr]
+        for reqs in by_pid.values()
+        for r in reqs
+        if r["kind"] == "check"
+    ]
+    others = [r["text"] for pid, reqs in by_pid.items() if pid not in judges for r in reqs]
+    assert len(nonces) == 7 and not any(n in t for n in nonces for t in others)
 
 
 async def test_judges_are_separate_processes_from_elaboration() -> None:
@@ -494,3 +505,60 @@ def test_the_sandbox_binds_back_what_the_process_needs_under_tmp(tmp_path: Path)
     binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"]
     assert str(clone) in binds and str(root) not in binds
     assert argv.index("--tmpfs") < argv.index(str(clone)) < argv.index(str(root))
+
+
+# A stand-in `lean` (NOT Lean): with -o it writes the .olean, then leaves a child in its process
+# group that rewrites the .olean a moment later with a forged one -- unless it is killed first.
+_LEFTOVER_LEAN = r"""
+import json, re, subprocess, sys
+args = sys.argv[1:]
+src = args[-1]
+if "-o" in args:
+    olean = args[args.index("-o") + 1]
+    open(olean, "w").write("honest")
+    subprocess.Popen([sys.executable, "-c",
+        "import time, sys; time.sleep(0.3); open(sys.argv[1], 'w').write('forged')", olean])
+    sys.exit(0)
+text = open(src).read()
+path = re.search(r'LeanrlCheck.run "([^"]*)"', text).group(1)
+nonce = re.search(r'"([0-9a-f]{32})"', text).group(1)
+import time; time.sleep(0.6)  # like importing Mathlib: the leftover child would strike now
+status = "ok" if open(path).read() == "honest" else "replay_failed"
+report = {"nonce": nonce, "status": status, "kind": "theorem", "ref_kind": "theorem",
+          "axioms": [], "constants": ["t"], "replayed": True, "detail": "forged"}
+sys.stdout.write("LEANRL-CHECK " + json.dumps(report) + "\n")
+"""
+
+
+async def test_oneshot_kills_what_the_attempt_left_running_before_the_check(tmp_path: Path) -> None:
+    """Attack: in one-shot mode a child left behind by the attempt's `lean -o` rewrote
+    Attempt.olean while the check process imported Mathlib. Its process group is now killed
+    as soon as `lean -o` exits, and the judge reads a copy."""
+    from leanrl.lean.oneshot import OneShotChecker
+
+    script = tmp_path / "lean.py"
+    script.write_text(_LEFTOVER_LEAN)
+    checker = OneShotChecker([sys.executable, str(script)], timeout_s=20, json_output=False)
+    await checker.start()
+    try:
+        (v,) = await checker.check([att("rfl")])
+    finally:
+        await checker.close()
+    assert v.accepted, v.detail
+
+
+def test_isolation_is_on_where_bubblewrap_works_and_loud_where_not(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from leanrl.errors import RuntimeUnavailable
+    from leanrl.runtimes import local
+
+    monkeypatch.setattr(local, "isolation_problem", lambda: None)
+    assert local.resolve_isolation(None) is True
+    assert local.resolve_isolation(False) is False
+    monkeypatch.setattr(local, "isolation_problem", lambda: "bubblewrap is not installed")
+    with caplog.at_level("WARNING", logger="leanrl.runtime"):
+        assert local.resolve_isolation(None) is False
+    assert "WITHOUT a sandbox" in caplog.text and "bubblewrap is not installed" in caplog.text
+    with pytest.raises(RuntimeUnavailable, match="isolate is on"):
+        local.resolve_isolation(True)

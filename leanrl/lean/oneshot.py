@@ -308,6 +308,9 @@ class OneShotChecker:
         try:
             done, _ = await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
             if reader not in done:
+                # Lean has exited but something it started still holds the pipe: kill it now,
+                # before it can touch the output files, then take what is left in the pipe.
+                kill_group(proc.pid)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(reader), 0.5)
             flooded = reader.done() and reader.result()
