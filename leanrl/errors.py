@@ -7,6 +7,7 @@ bad configuration and missing infrastructure, and each message says how to fix t
 
     LeanrlError
     ├── ConfigError          bad config values, unknown ids, files that do not exist
+    ├── DiskFullError        a write failed because the disk (or quota) is full
     ├── DatasetError         a taskset could not be loaded, or a row is malformed
     ├── LeanNotFoundError    no Lean toolchain / project / REPL where one is needed
     ├── PolicyError          the model could not be loaded or did not answer
@@ -15,13 +16,20 @@ bad configuration and missing infrastructure, and each message says how to fix t
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from collections.abc import Iterator
+from pathlib import Path
+
 __all__ = [
     "ConfigError",
     "DatasetError",
+    "DiskFullError",
     "LeanNotFoundError",
     "LeanrlError",
     "PolicyError",
     "RuntimeUnavailable",
+    "disk_errors",
 ]
 
 
@@ -47,3 +55,33 @@ class PolicyError(LeanrlError, RuntimeError):
 
 class RuntimeUnavailable(LeanrlError, RuntimeError):
     """A runtime could not start or lost its backend (Docker, Modal, the verification service)."""
+
+
+class DiskFullError(LeanrlError, OSError):
+    """A write failed because the disk or the user's quota is full (``ENOSPC``/``EDQUOT``)."""
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+@contextlib.contextmanager
+def disk_errors(path: str | Path, what: str) -> Iterator[None]:
+    """Turn "no space left on device" while writing ``what`` at ``path`` into a
+    :class:`DiskFullError` that says what was being written and what to do. Other errors pass.
+
+    leanrl writes durably (append + fsync, or write aside + rename), so what was recorded before
+    the failed write is intact and a rerun of the same command continues from it.
+    """
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _FULL or isinstance(e, DiskFullError):
+            raise
+        err = DiskFullError(
+            f"no space left on the device (or quota) while writing {what} ({path}): "
+            f"{e.strerror}. Free some space there (or choose an output folder on another disk), "
+            "then rerun the same command: what was written before this point is kept and the "
+            "run continues from it."
+        )
+        err.errno = e.errno
+        raise err from None

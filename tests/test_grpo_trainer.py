@@ -307,7 +307,7 @@ def test_checkpoint_is_a_loadable_hf_folder(tiny_model_dir: Path, tmp_path: Path
     assert tok.encode("theorem") and model.config.vocab_size == len(tok)
     state = json.loads((ck / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["trainer"] == "grpo"
-    blob = torch.load(ck / "optimizer.pt", weights_only=False)
+    blob = torch.load(ck / "optimizer.pt", weights_only=True)
     assert {"optimizer", "scheduler", "torch_rng", "python_rng"} <= set(blob)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     moved = any(

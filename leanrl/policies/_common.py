@@ -9,6 +9,7 @@ from pathlib import Path
 
 from leanrl._hub import hub_offline, hub_reachable
 from leanrl.errors import ConfigError, PolicyError
+from leanrl.integrity import checkpoint_problem
 from leanrl.policy import Prompt
 
 __all__ = [
@@ -76,6 +77,9 @@ def resolve_model(model: str) -> str:
                 f"{path} is not a model folder (no config.json in it). Point --model at the "
                 "folder `save_pretrained` or `hf download ID --local-dir DIR` wrote."
             )
+        why = checkpoint_problem(path, torch_files=False)  # the optimizer state is not read
+        if why:
+            raise PolicyError(f"cannot load model {path}: {why}")
         return str(path)
     if not re.fullmatch(r"[\w.\-]+/[\w.\-]+|[\w.\-]+", model):
         raise ConfigError(f"--model {model!r} is neither a local folder nor a Hugging Face id")

@@ -23,17 +23,21 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from leanrl.environment import EnvironmentConfig
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, disk_errors
+from leanrl.integrity import checkpoint_problem
+from leanrl.jsonl import quarantine, quarantine_path, rewrite_log, scan_log
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.task import Task
 from leanrl.train.inrun_eval_config import InRunEvalConfig
+
+log = logging.getLogger("leanrl.train")
 
 __all__ = [
     "MetricsLogger",
@@ -132,6 +136,8 @@ class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
         self.metrics_path = self.path / "metrics.jsonl"
+        self.damaged: list[tuple[Path, str]] = []
+        """Checkpoints :meth:`resumable_checkpoints` skipped, with what was wrong with each."""
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -145,7 +151,17 @@ class RunDir:
         cfg_file = self.path / "config.json"
         new = json.loads(config.model_dump_json())
         if cfg_file.is_file():
-            old = json.loads(cfg_file.read_text())
+            try:
+                old = json.loads(cfg_file.read_text(encoding="utf-8"))
+                if not isinstance(old, dict):
+                    raise ValueError("not a JSON object")
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ConfigError(
+                    f"{cfg_file} is damaged ({type(e).__name__}: {e}), so this run cannot be "
+                    "checked against the config before resuming. If this command uses the "
+                    f"run's settings, delete {cfg_file} and rerun (it is written again and the "
+                    "run resumes from its checkpoints); otherwise use a new --out folder."
+                ) from None
             diff = sorted(
                 k for k in set(old) | set(new) if k not in ignore and old.get(k) != new.get(k)
             )
@@ -169,27 +185,37 @@ class RunDir:
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in row.items()
         }
-        with self.metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(clean) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        with disk_errors(self.metrics_path, "a metrics row"):
+            with self.metrics_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(clean) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Every metrics line written so far (a torn last line is ignored)."""
-        if not self.metrics_path.is_file():
-            return []
-        rows = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        return rows
+        """Every readable metrics row written so far. A torn last line is ignored; a complete
+        line that cannot be read is skipped (with a warning), never the rows after it."""
+        scan = scan_log(self.metrics_path, _metrics_row)
+        if scan.bad:
+            log.warning(
+                "%s: skipped %d unreadable line(s) (first: line %d, %s); the next resume moves "
+                "them to %s",
+                self.metrics_path,
+                len(scan.bad),
+                scan.bad[0].line,
+                scan.bad[0].why,
+                quarantine_path(self.metrics_path),
+            )
+        return [row for _, row in scan.good]
 
     def truncate_metrics(self, after_step: int) -> None:
-        """Drop lines of steps after ``after_step`` (written after the last checkpoint)."""
-        keep = [r for r in self.metrics() if int(r.get("step", -1)) <= after_step]
-        _atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+        """Drop rows of steps after ``after_step`` (written after the last checkpoint) and a torn
+        last line. Unreadable lines are moved to ``metrics.jsonl.quarantined``, not dropped."""
+        scan = scan_log(self.metrics_path, _metrics_row)
+        keep = {i for i, row in scan.good if int(row["step"]) <= after_step}
+        if len(keep) == len(scan.good) and not scan.bad and not scan.torn:
+            return
+        quarantine(self.metrics_path, scan.bad, "metrics row")
+        rewrite_log(self.metrics_path, keep, "metrics.jsonl")
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -208,6 +234,19 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         cks = self.checkpoints()
         return cks[-1] if cks else None
+
+    def resumable_checkpoints(self) -> Iterator[tuple[int, Path]]:
+        """Complete checkpoints that look whole, newest first, checked one at a time as the
+        caller asks for the next. A damaged one (truncated weights or optimizer state, a JSON
+        file that does not parse) is skipped with a warning naming the file and what is wrong;
+        its name goes to :attr:`damaged`."""
+        for step, path in reversed(self.checkpoints()):
+            why = checkpoint_problem(path)
+            if why is None:
+                yield step, path
+                continue
+            self.damaged.append((path, why))
+            log.warning("%s is damaged: %s. Skipping it for an older checkpoint.", path, why)
 
     def save_checkpoint(
         self,
@@ -230,12 +269,19 @@ class RunDir:
             shutil.rmtree(leftover, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-checkpoint-{step}-", dir=self.path))
         tmp.chmod(0o755)  # mkdtemp makes it private; a published checkpoint is an ordinary folder
-        model.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if extra is not None:
-            extra(tmp)
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, default=str))
+        try:
+            with disk_errors(final, f"checkpoint {step}"):
+                model.save_pretrained(tmp)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
+                if extra is not None:
+                    extra(tmp)
+                state_file = tmp / "trainer_state.json"
+                state_file.write_text(json.dumps({"step": step, **state}, default=str))
+        except BaseException:
+            # A half-written checkpoint is never published; older ones stay as they were.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -245,7 +291,18 @@ class RunDir:
 
     @staticmethod
     def load_state(checkpoint: Path) -> dict[str, Any]:
-        return json.loads((checkpoint / "trainer_state.json").read_text())  # type: ignore[no-any-return]
+        """``trainer_state.json`` of ``checkpoint`` (a ConfigError naming it when damaged)."""
+        path = checkpoint / "trainer_state.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ConfigError(
+                f"{path} is damaged ({type(e).__name__}: {e}); delete {checkpoint} to resume "
+                "from an older checkpoint"
+            ) from None
+        return data
 
     # -- plot -----------------------------------------------------------------------------------
 
@@ -355,7 +412,19 @@ class MetricsLogger:
             self._tb.close()
 
 
+def _metrics_row(value: Any) -> dict[str, Any]:
+    """A metrics line's row; a ValueError/KeyError/TypeError when it is not one."""
+    if not isinstance(value, dict):
+        raise TypeError("not a JSON object")
+    int(value["step"])  # every row has its step; a row without one cannot be placed
+    return value
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with disk_errors(path, path.name):
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)

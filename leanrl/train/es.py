@@ -91,6 +91,8 @@ log = logging.getLogger("leanrl.train.es")
 
 __all__ = ["ESConfig", "ESScorerConfig", "ESTrainer", "es_coefficients", "shape_rewards"]
 
+log = logging.getLogger("leanrl.train")
+
 _ENGINE_TMP = ".tmp-es-engine-master-"
 """Prefix of the folder the vLLM scorer's master is saved to while a checkpoint is built."""
 
@@ -390,8 +392,19 @@ class ESTrainer:
                     f"({self.history.path}) has only {self.iteration}: the history was truncated "
                     "or replaced. Restore it, or start a new run folder."
                 )
+        # A damaged checkpoint is skipped (with a warning) for an older one; with none left the
+        # intact history rebuilds the weights from the base model, so nothing is lost.
+        for step, path in self.run.resumable_checkpoints():
             if checkpoint_usable(path):
                 return WeightsSource(base.model, dtype, device, str(path), step, opts, lora)
+        if self.run.damaged and self.iteration:
+            log.warning(
+                "no intact checkpoint in %s: rebuilding iteration %d from the base model and "
+                "the history (%s)",
+                self.run.path,
+                self.iteration,
+                self.history.path,
+            )
         return base
 
     def lora_spec(self) -> dict[str, Any] | None:

@@ -398,8 +398,14 @@ def replay(
     cfg_file = run.path / "config.json"
     if not cfg_file.is_file():
         raise ConfigError(f"{run.path} is not a run folder (no config.json): pass the --out folder")
-    cfg = json.loads(cfg_file.read_text())
-    pcfg = PolicyConfig.model_validate(cfg["policy"])
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        pcfg = PolicyConfig.model_validate(cfg["policy"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{cfg_file} is damaged ({type(e).__name__}: {e}): replay needs the run's policy "
+            "settings from it. Restore it from a backup."
+        ) from None
     hist = ESHistory(run.path / HISTORY_FILE)
     records = hist.open(read_only=True)
     meta = hist.meta
@@ -431,8 +437,8 @@ def replay(
     lora = cfg.get("lora") or {}
     spec = {**lora, "seed": int(cfg.get("seed", 0))} if int(lora.get("rank", 0)) > 0 else None
     source = WeightsSource(model=pcfg.model, dtype=dtype, device=dev, options=opts, lora=spec)
-    if use_checkpoints:
-        for step, path in reversed(run.checkpoints()):
+    if use_checkpoints:  # a damaged checkpoint is skipped, with a warning, for an older one
+        for step, path in run.resumable_checkpoints():
             if step <= upto and checkpoint_usable(path):
                 source = WeightsSource(pcfg.model, dtype, dev, str(path), step, opts, spec)
                 break

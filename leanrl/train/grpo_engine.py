@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import math
 import random
 import threading
@@ -41,7 +42,9 @@ from leanrl.train.rl import aggregate, clipped_token_loss, group_advantages, kl_
 if TYPE_CHECKING:
     from leanrl.train.grpo_config import GRPOConfig
 
-__all__ = ["GRPOEngine"]
+__all__ = ["GRPOEngine", "load_optimizer_file"]
+
+log = logging.getLogger("leanrl.train")
 
 OPTIMIZER_FILE = "optimizer.pt"
 #: GPU memory share of the vLLM engine when the config does not set one: the engine shares the
@@ -76,9 +79,9 @@ class GRPOEngine:
     # -- loading --------------------------------------------------------------------------------
 
     def load(self, resumed: bool) -> None:
-        """Load the model (from the newest checkpoint when resuming), wrap it for the ranks (LoRA,
-        FSDP/DDP) and load the optimizer state. Every rank loads the same files."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Load the model (from the newest intact checkpoint when resuming), wrap it for the ranks
+        (LoRA, FSDP/DDP) and load the optimizer state. Every rank loads the same files."""
+        from transformers import AutoModelForCausalLM
 
         cfg = self.config
         world = self.world
@@ -88,18 +91,18 @@ class GRPOEngine:
         self.autocast = torch.bfloat16 if precision == "bf16-mixed" else None
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
 
-        ckpt = self.run.latest_checkpoint() if resumed else None
-        if resumed and ckpt is None and world.is_main:
-            self.run.truncate_metrics(0)  # killed before the first checkpoint: start over
-        self.source = str(ckpt[1]) if ckpt else cfg.policy.model
-        # With LoRA a checkpoint holds only adapters: the weights come from the base model.
-        weights_from = cfg.policy.model if cfg.lora.enabled else self.source
         opts = dict(cfg.policy.options)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.source)
-            model: Any = AutoModelForCausalLM.from_pretrained(weights_from, dtype=dtype, **opts)
-        except (OSError, ValueError) as e:  # missing files; unreadable tokenizer or config
-            raise PolicyError(f"cannot load model {self.source!r}: {e}") from e
+        resume = self._resume_point(dtype, opts) if resumed else None
+        if resumed and resume is None and world.is_main:
+            self.run.truncate_metrics(0)  # killed before the first checkpoint: start over
+        ckpt = (resume[0], resume[1]) if resume is not None else None
+        self.source = str(ckpt[1]) if ckpt else cfg.policy.model
+        model: Any
+        blob: dict[str, Any] = {}
+        if resume is None:
+            self.tokenizer, model = _load_pretrained(self.source, self.source, dtype, opts)
+        else:
+            _, _, self.tokenizer, model, blob = resume
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if cfg.disable_dropout:
@@ -140,7 +143,6 @@ class GRPOEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         if ckpt is not None:
             _, path = ckpt
-            blob = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
             if blob.get("format") == "named":
                 load_optimizer_state(self.module, self.optimizer, blob["optimizer"])
             elif world.distributed:
@@ -153,11 +155,45 @@ class GRPOEngine:
                 self.optimizer.load_state_dict(blob["optimizer"])
             self.scheduler.load_state_dict(blob["scheduler"])
             torch.set_rng_state(blob["torch_rng"])
-            random.setstate(blob["python_rng"])
-            self.step = int(RunDir.load_state(path)["step"])
+            random.setstate(_python_rng_state(blob["python_rng"]))
+            self.step = ckpt[0]
             if world.is_main:
                 self.run.truncate_metrics(self.step)
         self.gen_version = self.step
+
+    def _resume_point(
+        self, dtype: torch.dtype, opts: dict[str, Any]
+    ) -> tuple[int, Path, Any, Any, dict[str, Any]] | None:
+        """The newest checkpoint that loads whole: ``(step, folder, tokenizer, model, optimizer
+        blob)``, or None when the run has no checkpoint yet. With LoRA a checkpoint holds only
+        adapters, so the model's weights come from the base model (adapters are loaded later).
+
+        A damaged checkpoint (truncated weights or optimizer state, unreadable JSON, an
+        optimizer file holding anything but tensors and plain data) is skipped with a warning
+        for the next older one. When checkpoints exist but none loads, resuming would silently
+        restart from the base model, so that is an error listing what is wrong with each.
+        """
+        cfg = self.config
+        for step, path in self.run.resumable_checkpoints():
+            weights_from = cfg.policy.model if cfg.lora.enabled else str(path)
+            try:
+                state = RunDir.load_state(path)
+                if int(state.get("step", -1)) != step:
+                    raise ConfigError(f"trainer_state.json says step {state.get('step')!r}")
+                blob = load_optimizer_file(path / OPTIMIZER_FILE, torch.device("cpu"))
+                tokenizer, model = _load_pretrained(str(path), weights_from, dtype, opts)
+            except (ConfigError, PolicyError) as e:
+                self.run.damaged.append((path, str(e)))
+                log.warning("%s cannot be resumed from: %s. Trying an older checkpoint.", path, e)
+                continue
+            return step, path, tokenizer, model, blob
+        if self.run.damaged:
+            lines = "\n".join(f"  - {p}: {why}" for p, why in self.run.damaged)
+            raise ConfigError(
+                f"no checkpoint of {self.run.path} can be resumed from:\n{lines}\nRestore one "
+                "from a backup, or delete them (or use a new --out) to start the run over."
+            )
+        return None
 
     def _lr_factor(self, step: int) -> float:
         """LR multiplier at trainer step ``step``: linear warm-up, then the schedule."""
@@ -576,6 +612,65 @@ class _Saver:
             self.model.save_pretrained(folder)
         else:
             self.model.save_pretrained(folder, state_dict=self.state)
+
+
+def load_optimizer_file(path: Path, device: torch.device) -> dict[str, Any]:
+    """The optimizer, schedule and RNG state saved with a checkpoint.
+
+    Loaded with ``weights_only=True``: the file may only hold tensors and plain data (dicts,
+    lists, numbers, strings), so a planted pickle payload is refused instead of run. A missing,
+    truncated or refused file is a :class:`ConfigError` that names it.
+    """
+    import pickle
+
+    from leanrl.integrity import torch_file_problem
+
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing")
+    why = torch_file_problem(path)
+    if why:
+        raise ConfigError(f"{path}: {why}")
+    try:
+        blob = torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{path} holds more than tensors and plain data, so it was not loaded ({first}). "
+            "leanrl never runs code from a checkpoint file"
+        ) from None
+    need = {"optimizer", "scheduler", "torch_rng", "python_rng"}
+    if not isinstance(blob, dict) or not need <= set(blob):
+        raise ConfigError(f"{path} does not hold the optimizer state leanrl saves ({sorted(need)})")
+    return blob
+
+
+def _python_rng_state(state: Any) -> tuple[Any, ...]:
+    """``random.getstate()`` as saved (lists where it had tuples) back as ``random.setstate``
+    wants it: ``(version, tuple of ints, gauss_next)``."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def _load_pretrained(
+    tokenizer_from: str, weights_from: str, dtype: torch.dtype, opts: dict[str, Any]
+) -> tuple[Any, Any]:
+    """(tokenizer, model) from folders or hub ids; a PolicyError saying what is wrong."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leanrl.integrity import checkpoint_problem
+
+    for source in dict.fromkeys((tokenizer_from, weights_from)):
+        folder = Path(source).expanduser()
+        if folder.is_dir():
+            why = checkpoint_problem(folder, torch_files=False)  # optimizer.pt: checked apart
+            if why:
+                raise PolicyError(f"cannot load model {source!r}: {why}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+        model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=dtype, **opts)
+    except (OSError, ValueError) as e:  # missing files; unreadable tokenizer or config
+        raise PolicyError(f"cannot load model {tokenizer_from!r}: {e}") from e
+    return tokenizer, model
 
 
 def disable_dropout(model: Any) -> None:

@@ -1,0 +1,159 @@
+"""Checkpoints read back after a crash: no code runs from them, and damage means a clear message
+and a fall back to an older checkpoint (or, for ES, to the intact history).
+
+Every test damages real files written by a real training run (tiny model made on the spot):
+a pickle payload planted in ``optimizer.pt``, a ``model.safetensors`` cut in half, a
+``trainer_state.json`` of garbage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_es_learning import toy_config
+from test_grpo_trainer import _config, _train, _weights
+
+from leanrl.errors import ConfigError, PolicyError
+from leanrl.integrity import checkpoint_problem, safetensors_problem, torch_file_problem
+from leanrl.train.common import RunDir
+from leanrl.train.es import ESTrainer
+from leanrl.train.es_history import master_equal, replay
+from leanrl.train.grpo_engine import load_optimizer_file
+
+
+class _Payload:
+    """Pickles as a call of ``os.system``: what a planted checkpoint would run on load."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (self.command,))
+
+
+def _grpo_run(model: Path, out: Path, steps: int = 3) -> Any:
+    return _config(model, out, steps=steps, save_every=1, keep_checkpoints=5, tasks_per_step=2)
+
+
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.truncate(int(size * keep))
+
+
+def test_a_planted_pickle_payload_in_optimizer_pt_never_runs(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "run"
+    _train(_grpo_run(tiny_model_dir, out))
+    marker = tmp_path / "payload-ran"
+    opt = out / "checkpoint-3" / "optimizer.pt"
+    blob = torch.load(opt, weights_only=True)
+    blob["python_rng"] = _Payload(f"touch {marker}")
+    torch.save(blob, opt)
+    assert checkpoint_problem(opt.parent) is None  # structurally a whole archive
+
+    with pytest.raises(ConfigError, match="never runs code"):
+        load_optimizer_file(opt, torch.device("cpu"))
+    assert not marker.exists()
+
+    with caplog.at_level(logging.WARNING, logger="leanrl.train"):
+        rows = _train(_grpo_run(tiny_model_dir, out, steps=4))  # resume
+    assert not marker.exists()
+    assert "checkpoint-3" in caplog.text and "never runs code" in caplog.text
+    # resumed from checkpoint-2: steps 3 and 4 redone, none lost or doubled
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [s for s, _ in RunDir(out).checkpoints()] == [1, 2, 3, 4]
+
+    # The payload is live: the old loading (weights_only=False) would have run it.
+    bad = tmp_path / "planted.pt"
+    torch.save({"python_rng": _Payload(f"touch {marker}")}, bad)
+    torch.load(bad, weights_only=False)
+    assert marker.exists()
+
+
+def test_damaged_newest_grpo_checkpoint_falls_back_to_an_older_one(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    straight = tmp_path / "straight"
+    want = _train(_grpo_run(tiny_model_dir, straight, steps=4))
+    out = tmp_path / "run"
+    _train(_grpo_run(tiny_model_dir, out))
+    _truncate(out / "checkpoint-3" / "model.safetensors")
+    (out / "checkpoint-2" / "trainer_state.json").write_text("{not json")
+    assert "model.safetensors is truncated" in (checkpoint_problem(out / "checkpoint-3") or "")
+
+    with caplog.at_level(logging.WARNING, logger="leanrl.train"):
+        rows = _train(_grpo_run(tiny_model_dir, out, steps=4))
+    assert "checkpoint-3 is damaged: model.safetensors is truncated" in caplog.text
+    assert "checkpoint-2 is damaged: trainer_state.json is not valid JSON" in caplog.text
+    # from checkpoint-1, exactly as if never interrupted
+    assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in want]
+    wa, wb = _weights(straight / "checkpoint-4"), _weights(out / "checkpoint-4")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_truncated_optimizer_state_falls_back_and_all_damaged_is_an_error(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    _train(_grpo_run(tiny_model_dir, out, steps=2))
+    for step in (1, 2):
+        _truncate(out / f"checkpoint-{step}" / "optimizer.pt", 0.7)
+    why = torch_file_problem(out / "checkpoint-2" / "optimizer.pt")
+    assert why and "optimizer.pt is truncated or damaged" in why
+    # Starting over from the base model would silently throw the run away: say so instead.
+    with pytest.raises(ConfigError, match=r"no checkpoint .* can be resumed from") as e:
+        _train(_grpo_run(tiny_model_dir, out, steps=3))
+    assert str(e.value).count("optimizer.pt is truncated") == 2
+
+
+def test_es_falls_back_to_an_older_checkpoint_then_to_the_history(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "es"
+    tr = ESTrainer(toy_config(tiny_model_dir, out, steps=4, save_every=2, keep_checkpoints=5))
+    tr.train_sync()
+    live = tr.weights.master
+    _truncate(out / "checkpoint-4" / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="leanrl.train"):
+        _, _, w = replay(out)  # from checkpoint-2 + records 3 and 4
+    assert master_equal(live, w.master)
+    assert "checkpoint-4 is damaged: model.safetensors is truncated" in caplog.text
+
+    (out / "checkpoint-2" / "trainer_state.json").write_bytes(b"\x00\xff")
+    caplog.clear()
+    more = ESTrainer(toy_config(tiny_model_dir, out, steps=5, save_every=2, keep_checkpoints=5))
+    with caplog.at_level(logging.WARNING, logger="leanrl.train"):
+        more.train_sync()  # resumes at iteration 4 from base + history, runs iteration 5
+    assert "no intact checkpoint" in caplog.text and "from the base model and the history" in (
+        caplog.text
+    )
+    assert len(more.history) == 5
+    straight = ESTrainer(toy_config(tiny_model_dir, tmp_path / "s", steps=5, save_every=100))
+    straight.train_sync()
+    assert master_equal(straight.weights.master, more.weights.master)
+
+
+def test_eval_of_a_truncated_model_says_which_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from leanrl.policies._common import resolve_model
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    _truncate(model / "model.safetensors", 0.3)
+    with pytest.raises(PolicyError, match=r"model.safetensors is truncated \(\d+ of \d+ bytes\)"):
+        resolve_model(str(model))
+    # a header cut inside its own length field, and bytes past the last tensor
+    st = model / "model.safetensors"
+    st.write_bytes(b"\x10\x00")
+    assert "not even a header" in (safetensors_problem(st) or "")
+    shutil.copy(tiny_model_dir / "model.safetensors", st)
+    with st.open("ab") as f:
+        f.write(b"junk")
+    assert "4 bytes past its last tensor" in (safetensors_problem(st) or "")
