@@ -8,6 +8,7 @@ import quickly (keep torch and friends inside ``cli_cmd``).
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import logging
@@ -349,6 +350,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except LeanrlError as e:
         print(f"leanrl: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A write leanrl did not wrap itself (a library's): still one line, not a traceback.
+        where = f" ({e.filename})" if e.filename else ""
+        print(
+            f"leanrl: error: no space left on the device{where}: {e.strerror}. Free some space "
+            "(or use an output folder on another disk) and rerun the same command.",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("leanrl: interrupted", file=sys.stderr)

@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from leanrl.errors import disk_errors
 from leanrl.eval.passk import pass_at_k_table
 
 __all__ = [
@@ -116,16 +117,17 @@ def _version_part(text: Any) -> str | None:
 
 def write_report(out: Path, summary: Mapping[str, Any], plot: bool = True) -> None:
     """Write summary.json, report.md and (when matplotlib is there) pass_at_k.png."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    png = out / "pass_at_k.png"
-    plot = plot and not summary.get("generate_only")
-    has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png, plot_title(summary))
-    text = _markdown(summary, png.name if has_plot else None)
-    if plot and not has_plot:
-        from leanrl._dist import install_hint
+    with disk_errors(out / "summary.json", "the eval report"):
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        png = out / "pass_at_k.png"
+        plot = plot and not summary.get("generate_only")
+        has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png, plot_title(summary))
+        text = _markdown(summary, png.name if has_plot else None)
+        if plot and not has_plot:
+            from leanrl._dist import install_hint
 
-        text += f"\n(The pass@k plot needs matplotlib: `{install_hint('plot')}`.)\n"
-    (out / "report.md").write_text(text)
+            text += f"\n(The pass@k plot needs matplotlib: `{install_hint('plot')}`.)\n"
+        (out / "report.md").write_text(text)
 
 
 def model_name(summary: Mapping[str, Any]) -> str:

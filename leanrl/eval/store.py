@@ -7,7 +7,12 @@ A chunk's attempts are appended with one ``write`` call and one fsync (an fsync 
 block the event loop for seconds per chunk on an ordinary disk, stalling the verification that
 overlaps generation). A kill at any point leaves whole lines plus at most one torn last line; on
 restart the torn line is cut off (its attempt is redone), duplicates are dropped, and
-``run.json`` (the config fingerprint) makes sure the run being resumed is the same run.
+``run.json`` (the config fingerprint) makes sure the run being resumed is the same run. A complete
+line that cannot be read (a disk error, a stray edit) is moved to ``results.jsonl.quarantined``
+with a warning and its attempt is redone; the lines after it are always kept.
+
+Only a small index of each attempt (key, accepted, verdict reason, token count) stays in memory;
+the full records live on disk, so a long run does not grow the process.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, disk_errors
+from leanrl.jsonl import quarantine, rewrite_log, scan_log
 
 __all__ = ["ResultStore"]
 
@@ -33,6 +39,8 @@ class ResultStore:
         self.results_path = out / "results.jsonl"
         self.run_path = out / "run.json"
         self.records: dict[Key, dict[str, Any]] = {}
+        """What the report needs of each recorded attempt (key, accepted, verdict reason, tokens);
+        the whole records are in ``results.jsonl``."""
         self._fd: int | None = None
         self._lock_fd: int | None = None
 
@@ -49,7 +57,7 @@ class ResultStore:
     def _open(self, fingerprint: str, config: dict[str, Any], command: str) -> None:
         empty = not self.results_path.is_file() or self.results_path.stat().st_size == 0
         if self.run_path.is_file() and not empty:
-            old = json.loads(self.run_path.read_text(encoding="utf-8"))
+            old = _read_run_json(self.run_path)
             if old.get("fingerprint") != fingerprint:
                 diff = _diff(old.get("config", {}), config)
                 raise ConfigError(
@@ -69,32 +77,22 @@ class ResultStore:
         self._fd = os.open(self.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _reconcile(self) -> dict[Key, dict[str, Any]]:
-        if not self.results_path.is_file():
-            return {}
-        raw = self.results_path.read_bytes()
-        good_end = 0
+        scan = scan_log(self.results_path, _index_entry)
         records: dict[Key, dict[str, Any]] = {}
-        dupes = 0
-        for line in raw.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break  # torn write from a kill: drop it, the attempt is redone
-            try:
-                rec = json.loads(line)
-                key = (str(rec["task_id"]), int(rec["sample"]))
-            except (ValueError, KeyError, TypeError):
-                break
-            good_end += len(line)
+        keep: set[int] = set()
+        line_of: dict[Key, int] = {}
+        for line, (key, entry) in scan.good:
             if key in records:
-                dupes += 1
                 if not retried(records[key]):
                     continue  # the first answer stands; a retried `infra` one is replaced
-            records[key] = rec
-        if good_end != len(raw) or dupes:
-            # Rewrite atomically: the good lines, each attempt once.
-            body = b"".join(
-                (json.dumps(r, ensure_ascii=False) + "\n").encode() for r in records.values()
-            )
-            _atomic_write(self.results_path, body)
+                keep.discard(line_of[key])
+            records[key] = entry
+            line_of[key] = line
+            keep.add(line)
+        if scan.bad or scan.torn or len(keep) != len(scan.good):
+            # Bad lines go aside first, so a crash during the rewrite loses nothing.
+            quarantine(self.results_path, scan.bad, "attempt record")
+            rewrite_log(self.results_path, keep, "results.jsonl")
         return records
 
     def has(self, key: Key) -> bool:
@@ -114,10 +112,12 @@ class ResultStore:
             return 0
         blob = b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in new.values())
         view = memoryview(blob)
-        while view:  # a write to a regular file may be short; finish it
-            view = view[os.write(self._fd, view) :]
-        os.fsync(self._fd)
-        self.records.update(new)
+        with disk_errors(self.results_path, "attempt records"):
+            while view:  # a write to a regular file may be short; finish it
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
+        # Only what the report needs stays in memory: the full records are on disk.
+        self.records.update((k, _index_entry(r)[1]) for k, r in new.items())
         return len(new)
 
     def close(self) -> None:
@@ -155,14 +155,50 @@ def retried(record: dict[str, Any]) -> bool:
     return isinstance(verdict, dict) and verdict.get("reason") == "infra"
 
 
+def _read_run_json(path: Path) -> dict[str, Any]:
+    """``run.json`` of a folder being resumed, or a ConfigError that says how to go on."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(
+            f"{path} is damaged ({type(e).__name__}: {e}). It records which settings produced "
+            f"the attempts in {path.parent / 'results.jsonl'}, so the run cannot be checked "
+            "before resuming. If you are sure this command uses the same settings, delete "
+            f"{path} and rerun: it is written again and the run resumes. Otherwise use another "
+            "--out folder."
+        ) from None
+    return data
+
+
+def _index_entry(rec: Any) -> tuple[Key, dict[str, Any]]:
+    """The key of a record and the few fields the report and progress bar read (what the store
+    keeps in memory: the completion, proof, prompt and messages stay on disk)."""
+    key = (str(rec["task_id"]), int(rec["sample"]))
+    verdict = rec.get("verdict") or {}
+    entry = {
+        "task_id": key[0],
+        "sample": key[1],
+        "accepted": bool(rec.get("accepted")),
+        # None stays None: an attempt stored without a check (generate-only) is "unchecked"
+        "verdict": None
+        if rec.get("verdict") is None
+        else {"reason": verdict.get("reason", "?") if isinstance(verdict, dict) else "?"},
+        "completion_tokens": int(rec.get("completion_tokens") or 0),
+    }
+    return key, entry
+
+
 def _atomic_write(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     blob = data.encode() if isinstance(data, str) else data
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with disk_errors(path, path.name):
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
