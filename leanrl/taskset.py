@@ -9,7 +9,6 @@ source, and optionally :meth:`Taskset.reward` / :meth:`Taskset.group_rewards` to
 from __future__ import annotations
 
 import fnmatch
-import json
 import random
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,6 +21,7 @@ from leanrl._dist import require
 from leanrl._hub import hub_offline, hub_reachable
 from leanrl.decontam_config import DecontaminationConfig
 from leanrl.errors import ConfigError, DatasetError
+from leanrl.jsonl import read_jsonl
 from leanrl.task import Task
 from leanrl.verdict import Verdict, VerificationPolicy
 
@@ -397,17 +397,10 @@ class Taskset:
                 f"taskset {self.name!r}: {path} does not exist. Give the path of a local JSONL "
                 "copy of the dataset (`--env.taskset.path FILE`)."
             )
-        with path.open(encoding="utf-8") as f:
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DatasetError(f"{path}, row {i}: not valid JSON ({e.msg}).") from None
-                if not isinstance(data, dict):
-                    raise DatasetError(f"{path}, row {i}: expected a JSON object per line.")
-                yield RawRow(origin=str(path), index=i, data=data)
+        # Rows are read as bytes and decoded one by one, so a byte that is not UTF-8 is reported
+        # with its file, row and column rather than as a UnicodeDecodeError.
+        for i, data in read_jsonl(path):
+            yield RawRow(origin=str(path), index=i, data=data)
 
     def _rows_from_hub(self, hub_id: str | None) -> Iterator[RawRow]:
         if not hub_id:

@@ -70,14 +70,25 @@ class EvalConfig(BaseModel):
     @field_validator("k", mode="before")
     @classmethod
     def _parse_k(cls, v: Any) -> Any:
-        # "1,8,32" from the command line or a TOML string; a list from TOML.
+        # "1,8,32" from the command line or a TOML string; a list from TOML. The command line
+        # may hand over its text as a list of strings (`--k ""` arrives as [""]).
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            v = ",".join(v)
         if isinstance(v, str):
             try:
-                return [int(x) for x in re.split(r"[,\s]+", v.strip()) if x]
+                ks = [int(x) for x in re.split(r"[,\s]+", v.strip()) if x]
             except ValueError:
                 raise ValueError(f"k must be integers like 1,8,32, got {v!r}") from None
+            if not ks:  # `--k ""` would silently mean the default; say so instead
+                raise ValueError(
+                    "k is empty: give the k values to report, like --k 1,8,32 (or leave --k out "
+                    "for 1 and --samples)"
+                )
+            return ks
         if isinstance(v, int):
             return [v]
+        if isinstance(v, list) and not v:
+            raise ValueError("k is an empty list: give at least one k, like [1, 8, 32]")
         return v
 
     def check(self) -> None:

@@ -18,7 +18,8 @@ from pydantic_settings import CliPositionalArg
 
 from leanrl.config import ConfigCommand
 from leanrl.environment import EnvironmentConfig, load_environment
-from leanrl.errors import ConfigError, DatasetError, LeanNotFoundError
+from leanrl.errors import ConfigError, DatasetError, LeanNotFoundError, disk_errors
+from leanrl.jsonl import read_jsonl
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Verdict
 
@@ -35,16 +36,8 @@ def read_proof_rows(path: Path, tasks: list[Task]) -> list[tuple[int, Task, dict
         by_name.setdefault(t.name, t)
         by_name.setdefault(t.id, t)
     rows: list[tuple[int, Task, dict[str, Any]]] = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for i, row in read_jsonl(path):  # names file, row and column of any non-UTF-8 byte
         where = f"{path}, row {i}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise DatasetError(f"{where}: expected a JSON object with 'name' and 'proof'")
         for field in ("name", "proof"):
             if not isinstance(row.get(field), str):
                 raise DatasetError(f"{where}: field {field!r} is missing or not a string")
@@ -86,7 +79,7 @@ async def verify_file(env_config: EnvironmentConfig, proofs: Path, out: Path) ->
         verdicts: list[Verdict] = await runtime.check(attempts)
     wall = time.monotonic() - t0
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
+    with disk_errors(out, "the verdicts"), out.open("w", encoding="utf-8") as f:
         for (i, task, _), v in zip(rows, verdicts, strict=True):
             rec = {"row": i, "name": task.name, **v.model_dump(mode="json")}
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
