@@ -54,6 +54,25 @@ class ServiceLimits(_Config):
     """Most attempts in one ``POST /check``; longer batches get 413 (split them)."""
     request_timeout_s: float = Field(default=900.0, gt=0)
     """Wall-clock limit of any request; past it the service answers 504 and cancels the work."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection must send a complete request head within this many seconds of opening (or
+    of its previous answer); otherwise it is closed. Stops clients that connect and say nothing
+    (or trickle bytes) from holding connections."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """A request body must arrive whole within this many seconds of its head (408 otherwise),
+    so a client cannot hold a connection by sending its body slowly."""
+    max_connections: int = Field(default=1000, ge=2)
+    """Open connections at most. A new connection at the cap closes the one that has waited
+    longest without a request in progress, so idle or half-open connections cannot lock real
+    clients out; only when every connection has a request running is the new one answered 503
+    (``Retry`` later)."""
+    keep_alive_s: float = Field(default=5.0, gt=0)
+    """How long an idle keep-alive connection stays open after an answer (uvicorn's
+    ``timeout_keep_alive``, whole seconds)."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    """Largest request head (request line and headers) buffered; a bigger one gets 400."""
+    backlog: int = Field(default=2048, ge=16)
+    """Connections the kernel queues before the service accepts them (``listen`` backlog)."""
     max_sessions: int = Field(default=64, ge=1)
     """Tactic sessions open at once; more get 429 until one is closed."""
     session_idle_s: float = Field(default=600.0, gt=0)

@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from leanrl._sandbox_config import ServiceLimits
 from leanrl.errors import ConfigError, LeanrlError
 from leanrl.runtime import Runtime, TacticSession, TacticState
+from leanrl.service.connections import ConnectionStats
 from leanrl.service.protocol import (
     IDEMPOTENCY_HEADER,
     ApplyTactic,
@@ -88,6 +89,9 @@ class ServiceConfig(BaseModel):
     uds: str | None = None
     """Listen on this unix socket instead of TCP (used by the ``docker`` runtime with
     ``--network none``)."""
+    uds_mode: str = Field(default="0600", pattern=r"^0?[0-7]{3}$")
+    """Permissions of the unix socket (octal). The default lets only the user running the
+    service connect; a mode open to a group or to everyone needs ``token``."""
     token: str | None = None
     """Bearer token every request (except ``GET /health``) must carry. Default: the
     ``LEANRL_SERVICE_TOKEN`` environment variable. Required unless bound to loopback or a unix
@@ -103,11 +107,20 @@ class ServiceConfig(BaseModel):
         return self.token or os.environ.get("LEANRL_SERVICE_TOKEN") or None
 
     def check_auth(self) -> None:
-        """Refuse to serve a non-loopback address without a token."""
-        if self.uds is None and not is_loopback(self.host) and not self.effective_token():
+        """Refuse to serve a non-loopback address, or a unix socket other users may open,
+        without a token."""
+        if self.effective_token():
+            return
+        if self.uds is None and not is_loopback(self.host):
             raise ConfigError(
                 f"refusing to serve on {self.host} without a bearer token: pass --token or set "
-                "LEANRL_SERVICE_TOKEN (only loopback and unix sockets may run without one)"
+                "LEANRL_SERVICE_TOKEN (only loopback and private unix sockets may run without one)"
+            )
+        if self.uds is not None and int(self.uds_mode, 8) & 0o077:
+            raise ConfigError(
+                f"refusing to serve on unix socket {self.uds} with mode {self.uds_mode} (other "
+                "users could connect) without a bearer token: pass --token or set "
+                "LEANRL_SERVICE_TOKEN, or keep the default mode 0600"
             )
 
 
@@ -167,6 +180,8 @@ class VerificationService:
         self.cache_hits = 0
         self.warm_failures = 0
         self.reasons: Counter[str] = Counter()
+        self.connections = ConnectionStats()
+        """Connections the HTTP layer closed on its own (:mod:`leanrl.service.connections`)."""
 
     async def start(self) -> None:
         """Start the runtime and the idle-session reaper. Idempotent."""
@@ -445,6 +460,8 @@ class VerificationService:
             sessions_open=len(self._sessions),
             warm_failures=self.warm_failures,
             memory_rss_mb=_rss_mb(),
+            connections_timed_out=self.connections.header_timeouts,
+            connections_evicted=self.connections.evicted,
             reasons=dict(self.reasons),
             runtime=rt,
         )
@@ -569,17 +586,19 @@ class _Guard:
         timeout_s = svc.limits.request_timeout_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        body_s = min(timeout_s, svc.limits.body_timeout_s)
+        body_deadline = loop.time() + body_s
         chunks: list[bytes] = []
         seen = 0
         more = True
         while more:
             try:
-                msg = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                msg = await asyncio.wait_for(receive(), max(0.0, body_deadline - loop.time()))
             except asyncio.TimeoutError:
                 svc.request_timeouts += 1
                 await reply(
                     408,
-                    f"request body not received within the service's limit of {timeout_s:g} s "
+                    f"request body not received within the service's limit of {body_s:g} s "
                     f"({seen} bytes came); send the whole body at once",
                 )
                 return

@@ -35,6 +35,9 @@ class ServeCommand(ConfigCommand):
     """TCP port; 0 picks a free one (written to --port-file)."""
     uds: str | None = None
     """Listen on this unix socket instead of TCP."""
+    uds_mode: str = Field(default="0600", pattern=r"^0?[0-7]{3}$")
+    """Permissions of the unix socket (octal). 0600: only this user can connect. A mode that
+    lets a group or other users connect (0660, 0666) needs a token."""
     token: str | None = None
     """Bearer token required on every request except GET /health. Default: the
     LEANRL_SERVICE_TOKEN environment variable."""

@@ -143,6 +143,10 @@ class ServiceMetrics(_Wire):
     """Warm-up headers that failed to load at start (the service runs on, colder)."""
     memory_rss_mb: float
     """Resident memory of the service and its child processes, in MiB."""
+    connections_timed_out: int = 0
+    """Connections closed for not sending a request head within ``header_timeout_s``."""
+    connections_evicted: int = 0
+    """Idle connections closed to make room for a new one at ``max_connections``."""
     reasons: dict[str, int] = Field(default_factory=dict)
     """Verdict counts by reason."""
     runtime: dict[str, float] = Field(default_factory=dict)

@@ -12,6 +12,7 @@ from leanrl import registry
 from leanrl.errors import ConfigError
 from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.service.app import ServiceConfig, create_app
+from leanrl.service.connections import set_nodelay, uvicorn_settings
 
 if TYPE_CHECKING:
     from leanrl.service.cli import ServeCommand
@@ -32,12 +33,22 @@ def _bind(cmd: ServeCommand) -> socket.socket:
         path = Path(cmd.uds)
         path.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        os.chmod(path, 0o666)  # the container user and the host user may differ
+        mode = int(cmd.uds_mode, 8)
+        # The socket file is created with the process umask: narrow it for the bind, so the
+        # socket is never reachable by more users than asked for, not even for a moment.
+        old_umask = os.umask(0o777 & ~mode)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, mode)
         return sock
     family = socket.AF_INET6 if ":" in cmd.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: accepted sockets inherit it, and asyncio only sets TCP_NODELAY on
+    # sockets that say they are TCP (a bare `socket.socket()` has protocol 0).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    set_nodelay(sock)  # inherited by accepted sockets on Linux; set again per connection
     try:
         sock.bind((cmd.host, cmd.port))
     except OSError as e:
@@ -53,6 +64,7 @@ def serve(cmd: ServeCommand) -> None:
         host=cmd.host,
         port=cmd.port,
         uds=cmd.uds,
+        uds_mode=cmd.uds_mode,
         token=cmd.token,
         limits=cmd.limits,
         warm_headers=cmd.warm_headers,
@@ -60,7 +72,7 @@ def serve(cmd: ServeCommand) -> None:
     config.check_auth()
     app = create_app(build_runtime(cmd.runtime), config)
     sock = _bind(cmd)
-    sock.listen(128)
+    sock.listen(cmd.limits.backlog)
     if cmd.port_file is not None and not cmd.uds:
         tmp = cmd.port_file.with_suffix(".tmp")
         tmp.write_text(str(sock.getsockname()[1]))
@@ -70,7 +82,7 @@ def serve(cmd: ServeCommand) -> None:
             app,
             log_level=cmd.log_level,
             timeout_graceful_shutdown=5,
-            limit_concurrency=1000,
+            **uvicorn_settings(cmd.limits, app.state.service.connections),
         )
     )
 

@@ -1,0 +1,134 @@
+"""Connections of the verification service: no delayed small writes, and no lock-out by clients
+that connect and then say nothing.
+
+uvicorn has settings for most of this and they are used (``limit_concurrency``,
+``timeout_keep_alive``, ``h11_max_incomplete_event_size``, ``backlog``); what it lacks is added
+here, on its own h11 protocol class:
+
+* **a header deadline**: a connection must send a complete request head within
+  ``ServiceLimits.header_timeout_s`` of opening, or of its previous answer. uvicorn's keep-alive
+  timer is cancelled by the first byte that arrives, so without this a client that sends one
+  byte, or nothing, holds its connection forever.
+* **room for real clients**: uvicorn answers 503 to every request once ``limit_concurrency``
+  connections are open, whatever they are doing, so ~1,000 idle connections lock everyone out.
+  Here a new connection that would reach the cap closes the connection that has waited longest
+  without a request in progress instead. Only when every connection is busy with a request does
+  a new one get uvicorn's 503.
+* **TCP_NODELAY** on every accepted TCP socket: an answer is written in pieces (head, body), and
+  with Nagle's algorithm the second piece waits for the client's delayed ACK, ~40 ms per request.
+
+The body of a request is bounded by the app itself (``_Guard`` in :mod:`leanrl.service.app`):
+its size, the time it may take to arrive (``body_timeout_s``), and, with a token, only after the
+token was checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any
+
+from leanrl._sandbox_config import ServiceLimits
+
+__all__ = ["ConnectionStats", "guarded_protocol", "set_nodelay", "uvicorn_settings"]
+
+log = logging.getLogger("leanrl.service")
+
+
+def set_nodelay(sock: socket.socket | None) -> None:
+    """Send small writes at once on a TCP socket (a no-op for unix sockets and None)."""
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class ConnectionStats:
+    """Counts of connections the service closed on its own (for ``GET /metrics``)."""
+
+    def __init__(self) -> None:
+        self.header_timeouts = 0
+        """Connections closed for not sending a request head in time."""
+        self.evicted = 0
+        """Idle connections closed to make room for a new one at the cap."""
+
+
+def uvicorn_settings(limits: ServiceLimits, stats: ConnectionStats) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.Config``: uvicorn's own limits, and the protocol class
+    that adds the header deadline, idle eviction and TCP_NODELAY."""
+    return {
+        "http": guarded_protocol(limits, stats),
+        # One above the cap: a connection closed to make room is only forgotten by uvicorn a
+        # moment later, and the request that made room must not be refused meanwhile.
+        "limit_concurrency": limits.max_connections + 1,
+        "timeout_keep_alive": max(1, round(limits.keep_alive_s)),
+        "h11_max_incomplete_event_size": limits.max_header_bytes,
+        "backlog": limits.backlog,
+    }
+
+
+def guarded_protocol(limits: ServiceLimits, stats: ConnectionStats) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a header deadline, idle eviction at the cap and TCP_NODELAY."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    header_s = limits.header_timeout_s
+    cap = limits.max_connections
+
+    class GuardedH11Protocol(H11Protocol):
+        _idle_since = 0.0
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)  # type: ignore[arg-type]
+            set_nodelay(transport.get_extra_info("socket"))
+            self._idle_since = self.loop.time()
+            self._deadline = self.loop.call_later(header_s, self._check_deadline)
+            if len(self.connections) >= cap:
+                self._make_room()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._idle_since = self.loop.time()  # the next request head is due from now
+
+        def _busy(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _check_deadline(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            waited = self.loop.time() - self._idle_since
+            if self._busy():
+                wait = header_s  # a request is running: its own timeouts apply
+            elif waited >= header_s:
+                stats.header_timeouts += 1
+                log.info("closing %s: no request head within %g s", self.client, header_s)
+                self.transport.close()
+                return
+            else:
+                wait = header_s - waited
+            self._deadline = self.loop.call_later(wait, self._check_deadline)
+
+        def _make_room(self) -> None:
+            idle = [
+                c
+                for c in self.connections
+                if c is not self
+                and isinstance(c, GuardedH11Protocol)
+                and not c._busy()
+                and not c.transport.is_closing()
+            ]
+            if not idle:
+                return  # every connection is working: uvicorn answers this one 503
+            victim = min(idle, key=lambda c: c._idle_since)
+            stats.evicted += 1
+            victim.transport.close()
+
+    return GuardedH11Protocol
