@@ -69,7 +69,7 @@ def _closed_by_peer(s: socket.socket, within_s: float) -> bool:
         while s.recv(4096):
             pass
         return True
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True
