@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 __all__ = [
     "DEFAULT_TOOLCHAIN",
+    "REDACTED",
     "ClientConfig",
     "DockerConfig",
     "ModalConfig",
@@ -21,6 +22,9 @@ __all__ = [
     "image_pins",
     "image_tag",
 ]
+
+REDACTED = "<redacted>"
+"""What a secret value is written as in files and reports."""
 
 
 class _Config(BaseModel):
@@ -168,7 +172,17 @@ class DockerConfig(_Config):
     """Extra ``--volume`` specs (``/host/path:/container/path:ro``), e.g. a prebuilt Lean
     project. Mounts are read-only unless the spec says otherwise."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables inside the container."""
+    """Extra environment variables inside the container. The values may be secrets (API keys):
+    they are never written to files (``run.json``, ``summary.json`` and ``config.json`` show
+    ``<redacted>``) nor put on the ``docker run`` command line (the docker client gets them
+    through its environment)."""
+
+    @field_serializer("env", when_used="json")
+    def _redact_env(self, env: dict[str, str]) -> dict[str, str]:
+        # JSON is what goes to files and reports; Python dumps (used to rebuild configs in
+        # this process) keep the values.
+        return {k: REDACTED for k in env}
+
     docker_bin: str = "docker"
     """The docker client to run (a name on PATH or a path)."""
     socket_dir: Path | None = None

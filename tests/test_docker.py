@@ -27,7 +27,7 @@ from leanrl._sandbox_config import ClientConfig, DockerConfig, PoolConfig
 from leanrl.errors import RuntimeUnavailable
 from leanrl.runtime import RuntimeConfig
 from leanrl.runtimes.docker import DockerRuntime
-from leanrl.runtimes.docker.backend import docker_run_args
+from leanrl.runtimes.docker.backend import docker_run_args, docker_run_env
 from leanrl.verdict import Reason
 
 TESTS = Path(__file__).resolve().parent
@@ -104,7 +104,7 @@ def test_docker_runtime_is_registered() -> None:
 
 def test_run_args_isolate_the_container() -> None:
     d = DockerConfig(mounts=["/a:/b", "/c:/d:rw"], memory_mb=1024, cpus=2, pids_limit=64)
-    args = docker_run_args(d, "n", "h:1:x", "tok", ["--runtime.name", "local"], Path("/s"))
+    args = docker_run_args(d, "n", "h:1:x", ["--runtime.name", "local"], Path("/s"))
     joined = " ".join(args)
     assert "--network none" in joined and "--volume /s:/run/leanrl:rw" in joined
     assert "--memory 1024m --memory-swap 1024m" in joined and "--cpus 2" in joined
@@ -115,9 +115,24 @@ def test_run_args_isolate_the_container() -> None:
     # the command replaces the image's entrypoint instead of being appended to it
     i = args.index("--entrypoint")
     assert args[i + 1 : i + 5] == ["python", "leanrl-verifier:v4.24.0", "-m", "leanrl.service"]
-    tcp = docker_run_args(DockerConfig(transport="tcp"), "n", "o", "t", [], None)
+    tcp = docker_run_args(DockerConfig(transport="tcp"), "n", "o", [], None)
     assert "--publish 127.0.0.1::8000" in " ".join(tcp) and "--network bridge" in " ".join(tcp)
     assert tcp[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+
+
+def test_no_secret_is_on_the_docker_command_line() -> None:
+    # `ps` shows every process's arguments to every local user: the token and env values go to
+    # the docker client through its environment, and only their names are arguments.
+    d = DockerConfig(env={"HF_TOKEN": "hf_s3cret", "PLAIN": "x"})
+    args = docker_run_args(d, "n", "h:1:x", [], Path("/s"))
+    assert not any("s3cret" in a or "tok-123" in a for a in args)
+    assert "--env LEANRL_SERVICE_TOKEN --" in " ".join(args) + " --"
+    assert "--env HF_TOKEN" in " ".join(args) and "--env PLAIN" in " ".join(args)
+    env = docker_run_env(d, "tok-123")
+    assert env == {"HF_TOKEN": "hf_s3cret", "PLAIN": "x", "LEANRL_SERVICE_TOKEN": "tok-123"}
+    # the socket is shared through a group, never with every local user
+    i = args.index("--uds_mode")
+    assert args[i + 1] == "0660" and args[args.index("--group-add") + 1] == str(os.getgid())
 
 
 async def test_no_engine_gives_a_clear_error() -> None:

@@ -21,6 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+from leanrl._sandbox_config import REDACTED
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, LeanrlError, PolicyError
 from leanrl.eval.config import EvalConfig
@@ -97,6 +98,9 @@ async def run_eval(
         )
     store = ResultStore(config.out_dir)
     command = shlex.join(sys.argv) if sys.argv and sys.argv[0] else ""
+    for secret in config.env.runtime.docker.env.values():  # given on the command line
+        if secret:
+            command = command.replace(secret, REDACTED)
     store.open(config.fingerprint(), config.fingerprint_data(), command)
     kept = _kept_proofs(config, tasks, store)
     n = config.samples

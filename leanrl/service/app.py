@@ -22,11 +22,10 @@ import ipaddress
 import json
 import logging
 import os
-import secrets
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +38,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from leanrl._sandbox_config import ServiceLimits
 from leanrl.errors import ConfigError, LeanrlError
 from leanrl.runtime import Runtime, TacticSession, TacticState
+from leanrl.service import trust
 from leanrl.service.connections import ConnectionStats
+from leanrl.service.guard import Guard, error
 from leanrl.service.protocol import (
     IDEMPOTENCY_HEADER,
     ApplyTactic,
@@ -57,11 +58,6 @@ __all__ = ["ServiceConfig", "VerificationService", "create_app", "is_loopback", 
 
 log = logging.getLogger("leanrl.service")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _RESTART_REASONS = {Reason.TIMEOUT, Reason.MEMORY, Reason.CRASH}
 
@@ -158,10 +154,14 @@ class VerificationService:
         runtime: Runtime,
         limits: ServiceLimits | None = None,
         warm_headers: Sequence[str] = (),
+        *,
+        trusted: bool = True,
     ) -> None:
         self.runtime = runtime
         self.limits = limits or ServiceLimits()
         self.warm_headers = list(warm_headers)
+        self.trusted = trusted
+        """False without a token: headers and statements are checked (:mod:`.trust`)."""
         self._started = time.monotonic()
         self._ready = False
         self._lean_version: str | None = None
@@ -228,6 +228,11 @@ class VerificationService:
                 f"{self.limits.max_batch}; split it into batches of at most "
                 f"{self.limits.max_batch}",
             )
+        if not self.trusted:
+            # CPU work on possibly large texts: off the event loop.
+            why = await asyncio.to_thread(_first_untrusted_problem, attempts)
+            if why is not None:
+                raise _HTTPError(403, why)
         if key is None:
             return CheckResponse(verdicts=await self._run(attempts))
         self._expire_idem()
@@ -310,6 +315,13 @@ class VerificationService:
 
     async def open_session(self, header: str, policy: VerificationPolicy | None = None) -> str:
         """Open a tactic session under ``header`` (tactics judged by ``policy``); returns its id."""
+        if not self.trusted:
+            rules = policy or VerificationPolicy()
+            why = await asyncio.to_thread(trust.header_problem, header, rules)
+            if why is None and not rules.forbid_tokens:
+                why = "its policy turns the pre-scan off (forbid_tokens = false)"
+            if why is not None:
+                raise _HTTPError(403, f"session: {why}. {trust.FIX}")
         # Sessions being opened count too: concurrent opens must not overshoot the limit.
         if len(self._sessions) + self._opening >= self.limits.max_sessions:
             raise _HTTPError(
@@ -351,6 +363,16 @@ class VerificationService:
 
     async def start_proof(self, sid: str, req: StartProof) -> TacticState:
         """Start a proof in session ``sid``."""
+        if not self.trusted:
+            rules = VerificationPolicy()
+            why = await asyncio.to_thread(
+                lambda: (
+                    trust.statement_problem(req.formal_statement, rules, "formal_statement")
+                    or trust.statement_problem(req.preamble, rules, "preamble")
+                )
+            )
+            if why is not None:
+                raise _HTTPError(403, f"{why}. {trust.FIX}")
         return await self._step(sid, lambda s: s.start(req.formal_statement, req.preamble))
 
     async def apply(self, sid: str, req: ApplyTactic) -> TacticState:
@@ -501,6 +523,14 @@ def _runtime_numbers(runtime: Runtime) -> dict[str, float]:
     }
 
 
+def _first_untrusted_problem(attempts: Sequence[Attempt]) -> str | None:
+    for i, a in enumerate(attempts):
+        why = trust.untrusted_attempt_problem(a, i)
+        if why is not None:
+            return why
+    return None
+
+
 def _consume(fut: asyncio.Future[Any]) -> None:
     # Mark a failed future's exception as seen when nobody was waiting on it.
     if not fut.cancelled():
@@ -532,113 +562,15 @@ _ENDPOINTS = (
 )
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
-
-
-class _Guard:
-    """ASGI middleware: counting, bearer auth, body size limit and the request timeout.
-
-    Pure ASGI (not ``BaseHTTPMiddleware``) so the timeout really cancels the handler and an
-    oversized body is refused while it streams in, before more than the limit is in memory.
-    """
-
-    def __init__(self, app: ASGIApp, service: VerificationService, token: str | None) -> None:
-        self.app = app
-        self.service = service
-        self.token = token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        svc = self.service
-        svc.requests_total += 1
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        started = False
-
-        async def send_wrapped(msg: Message) -> None:
-            nonlocal started
-            if msg["type"] == "http.response.start":
-                started = True
-                if 400 <= msg["status"] < 500:
-                    svc.rejected_requests += 1
-            await send(msg)
-
-        async def reply(status: int, message: str) -> None:
-            await _error(status, message)(scope, receive, send_wrapped)
-
-        if self.token and scope["path"] != "/health":
-            auth = headers.get("authorization", "")
-            given = auth[7:] if auth.lower().startswith("bearer ") else ""
-            if not secrets.compare_digest(given.encode(), self.token.encode()):
-                what = "wrong bearer token" if given else "missing bearer token"
-                await reply(401, f"{what}: send 'Authorization: Bearer <token>'")
-                return
-        limit = svc.limits.max_body_bytes
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            await reply(413, f"request body of {length} bytes is over the limit of {limit} bytes")
-            return
-        # Read the whole body here (it is bounded by the limit) so an oversized chunked body is
-        # refused with 413 before any handler sees it. Reading it counts against the request
-        # timeout: a client that trickles or stops sending its body cannot hold a connection.
-        timeout_s = svc.limits.request_timeout_s
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        body_s = min(timeout_s, svc.limits.body_timeout_s)
-        body_deadline = loop.time() + body_s
-        chunks: list[bytes] = []
-        seen = 0
-        more = True
-        while more:
-            try:
-                msg = await asyncio.wait_for(receive(), max(0.0, body_deadline - loop.time()))
-            except asyncio.TimeoutError:
-                svc.request_timeouts += 1
-                await reply(
-                    408,
-                    f"request body not received within the service's limit of {body_s:g} s "
-                    f"({seen} bytes came); send the whole body at once",
-                )
-                return
-            if msg["type"] != "http.request":
-                return  # the client went away
-            chunk = msg.get("body", b"")
-            seen += len(chunk)
-            if seen > limit:
-                await reply(413, f"request body is over the limit of {limit} bytes")
-                return
-            chunks.append(chunk)
-            more = msg.get("more_body", False)
-        replayed = False
-
-        async def receive_buffered() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        try:
-            await asyncio.wait_for(
-                self.app(scope, receive_buffered, send_wrapped), max(0.0, deadline - loop.time())
-            )
-        except asyncio.TimeoutError:
-            svc.request_timeouts += 1
-            if not started:
-                await reply(
-                    504,
-                    f"request took longer than the service's limit of {timeout_s:g} s and was "
-                    "cancelled",
-                )
-
-
 def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI:
     """The FastAPI app serving ``runtime``. The runtime is started and closed with the app."""
     config = config or ServiceConfig()
     config.check_auth()
-    service = VerificationService(runtime, config.limits, config.warm_headers)
+    # Without a token any local user can call the service: it then accepts only plain headers
+    # and statements (see leanrl.service.trust).
+    service = VerificationService(
+        runtime, config.limits, config.warm_headers, trusted=config.effective_token() is not None
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -652,30 +584,30 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
     app.state.service = service
 
     @app.exception_handler(_HTTPError)
-    async def _on_http_error(_: Request, e: _HTTPError) -> JSONResponse:
-        return _error(e.status, e.message)
+    async def _on_httperror(_: Request, e: _HTTPError) -> JSONResponse:
+        return error(e.status, e.message)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_starlette(request: Request, e: StarletteHTTPException) -> JSONResponse:
         where = f"{request.method} {request.url.path}"
         if e.status_code == 404:
-            return _error(404, f"no endpoint {where}; the service has {_ENDPOINTS}")
+            return error(404, f"no endpoint {where}; the service has {_ENDPOINTS}")
         if e.status_code == 405:
             allowed = {k.lower(): v for k, v in (e.headers or {}).items()}.get("allow", "")
-            return _error(
+            return error(
                 405,
                 f"{where} is not allowed; {request.url.path} takes {allowed or 'another method'}",
             )
-        return _error(e.status_code, str(e.detail))
+        return error(e.status_code, str(e.detail))
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         errs = list(e.errors())
         if any(err.get("type") == "json_invalid" for err in errs):
-            return _error(400, "request body is not valid JSON")
+            return error(400, "request body is not valid JSON")
         ctype = request.headers.get("content-type", "")
         if request.method == "POST" and "json" not in ctype:
-            return _error(
+            return error(
                 415, f"send a JSON body with 'Content-Type: application/json' (got {ctype!r})"
             )
         lines = []
@@ -683,7 +615,7 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "(body)"
             lines.append(f"{loc}: {err.get('msg')}")
         more = f" (and {len(errs) - 10} more)" if len(errs) > 10 else ""
-        return _error(422, "invalid request: " + "; ".join(lines) + more)
+        return error(422, "invalid request: " + "; ".join(lines) + more)
 
     @app.post("/check", response_model=CheckResponse)
     async def check(req: CheckRequest, request: Request) -> CheckResponse:
@@ -718,5 +650,5 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
     async def metrics() -> ServiceMetrics:
         return service.metrics()
 
-    app.add_middleware(_Guard, service=service, token=config.effective_token())
+    app.add_middleware(Guard, service=service, token=config.effective_token())
     return app

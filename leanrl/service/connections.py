@@ -17,7 +17,7 @@ here, on its own h11 protocol class:
 * **TCP_NODELAY** on every accepted TCP socket: an answer is written in pieces (head, body), and
   with Nagle's algorithm the second piece waits for the client's delayed ACK, ~40 ms per request.
 
-The body of a request is bounded by the app itself (``_Guard`` in :mod:`leanrl.service.app`):
+The body of a request is bounded by the app itself (:mod:`leanrl.service.guard`):
 its size, the time it may take to arrive (``body_timeout_s``), and, with a token, only after the
 token was checked.
 """

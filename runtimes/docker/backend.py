@@ -44,15 +44,18 @@ from leanrl.service.sandbox import (
     process_start_time,
 )
 
-__all__ = ["DockerBackend", "DockerSandbox", "docker_run_args"]
+__all__ = ["DockerBackend", "DockerSandbox", "docker_run_args", "docker_run_env"]
 
 _OWNER_LABEL = "leanrl.owner"
+_TOKEN_VAR = "LEANRL_SERVICE_TOKEN"
 _IN_SOCKET_DIR = "/run/leanrl"
 _LIVE: weakref.WeakSet[DockerBackend] = weakref.WeakSet()
 _HANDLERS_INSTALLED = False
 
 
-async def _docker(binary: str, *args: str, timeout_s: float = 60.0) -> tuple[int, str, str]:
+async def _docker(
+    binary: str, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     try:
         proc = await asyncio.create_subprocess_exec(
             binary,
@@ -60,6 +63,7 @@ async def _docker(binary: str, *args: str, timeout_s: float = 60.0) -> tuple[int
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            env=None if env is None else {**os.environ, **env},
         )
     except FileNotFoundError:
         return 127, "", f"{binary}: command not found"
@@ -77,11 +81,15 @@ def docker_run_args(
     config: DockerConfig,
     name: str,
     owner: str,
-    token: str,
     serve_args: Sequence[str],
     host_socket_dir: Path | None,
 ) -> list[str]:
-    """The ``docker run`` arguments for one sandbox container (without the binary)."""
+    """The ``docker run`` arguments for one sandbox container (without the binary).
+
+    No secret is among them (any user can read a command line in ``ps``): the service token
+    and the values of ``config.env`` are named only (``--env NAME``), and the docker client
+    takes their values from its own environment, :func:`docker_run_env`.
+    """
     c = config
     args = [
         "run", "--detach", "--name", name,
@@ -90,7 +98,7 @@ def docker_run_args(
         "--cpus", f"{c.cpus:g}", "--pids-limit", str(c.pids_limit),
         "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
         "--tmpfs", f"/tmp:rw,nosuid,size={c.tmpfs_mb}m",
-        "--env", f"LEANRL_SERVICE_TOKEN={token}",
+        "--env", _TOKEN_VAR,
     ]  # fmt: skip
     if c.read_only:
         # Anything that writes under $HOME (lake, elan caches) goes to the private tmpfs.
@@ -98,20 +106,32 @@ def docker_run_args(
     for spec in c.mounts:
         parts = spec.split(":")
         args += ["--volume", spec if len(parts) >= 3 else f"{spec}:ro"]
-    for k, v in c.env.items():
-        args += ["--env", f"{k}={v}"]
+    for k in c.env:
+        args += ["--env", k]
     if c.transport == "unix":
         if host_socket_dir is None:
             raise SandboxStartError("unix transport needs a socket folder")
         sock = f"{_IN_SOCKET_DIR}/service.sock"
+        # The socket folder belongs to this user and its group, mode 2770; the container's
+        # user joins that group (--group-add), so it can create the socket there, and the
+        # socket (mode 0660, group inherited from the folder) is reachable by this user and
+        # not by every local user.
+        args += ["--group-add", str(os.getgid())]
         args += ["--network", "none", "--volume", f"{host_socket_dir}:{_IN_SOCKET_DIR}:rw"]
-        args += ["--env", f"LEANRL_SERVICE_UDS={sock}", *_image_and_command(c), "--uds", sock]
+        args += ["--env", f"LEANRL_SERVICE_UDS={sock}", *_image_and_command(c)]
+        args += ["--uds_mode", "0660", "--uds", sock]
     else:
         port = str(c.service_port)
         args += ["--network", c.network, "--publish", f"127.0.0.1::{port}"]
         args += ["--env", f"LEANRL_SERVICE_PORT={port}", *_image_and_command(c)]
         args += ["--host", "0.0.0.0", "--port", port]
     return [*args, *serve_args]
+
+
+def docker_run_env(config: DockerConfig, token: str) -> dict[str, str]:
+    """The values :func:`docker_run_args` names: given to the docker client as its environment
+    (readable only by this user), never as arguments."""
+    return {**config.env, _TOKEN_VAR: token}
 
 
 def _image_and_command(c: DockerConfig) -> list[str]:
@@ -234,9 +254,12 @@ class DockerBackend(SandboxBackend):
         if c.transport == "unix":
             assert self._socket_root is not None, "start() first"
             host_dir = self._socket_root / name
-            host_dir.mkdir(mode=0o777)
-            host_dir.chmod(0o777)  # the container's user may not be ours
-        args = docker_run_args(c, name, self.owner, token, self.service_args(), host_dir)
+            host_dir.mkdir(mode=0o700)
+            # Ours and our group's only (the container's user joins the group, see
+            # docker_run_args); setgid so the socket inside gets the folder's group.
+            os.chown(host_dir, -1, os.getgid())
+            host_dir.chmod(0o2770)
+        args = docker_run_args(c, name, self.owner, self.service_args(), host_dir)
         sb = DockerSandbox(
             id=name,
             url="http://localhost",
@@ -247,7 +270,9 @@ class DockerBackend(SandboxBackend):
             host_dir=str(host_dir or ""),
         )
         try:
-            rc, _, err = await _docker(c.docker_bin, *args, timeout_s=120)
+            rc, _, err = await _docker(
+                c.docker_bin, *args, timeout_s=120, env=docker_run_env(c, token)
+            )
             if rc != 0:
                 raise SandboxStartError(f"`docker run` failed: {err.strip()}")
             self.containers[name] = sb

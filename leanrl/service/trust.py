@@ -1,0 +1,78 @@
+"""What a verification service without a token accepts from its callers.
+
+An attempt's ``header`` and ``formal_statement`` are *trusted* input: they come from the taskset
+and go into the Lean file as they are, without the pre-scan that the model's text gets
+(:mod:`leanrl.lean.forbidden`). A header of ``#eval IO.Process.run ...`` would run that program
+as the service's user. With a token, only callers holding it can send attempts, and they are
+trusted like the trainer that owns the service.
+
+Without a token (``leanrl serve`` on loopback or on a unix socket) *any local user* can reach
+the service (loopback TCP is open to every user of the machine). So such a service treats every
+request as untrusted:
+
+* a header's leading ``import`` lines are taken as they are (the imports are the point of a
+  header); everything after them, and the statement (a session's statement too), gets the
+  pre-scan's security rules: no ``#eval``/``run_cmd``, no new syntax or elaborators, no
+  attributes that run code, no ``unsafe``, no debug or kernel-skipping options, no ``#exit``,
+  no further ``import``. Definitions, ``open`` and ``set_option`` lines pass (ProofNet's headers
+  define things), and so does ``sorry`` (PutnamBench's answer placeholders);
+* the attempt's policy must keep the pre-scan on (``forbid_tokens``): a caller cannot switch off
+  the check of its own proof.
+
+A request that breaks one of these gets 403 with the reason and the fix (use a token).
+"""
+
+from __future__ import annotations
+
+import re
+
+from leanrl.lean.forbidden import scan
+from leanrl.verdict import Attempt, Reason, VerificationPolicy
+
+__all__ = ["header_problem", "statement_problem", "untrusted_attempt_problem"]
+
+_IMPORT = re.compile(r"import(\s+[\w.'«»!?]+)+")
+
+FIX = (
+    "This service runs without a token, so it cannot tell its callers from any other local "
+    "user and accepts only plain headers and statements. To send this, start the service with "
+    "a token (--token or LEANRL_SERVICE_TOKEN) and have the client send it."
+)
+
+
+def header_problem(header: str, policy: VerificationPolicy) -> str | None:
+    """Why ``header`` holds, after its imports, a construct that runs code or disables checks."""
+    lines = header.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        code = lines[i].split("--", 1)[0].strip()
+        if code and not _IMPORT.fullmatch(code):
+            break
+        i += 1
+    why = statement_problem("".join(lines[i:]), policy, "header")
+    if why is None:
+        return None
+    # report the line number within the whole header
+    m = re.search(r"\(line (\d+)\)", why)
+    return why if m is None else why.replace(m.group(0), f"(line {int(m.group(1)) + i})")
+
+
+def statement_problem(text: str, policy: VerificationPolicy, what: str) -> str | None:
+    """Why ``text`` (a statement) uses a construct that runs code or disables the checks."""
+    found = [f for f in scan(text, policy) if f.reason == Reason.FORBIDDEN]
+    if not found:
+        return None
+    f = found[0]
+    return f"the {what} uses `{f.token}` (line {f.line}): {f.why}"
+
+
+def untrusted_attempt_problem(a: Attempt, index: int) -> str | None:
+    """Why an unauthenticated caller may not send attempt ``index`` (None when it may)."""
+    why = header_problem(a.header, a.policy)
+    if why is None and not a.policy.forbid_tokens:
+        why = "its policy turns the pre-scan off (forbid_tokens = false)"
+    if why is None:
+        why = statement_problem(a.formal_statement, a.policy, "formal_statement")
+    if why is None:
+        return None
+    return f"attempt {index}{f' ({a.id})' if a.id else ''}: {why}. {FIX}"
