@@ -113,7 +113,9 @@ def main() -> None:
     print(f"per-check latency, median of {args.checks} checks per round, {args.rounds} rounds")
     for m in MODES:
         v = [1e3 * x for x in medians[m]]
-        print(f"  {m:8s} min {min(v):7.2f} ms  median {statistics.median(v):7.2f} ms  max {max(v):7.2f} ms")
+        print(
+            f"  {m:8s} min {min(v):7.2f} ms  median {statistics.median(v):7.2f} ms  max {max(v):7.2f} ms"
+        )
     ratios = [a / b for a, b in zip(medians["nagle"], medians["nodelay"], strict=True)]
     print(
         f"nagle / nodelay: min {min(ratios):.1f}x  median {statistics.median(ratios):.1f}x  "
