@@ -92,3 +92,42 @@ def test_trainer_passes_policy_options(tiny_model_dir: Path, tmp_path: Path) -> 
         assert tr.model.config._attn_implementation == "eager"
     finally:
         run_sync(tr.close())
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(temperature=0.0, max_tokens=8),
+        SamplingConfig(temperature=0.8, top_p=0.9, max_tokens=8),
+    ],
+    ids=["greedy", "sampled"],
+)
+def test_scoring_keeps_no_full_vocabulary_scores_and_logprobs_are_unchanged(
+    policy: TorchPolicy, sampling: SamplingConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    model, tok = policy.model, policy.tokenizer
+    texts = ["theorem a : True := by", "theorem bb (x : Nat) : x = x := by"]
+    # what the scores used to come from: every step's [batch, vocab] scores, kept to the end
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    kw: dict = {"do_sample": sampling.temperature > 0}
+    if sampling.temperature > 0:
+        kw.update(temperature=sampling.temperature, top_p=sampling.top_p)
+    torch.manual_seed(11)
+    g = model.generate(**enc, max_new_tokens=sampling.max_tokens, pad_token_id=tok.pad_token_id,
+                       eos_token_id=tok.eos_token_id, output_scores=True,
+                       return_dict_in_generate=True, top_k=None, **kw)  # fmt: skip
+    want = model.compute_transition_scores(g.sequences, g.scores, normalize_logits=True)
+
+    asked: list[dict] = []
+    real = model.generate
+    monkeypatch.setattr(model, "generate", lambda **k: (asked.append(k), real(**k))[1])
+    torch.manual_seed(11)
+    got = policy._generate_batch(texts, sampling)
+    assert not asked[0].get("output_scores") and not asked[0].get("return_dict_in_generate")
+    for b, c in enumerate(got):
+        n = len(c.token_ids)
+        assert list(c.token_ids) == g.sequences[b, enc["input_ids"].shape[1] :][:n].tolist()
+        assert c.logprobs == pytest.approx(want[b, :n].tolist(), abs=1e-5)

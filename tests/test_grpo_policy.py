@@ -112,3 +112,33 @@ def test_sampler_draws_from_the_distribution_and_nucleus() -> None:
     # top-p 0.7 keeps the smallest prefix with >= 0.7 mass: {0.5, 0.3}, renormalised
     freq = torch.bincount(_sample(logp, 0.7, gen), minlength=4).float() / 20000
     assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.012)
+
+
+def test_stop_check_reads_a_bounded_tail_and_finds_long_stop_strings(
+    loaded: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import leanrl.train.hf_policy as hp
+
+    greedy = SamplingConfig(temperature=0.0, max_tokens=80)
+    free = _policy(loaded).generate_sync(PROMPTS[:1], greedy)[0][0]
+    seen: list[int] = []
+    real = hp._hits_stop
+    monkeypatch.setattr(
+        hp, "_hits_stop", lambda tok, t, s: (seen.append(len(t)), real(tok, t, s))[1]
+    )
+    never = greedy.model_copy(update={"stop": ["\x00never\x00"]})
+    out = _policy(loaded).generate_sync(PROMPTS[:1], never)[0][0]
+    assert out.token_ids == free.token_ids and len(seen) == 80
+    # one bounded tail per step (the whole prefix each step made the check quadratic)
+    assert max(seen) == hp.stop_window(["\x00never\x00"]) == 16
+    # a stop string longer than 16 tokens' text is still found where it ends
+    _, tok = loaded
+    pieces = [tok.decode([t], skip_special_tokens=False) for t in free.token_ids]
+    start = 40
+    long_stop = "".join(pieces[start : start + 20])
+    assert len(long_stop) >= 20 and long_stop in free.text
+    cut = _policy(loaded).generate_sync(
+        PROMPTS[:1], greedy.model_copy(update={"stop": [long_stop]})
+    )
+    assert cut[0][0].finish_reason == "stop"
+    assert cut[0][0].text == free.text[: free.text.find(long_stop)]

@@ -124,6 +124,7 @@ class TorchPolicy(Policy):
 
     def _generate_batch(self, texts: list[str], sampling: SamplingConfig) -> list[Completion]:
         import torch
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
         tok = self.tokenizer
         tok.padding_side = "left"  # generation continues at the right edge of every row
@@ -132,27 +133,34 @@ class TorchPolicy(Policy):
         mask = enc["attention_mask"].to(self.device)  # [B, P]
         greedy = sampling.temperature == 0.0
         kwargs: dict[str, Any] = {"do_sample": not greedy}
+        recorder = _ChosenLogprobs()
+        processors: list[Any] = [recorder]
         if not greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+            # Temperature and top-p go in this list, before the recorder, so it sees the very
+            # distribution that is sampled from (generate puts its own warpers after custom
+            # processors); generate's own are neutral then.
+            kwargs.update(temperature=1.0, top_p=1.0)
+            processors = [
+                TemperatureLogitsWarper(sampling.temperature),
+                *([TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1.0 else []),
+                recorder,
+            ]
         with torch.no_grad():
             try:
-                gen = self.model.generate(
+                sequences = self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,
                     max_new_tokens=sampling.max_tokens,
                     pad_token_id=tok.pad_token_id,
                     eos_token_id=tok.eos_token_id,
-                    output_scores=True,
-                    return_dict_in_generate=True,
+                    logits_processor=LogitsProcessorList(processors),
                     top_k=None,
                     **kwargs,
                 )
             except RuntimeError as e:
                 raise PolicyError(f"generation failed: {e}") from e
-            scores = self.model.compute_transition_scores(
-                gen.sequences, gen.scores, normalize_logits=True
-            )  # [B, T] log-probs of the chosen tokens
-        new = gen.sequences[:, ids.shape[1] :]  # [B, T]
+            scores = recorder.finish(sequences)  # [B, T] log-probs of the chosen tokens
+        new = sequences[:, ids.shape[1] :]  # [B, T]
         out = []
         for b in range(len(texts)):
             prompt_ids = tuple(int(t) for t, m in zip(ids[b], mask[b], strict=True) if m)
@@ -200,3 +208,41 @@ class TorchPolicy(Policy):
         lp = torch.log_softmax(logits, dim=-1)
         target = torch.tensor(c, device=self.device)  # [C]
         return float(lp.gather(1, target[:, None]).mean())
+
+
+class _ChosenLogprobs:
+    """A logits processor, run last, that keeps only the log-probability of each chosen token.
+
+    ``generate(output_scores=True)`` keeps every step's full-vocabulary scores until the end
+    (steps × batch × vocab floats: 4 GB at 512 × 16 × 32k × fp32) although one number per step
+    is needed. This sees each step's final scores, holds them until the next step shows which
+    token was chosen, and keeps that token's ``log_softmax`` (what ``compute_transition_scores``
+    with ``normalize_logits=True`` gives), so one step's scores are in memory at a time.
+    """
+
+    def __init__(self) -> None:
+        self.pending: Any = None  # [B, V] log-softmax of the last step, choice not yet known
+        self.chosen: list[Any] = []  # [B] per finished step
+
+    def _take(self, input_ids: Any) -> None:
+        tok = input_ids[:, -1:]  # the token the pending step chose
+        self.chosen.append(self.pending.gather(-1, tok).squeeze(-1).float().cpu())
+        self.pending = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.pending is not None:
+            self._take(input_ids)
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, sequences: Any) -> Any:
+        """[B, T] log-probs of the generated tokens (T = sequence length past the prompt)."""
+        import torch
+
+        if self.pending is not None:
+            self._take(sequences)
+        if not self.chosen:
+            return torch.zeros((sequences.shape[0], 0))
+        return torch.stack(self.chosen, dim=1)

@@ -145,6 +145,7 @@ class TrainPolicy(Policy):
         alive = torch.ones(n, dtype=torch.bool)
         eos_t = torch.tensor(sorted(eos), dtype=torch.long)
         stopped_by_text = [False] * n
+        window = stop_window(sampling.stop)
         was_training = model.training
         model.eval()
         cache: Any = None
@@ -174,8 +175,11 @@ class TrainPolicy(Policy):
                 lengths += alive.long()
                 alive &= ~torch.isin(tok_c, eos_t)
                 if sampling.stop:  # stop strings need text: only then decode, only live rows
+                    lo = max(0, i + 1 - window)  # the tail only: O(1) per step, not O(i)
                     for k in alive.nonzero().flatten().tolist():
-                        if _hits_stop(self.tokenizer, out_tok[k, : i + 1].tolist(), sampling.stop):
+                        if _hits_stop(
+                            self.tokenizer, out_tok[k, lo : i + 1].tolist(), sampling.stop
+                        ):
                             alive[k] = False
                             stopped_by_text[k] = True
                 if not bool(alive.any()):
@@ -248,10 +252,19 @@ def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
-def _hits_stop(tokenizer: Any, toks: list[int], stop: list[str]) -> bool:
-    # Decode only the tail: a stop string is short, so the last few tokens hold it.
-    tail = tokenizer.decode(toks[-16:], skip_special_tokens=False)
-    return any(s in tail for s in stop)
+def stop_window(stop: Sequence[str]) -> int:
+    """Tokens at the end of a completion that can hold any of the stop strings.
+
+    The check runs after every token, so a stop string can only newly appear ending at the
+    newest token; every token is at least one byte, so a string of B bytes spans at most B + 1
+    tokens (one more where it starts inside a token).
+    """
+    return max([16, *(len(s.encode()) + 1 for s in stop)])
+
+
+def _hits_stop(tokenizer: Any, tail: list[int], stop: list[str]) -> bool:
+    text = tokenizer.decode(tail, skip_special_tokens=False)
+    return any(s in text for s in stop)
 
 
 def _cut_at_stop(text: str, stop: list[str]) -> str:
