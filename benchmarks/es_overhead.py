@@ -1,6 +1,6 @@
 """ES overhead, measured in one run on one random Llama-architecture model (no download).
 
-    python benchmarks/es_overhead.py [--hidden 512 --layers 8 --vocab 4096 --threads 2]
+    python benchmarks/es_overhead.py [--hidden 512 --layers 8 --vocab 4096 --threads 1]
 
 Reports:
 
@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--population", type=int, default=30)
     ap.add_argument("--prompts", type=int, default=8, help="prompts per member (batch)")
     ap.add_argument("--prompt-len", type=int, default=64)

@@ -198,6 +198,10 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         temperature=1.0,
         top_p=1.0,
         mask_truncated_completions=False,
+        # leanrl does not checkpoint activations by default (GRPOConfig.gradient_checkpointing);
+        # TRL's GRPOConfig turns it on, which recomputes the forward pass in the backward: off,
+        # so both trainers do the same work.
+        gradient_checkpointing=False,
         logging_steps=1,
         report_to=[],
         save_strategy="no",

@@ -78,3 +78,25 @@ def test_a_refused_resume_does_not_keep_the_folder_locked(tmp_path: Path) -> Non
     again.open("fp-a", {"samples": 1}, "")  # not "another eval is running"
     assert again.has(("a", 0))
     again.close()
+
+
+def test_only_a_small_index_of_each_attempt_stays_in_memory(tmp_path: Path) -> None:
+    st = ResultStore(tmp_path)
+    st.open("fp", {}, "")
+    big = [
+        {**r, "completion": "x" * 10_000, "proof": "y" * 5_000, "prompt": "p" * 5_000,
+         "verdict": {"reason": "error", "messages": [{"data": "z" * 5_000}]}, "completion_tokens": 7}
+        for r in recs("a", 3)
+    ]  # fmt: skip
+    st.append(big)
+    st.close()
+    again = ResultStore(tmp_path)
+    again.open("fp", {}, "")  # after a restart too
+    for store in (st, again):
+        entry = store.records[("a", 1)]
+        assert entry == {"task_id": "a", "sample": 1, "accepted": False,
+                         "verdict": {"reason": "error"}, "completion_tokens": 7}  # fmt: skip
+    again.close()
+    # the full records are on disk
+    line = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[1])
+    assert line["completion"] == "x" * 10_000 and line["proof"] == "y" * 5_000
