@@ -30,6 +30,7 @@ __all__ = [
     "PolicyError",
     "RuntimeUnavailable",
     "disk_errors",
+    "disk_full_error",
 ]
 
 
@@ -74,14 +75,40 @@ def disk_errors(path: str | Path, what: str) -> Iterator[None]:
     """
     try:
         yield
+    except DiskFullError:
+        raise
     except OSError as e:
-        if e.errno not in _FULL or isinstance(e, DiskFullError):
+        if e.errno not in _FULL:
             raise
-        err = DiskFullError(
-            f"no space left on the device (or quota) while writing {what} ({path}): "
-            f"{e.strerror}. Free some space there (or choose an output folder on another disk), "
-            "then rerun the same command: what was written before this point is kept and the "
-            "run continues from it."
-        )
-        err.errno = e.errno
-        raise err from None
+        raise disk_full_error(path, what, e.strerror or "no space left on device") from None
+    except Exception as e:
+        # Libraries that write for us (torch.save, safetensors) report a full disk as their own
+        # error, sometimes without saying why ("unexpected pos 576 vs 534"): a file system
+        # with (almost) no room left right after the failure is the cause.
+        if not _nearly_full(Path(path)):
+            raise
+        raise disk_full_error(path, what, f"{type(e).__name__}: {e}") from e
+
+
+def disk_full_error(path: str | Path, what: str, why: str) -> DiskFullError:
+    """The :class:`DiskFullError` for a failed write of ``what`` at ``path``."""
+    err = DiskFullError(
+        f"no space left on the device (or quota) while writing {what} ({path}): {why}. Free "
+        "some space there (or choose an output folder on another disk), then rerun the same "
+        "command: what was written before this point is kept and the run continues from it."
+    )
+    err.errno = errno.ENOSPC
+    return err
+
+
+def _nearly_full(path: Path, margin: int = 16 * 2**20) -> bool:
+    """True when the file system holding ``path`` has less than ``margin`` bytes free."""
+    import shutil
+
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free < margin
+            except OSError:
+                return False
+    return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,61 @@ def test_eval_of_a_truncated_model_says_which_file(tiny_model_dir: Path, tmp_pat
     with st.open("ab") as f:
         f.write(b"junk")
     assert "4 bytes past its last tensor" in (safetensors_problem(st) or "")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 1.2 MiB file system (tmpfs): writes past it fail with ENOSPC from the kernel."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"needs root to mount a small tmpfs (a real full disk): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_disk_filling_up_during_a_checkpoint_is_one_line_and_loses_nothing(
+    tiny_model_dir: Path, small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+
+    from leanrl.cli import main
+
+    cfg = small_disk.parent / "grpo.toml"
+    cfg.write_text(
+        'env = { id = "test_grpo_trainer:DigitEnv" }\n'
+        "steps = 3\ntasks_per_step = 2\ngroup_size = 2\nsave_every = 1\nlr = 1e-3\n"
+        "keep_checkpoints = 5\n[sampling]\nmax_tokens = 8\ntop_p = 1.0\n"
+    )
+    out = small_disk / "run"
+    argv = [
+        "train",
+        "grpo",
+        "--config",
+        str(cfg),
+        "--model",
+        str(tiny_model_dir),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 2  # two checkpoints of ~480 KB fit, the third does not
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("leanrl: error")]
+    assert "Traceback" not in err and len(errors) == 1, err  # (the rest: progress bars)
+    assert "no space left on the device" in errors[0] and "checkpoint 3" in errors[0]
+    # what was recorded is intact, and no half-written checkpoint was published or left over
+    steps_done = [s for s, _ in RunDir(out).checkpoints()]
+    assert steps_done and checkpoint_problem(out / f"checkpoint-{steps_done[-1]}") is None
+    assert not list(out.glob(".tmp-checkpoint-*"))
+    rows = RunDir(out).metrics()
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    # with room again, the same command finishes the run
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    assert main(argv) == 0
+    assert [r["step"] for r in RunDir(out).metrics()] == [1, 2, 3]

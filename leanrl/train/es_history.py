@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, disk_errors
 
 if TYPE_CHECKING:
     import torch
@@ -241,11 +241,12 @@ class ESHistory:
         head = meta.to_json()
         blob = MAGIC + _HLEN.pack(len(head)) + head + _CRC.pack(zlib.crc32(head))
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)  # atomic: the file appears whole or not at all
+        with disk_errors(self.path, "the ES history"):
+            with tmp.open("wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)  # atomic: the file appears whole or not at all
 
     def _read_header(self, data: bytes) -> int:
         """Check the magic (and header, format 2); set version/meta; return the records' offset."""
@@ -286,10 +287,11 @@ class ESHistory:
         if record.iteration != want:
             raise ValueError(f"history expects iteration {want}, got {record.iteration}")
         blob = record.encode(self.version, self.meta.run_seed if self.meta else None)
-        with self.path.open("ab") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
+        with disk_errors(self.path, f"the ES history (iteration {record.iteration})"):
+            with self.path.open("ab") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
         self.records.append(record)
 
     def __len__(self) -> int:
