@@ -199,9 +199,9 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         top_p=1.0,
         mask_truncated_completions=False,
         # leanrl does not checkpoint activations by default (GRPOConfig.gradient_checkpointing);
-        # TRL's GRPOConfig turns it on, which recomputes the forward pass in the backward: off,
-        # so both trainers do the same work.
-        gradient_checkpointing=False,
+        # TRL's GRPOConfig turns it on, which recomputes the forward pass in the backward: off
+        # by default here, so both trainers do the same work.
+        gradient_checkpointing=args.trl_gradient_checkpointing,
         logging_steps=1,
         report_to=[],
         save_strategy="no",
@@ -223,7 +223,14 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
-    return {"step_times": step_times, "rewards": rewards, "tokens": tokens, "wall_s": wall}
+    checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
+    return {
+        "step_times": step_times,
+        "rewards": rewards,
+        "tokens": tokens,
+        "wall_s": wall,
+        "gradient_checkpointing": checkpointing,
+    }
 
 
 # -- driver ------------------------------------------------------------------------------------
@@ -275,6 +282,11 @@ def main() -> None:
         help="also run leanrl with async_generation (generation overlaps training)",
     )
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of step times")
+    ap.add_argument(
+        "--trl-gradient-checkpointing",
+        action="store_true",
+        help="let TRL checkpoint activations (its default; leanrl's is off)",
+    )
     ap.add_argument("--part", choices=["driver", "trl"], default="driver", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -306,6 +318,8 @@ def main() -> None:
                 runs["leanrl-async"].append(run_leanrl(model, args, work / "leanrl-async", True))
             result = work / "trl.json"
             cmd = [args.trl_python, __file__, "--part", "trl", "--model", str(model)]
+            if args.trl_gradient_checkpointing:
+                cmd.append("--trl-gradient-checkpointing")
             cmd += ["--result", str(result), "--steps", str(args.steps)]
             cmd += ["--group-size", str(args.group_size)]
             cmd += ["--tasks-per-step", str(args.tasks_per_step)]
@@ -333,7 +347,8 @@ def main() -> None:
     print(
         f"\nG={args.group_size}, {args.tasks_per_step} prompts/step, {args.max_tokens} tokens, "
         f"{args.steps} steps, seeds {args.seed - args.repeats + 1}..{args.seed}, "
-        f"{args.threads} thread(s)\n"
+        f"{args.threads} thread(s), TRL gradient checkpointing "
+        f"{'on' if runs['trl'][0].get('gradient_checkpointing') else 'off'}\n"
         f"step time (median over all steps and seeds): leanrl {a['median_step_s'] * 1e3:.1f} ms, "
         f"TRL {b['median_step_s'] * 1e3:.1f} ms -> TRL/leanrl = {ratio:.2f}\n"
         f"completion tokens per second of training: leanrl {a['tokens_per_s']:.0f}, TRL "
