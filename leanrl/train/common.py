@@ -278,8 +278,10 @@ class RunDir:
                     extra(tmp)
                 state_file = tmp / "trainer_state.json"
                 state_file.write_text(json.dumps({"step": step, **state}, default=str))
-        except BaseException:
-            # A half-written checkpoint is never published; older ones stay as they were.
+        except Exception:
+            # A half-written checkpoint is never published; older ones stay as they were. Its
+            # folder goes at once (on a full disk that frees the space); after a kill the next
+            # save removes it.
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if final.exists():
