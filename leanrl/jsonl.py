@@ -30,6 +30,7 @@ __all__ = [
     "quarantine",
     "quarantine_path",
     "read_jsonl",
+    "read_log",
     "rewrite_log",
     "scan_log",
 ]
@@ -123,6 +124,22 @@ def scan_log(path: Path, parse: Callable[[Any], T]) -> LogScan[T]:
             except (ValueError, KeyError, TypeError) as e:
                 out.bad.append(BadLine(i, raw, f"not a record ({type(e).__name__}: {e})"))
     return out
+
+
+def read_log(path: Path, parse: Callable[[Any], T]) -> Iterator[tuple[int, T]]:
+    """The readable lines of a log, one at a time (line number, parsed): what :func:`scan_log`
+    keeps, streamed, for reading a large log without holding it. Bad lines and a torn tail are
+    skipped silently (:func:`scan_log` reports them)."""
+    if not path.is_file():
+        return
+    with path.open("rb") as f:
+        for i, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n") or not raw.strip():
+                continue
+            try:
+                yield i, parse(json.loads(raw.decode("utf-8")))
+            except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+                continue
 
 
 def quarantine_path(path: Path) -> Path:

@@ -245,7 +245,7 @@ def _kept_proofs(config: EvalConfig, tasks: Sequence[Task], store: ResultStore) 
     kept = ProofStore(config.out_dir / PROOFS_FILE).open()
     by_id = {t.id: t for t in tasks}
     earlier = []
-    for rec in store.records.values():
+    for rec in store.full_records():  # from disk: the store keeps only an index in memory
         task = by_id.get(str(rec.get("task_id")))
         if task is None or not rec.get("accepted") or rec.get("proof") is None:
             continue

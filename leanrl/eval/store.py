@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from leanrl.errors import ConfigError, disk_errors
-from leanrl.jsonl import quarantine, rewrite_log, scan_log
+from leanrl.jsonl import quarantine, read_log, rewrite_log, scan_log
 
 __all__ = ["ResultStore"]
 
@@ -94,6 +94,13 @@ class ResultStore:
             quarantine(self.results_path, scan.bad, "attempt record")
             rewrite_log(self.results_path, keep, "results.jsonl")
         return records
+
+    def full_records(self) -> Iterator[dict[str, Any]]:
+        """Every recorded attempt as written (read back from ``results.jsonl`` one line at a
+        time: memory only holds the index). Lines that cannot be read are left out; a resume
+        has already moved them aside."""
+        for _, rec in read_log(self.results_path, _full_record):
+            yield rec
 
     def has(self, key: Key) -> bool:
         """The attempt is recorded for good (an ``infra`` record is redone on resume)."""
@@ -170,6 +177,11 @@ def _read_run_json(path: Path) -> dict[str, Any]:
             "--out folder."
         ) from None
     return data
+
+
+def _full_record(rec: Any) -> dict[str, Any]:
+    _index_entry(rec)  # the same validity as the index
+    return dict(rec)
 
 
 def _index_entry(rec: Any) -> tuple[Key, dict[str, Any]]:
