@@ -29,6 +29,7 @@ _JSON_FILES = (
     "tokenizer.json",
     "special_tokens_map.json",
     "model.safetensors.index.json",
+    "adapter_config.json",
 )
 
 
