@@ -162,12 +162,13 @@ def test_eval_of_a_truncated_model_says_which_file(tiny_model_dir: Path, tmp_pat
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 1.2 MiB file system (tmpfs): writes past it fail with ENOSPC from the kernel."""
+    """A real file system (tmpfs, 64 MiB until the test shrinks it): writes past its size fail
+    with ENOSPC from the kernel."""
     import subprocess
 
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mnt)],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
                        capture_output=True, text=True)  # fmt: skip
     if r.returncode != 0:
         pytest.skip(f"needs root to mount a small tmpfs (a real full disk): {r.stderr.strip()}")
@@ -175,6 +176,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def test_a_disk_filling_up_during_a_checkpoint_is_one_line_and_loses_nothing(
@@ -201,14 +206,23 @@ def test_a_disk_filling_up_during_a_checkpoint_is_one_line_and_loses_nothing(
         "--out",
         str(out),
     ]
-    assert main(argv) == 2  # two checkpoints of ~480 KB fit, the third does not
+    # Size the disk from this very run: one step with its checkpoint fits, plus a little
+    probe = small_disk / "probe"
+    assert main([*argv[:-1], str(probe), "--steps", "1"]) == 0
+    room = _du(probe) + _du(probe / "checkpoint-1") // 2
+    shutil.rmtree(probe)
+    subprocess.run(
+        ["mount", "-o", f"remount,size={room // 1024 + 8}k", str(small_disk)], check=True
+    )
+    capsys.readouterr()
+    assert main(argv) == 2  # checkpoint 1 fits, checkpoint 2 does not
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("leanrl: error")]
     assert "Traceback" not in err and len(errors) == 1, err  # (the rest: progress bars)
-    assert "no space left on the device" in errors[0] and "checkpoint 3" in errors[0]
+    assert "no space left on the device" in errors[0] and "checkpoint 2" in errors[0]
     # what was recorded is intact, and no half-written checkpoint was published or left over
-    steps_done = [s for s, _ in RunDir(out).checkpoints()]
-    assert steps_done and checkpoint_problem(out / f"checkpoint-{steps_done[-1]}") is None
+    assert [s for s, _ in RunDir(out).checkpoints()] == [1]
+    assert checkpoint_problem(out / "checkpoint-1") is None
     assert not list(out.glob(".tmp-checkpoint-*"))
     rows = RunDir(out).metrics()
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
