@@ -27,7 +27,7 @@ import uuid
 from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -57,6 +57,8 @@ from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
 __all__ = ["ServiceConfig", "VerificationService", "create_app", "is_loopback", "warm_runtime"]
 
 log = logging.getLogger("leanrl.service")
+
+T = TypeVar("T")
 
 
 _RESTART_REASONS = {Reason.TIMEOUT, Reason.MEMORY, Reason.CRASH}
@@ -229,8 +231,8 @@ class VerificationService:
                 f"{self.limits.max_batch}",
             )
         if not self.trusted:
-            # CPU work on possibly large texts: off the event loop.
-            why = await asyncio.to_thread(_first_untrusted_problem, attempts)
+            size = sum(len(a.header) + len(a.formal_statement) for a in attempts)
+            why = await _cpu(size, _first_untrusted_problem, attempts)
             if why is not None:
                 raise _HTTPError(403, why)
         if key is None:
@@ -317,7 +319,7 @@ class VerificationService:
         """Open a tactic session under ``header`` (tactics judged by ``policy``); returns its id."""
         if not self.trusted:
             rules = policy or VerificationPolicy()
-            why = await asyncio.to_thread(trust.header_problem, header, rules)
+            why = await _cpu(len(header), trust.header_problem, header, rules)
             if why is None and not rules.forbid_tokens:
                 why = "its policy turns the pre-scan off (forbid_tokens = false)"
             if why is not None:
@@ -365,11 +367,12 @@ class VerificationService:
         """Start a proof in session ``sid``."""
         if not self.trusted:
             rules = VerificationPolicy()
-            why = await asyncio.to_thread(
+            why = await _cpu(
+                len(req.formal_statement) + len(req.preamble),
                 lambda: (
                     trust.statement_problem(req.formal_statement, rules, "formal_statement")
                     or trust.statement_problem(req.preamble, rules, "preamble")
-                )
+                ),
             )
             if why is not None:
                 raise _HTTPError(403, f"{why}. {trust.FIX}")
@@ -521,6 +524,19 @@ def _runtime_numbers(runtime: Runtime) -> dict[str, float]:
         for k, v in raw.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
+
+
+_INLINE_CHARS = 64 * 1024
+"""Texts up to this size are scanned on the event loop (microseconds); larger ones in a thread,
+whose hand-off would cost more than the scan for small texts on a loaded machine."""
+
+
+async def _cpu(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: inline for small inputs, in a worker thread for large ones (CPU work on
+    big texts must not stall the event loop)."""
+    if size <= _INLINE_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 def _first_untrusted_problem(attempts: Sequence[Attempt]) -> str | None:
