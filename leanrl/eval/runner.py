@@ -193,7 +193,8 @@ async def run_eval(
     }
     if config.generate_only:
         summary["generate_only"] = True
-        summary["completions"] = str(_write_completions(config.out_dir, store.records.values()))
+        # whole records from disk: the store keeps only an index in memory
+        summary["completions"] = str(_write_completions(config.out_dir, store.full_records()))
     summary["warnings"] = run_warnings(summary)
     write_report(config.out_dir, summary)
     return summary
@@ -203,18 +204,23 @@ def _write_completions(out: Path, records: Iterable[dict[str, Any]]) -> Path:
     """``completions.jsonl``: one row per extracted proof, in the format ``leanrl verify``
     reads (``name``, ``proof``, ``preamble``, ``id``), written whole (a resume rewrites it)."""
     path = out / "completions.jsonl"
-    rows = [
-        {
-            "name": r["name"],
-            "id": f"{r['task_id']}/{r['sample']}",
-            "task_id": r["task_id"],
-            "sample": r["sample"],
-            "proof": r["proof"],
-            "preamble": r.get("preamble") or "",
-        }
-        for r in sorted(records, key=lambda r: (str(r["task_id"]), int(r["sample"])))
-        if r.get("proof") is not None
-    ]
+    # One row per attempt (a later record of the same attempt replaces an earlier one); only
+    # the rows are held, not the whole records.
+    latest: dict[tuple[str, int], dict[str, Any] | None] = {}
+    for r in records:
+        latest[(str(r["task_id"]), int(r["sample"]))] = (
+            None
+            if r.get("proof") is None
+            else {
+                "name": r["name"],
+                "id": f"{r['task_id']}/{r['sample']}",
+                "task_id": r["task_id"],
+                "sample": r["sample"],
+                "proof": r["proof"],
+                "preamble": r.get("preamble") or "",
+            }
+        )
+    rows = [row for _, row in sorted(latest.items()) if row is not None]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
     tmp.replace(path)
