@@ -40,7 +40,7 @@ def _attempt(header: str = MINIF2F_HEADER, statement: str = "theorem t : True :=
 
 HOSTILE = [
     ("header", _attempt(header="import Mathlib\n#eval IO.Process.run {cmd := \"id\"}\n"), "header uses `#eval` (line 2)"),
-    ("header option", _attempt(header="import Mathlib\nset_option debug.skipKernelTC true\n"), "header uses `set_option debug.`"),
+    ("header option", _attempt(header="import Mathlib\nset_option debug.skipKernelTC true\n"), "header uses `set_option debug.skipKernelTC`"),
     ("statement", _attempt(statement="run_cmd Lean.logInfo \"x\"\ntheorem t : True := by"), "formal_statement uses `run_cmd`"),
     ("syntax", _attempt(statement="macro \"t\" : term => `(1)\ntheorem t : True := by"), "formal_statement uses `macro`"),
     ("policy", _attempt(policy=VerificationPolicy(forbid_tokens=False)), "forbid_tokens = false"),

@@ -2,7 +2,7 @@
 
 An attempt's ``header`` and ``formal_statement`` are *trusted* input: they come from the taskset
 and go into the Lean file as they are, without the pre-scan that the model's text gets
-(:mod:`leanrl.lean.forbidden`). A header of ``#eval IO.Process.run ...`` would run that program
+(:mod:`leanrl.lean.trust.syntax`). A header of ``#eval IO.Process.run ...`` would run that program
 as the service's user. With a token, only callers holding it can send attempts, and they are
 trusted like the trainer that owns the service.
 
@@ -12,10 +12,13 @@ request as untrusted:
 
 * a header's leading ``import`` lines are taken as they are (the imports are the point of a
   header); everything after them, and the statement (a session's statement too), gets the
-  pre-scan's security rules: no ``#eval``/``run_cmd``, no new syntax or elaborators, no
-  attributes that run code, no ``unsafe``, no debug or kernel-skipping options, no ``#exit``,
-  no further ``import``. Definitions, ``open`` and ``set_option`` lines pass (ProofNet's headers
-  define things), and so does ``sorry`` (PutnamBench's answer placeholders);
+  pre-scan (:mod:`leanrl.lean.trust.syntax`), counting its ``forbidden`` findings: no
+  ``#eval``/``run_cmd``, no new syntax or elaborators, no attributes that run code, no
+  ``unsafe``, no ``#exit``, no further ``import``. Options are the exception: a taskset may set
+  ones the model may not (ProofNet sets ``checkBinderAnnotations``), so only the options that
+  switch checks off (``debug.*``, ``kernel.*``, ...) count. Definitions and ``open`` lines pass
+  (ProofNet's headers define things), and so does ``sorry`` (PutnamBench's answer
+  placeholders);
 * the attempt's policy must keep the pre-scan on (``forbid_tokens``): a caller cannot switch off
   the check of its own proof.
 
@@ -26,7 +29,8 @@ from __future__ import annotations
 
 import re
 
-from leanrl.lean.forbidden import scan
+from leanrl.lean.trust.allowlist import UNSAFE_OPTION_PREFIXES, UNSAFE_OPTIONS
+from leanrl.lean.trust.syntax import Finding, scan
 from leanrl.verdict import Attempt, Reason, VerificationPolicy
 
 __all__ = ["header_problem", "statement_problem", "untrusted_attempt_problem"]
@@ -59,7 +63,7 @@ def header_problem(header: str, policy: VerificationPolicy) -> str | None:
 
 def statement_problem(text: str, policy: VerificationPolicy, what: str) -> str | None:
     """Why ``text`` (a statement) uses a construct that runs code or disables the checks."""
-    found = [f for f in scan(text, policy) if f.reason == Reason.FORBIDDEN]
+    found = [f for f in scan(text, policy) if f.reason == Reason.FORBIDDEN and _dangerous(f)]
     if not found:
         return None
     f = found[0]
@@ -76,3 +80,13 @@ def untrusted_attempt_problem(a: Attempt, index: int) -> str | None:
     if why is None:
         return None
     return f"attempt {index}{f' ({a.id})' if a.id else ''}: {why}. {FIX}"
+
+
+def _dangerous(finding: Finding) -> bool:
+    """Whether a pre-scan finding matters in a taskset's text. The model's text may only set
+    allow-listed options; a taskset's header sets options the model may not (ProofNet sets
+    ``checkBinderAnnotations``), so there only the options that switch checks off count."""
+    if not finding.token.startswith("set_option "):
+        return True
+    name = finding.token.split()[1] if len(finding.token.split()) > 1 else ""
+    return name in UNSAFE_OPTIONS or name.startswith(UNSAFE_OPTION_PREFIXES)
