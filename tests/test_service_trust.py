@@ -44,6 +44,7 @@ HOSTILE = [
     ("statement", _attempt(statement="run_cmd Lean.logInfo \"x\"\ntheorem t : True := by"), "formal_statement uses `run_cmd`"),
     ("syntax", _attempt(statement="macro \"t\" : term => `(1)\ntheorem t : True := by"), "formal_statement uses `macro`"),
     ("policy", _attempt(policy=VerificationPolicy(forbid_tokens=False)), "forbid_tokens = false"),
+    ("waiver", _attempt(policy=VerificationPolicy(prescan_allow=("#eval",))), "prescan_allow = ['#eval']"),
 ]  # fmt: skip
 
 

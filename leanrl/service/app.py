@@ -319,9 +319,9 @@ class VerificationService:
         """Open a tactic session under ``header`` (tactics judged by ``policy``); returns its id."""
         if not self.trusted:
             rules = policy or VerificationPolicy()
-            why = await _cpu(len(header), trust.header_problem, header, rules)
-            if why is None and not rules.forbid_tokens:
-                why = "its policy turns the pre-scan off (forbid_tokens = false)"
+            why = trust.policy_problem(rules) or await _cpu(
+                len(header), trust.header_problem, header, VerificationPolicy()
+            )
             if why is not None:
                 raise _HTTPError(403, f"session: {why}. {trust.FIX}")
         # Sessions being opened count too: concurrent opens must not overshoot the limit.

@@ -19,8 +19,8 @@ request as untrusted:
   switch checks off (``debug.*``, ``kernel.*``, ...) count. Definitions and ``open`` lines pass
   (ProofNet's headers define things), and so does ``sorry`` (PutnamBench's answer
   placeholders);
-* the attempt's policy must keep the pre-scan on (``forbid_tokens``): a caller cannot switch off
-  the check of its own proof.
+* the attempt's policy must keep the pre-scan on (``forbid_tokens``) and waive none of its rules
+  (``prescan_allow``): a caller cannot switch off the check of its own proof.
 
 A request that breaks one of these gets 403 with the reason and the fix (use a token).
 """
@@ -70,13 +70,23 @@ def statement_problem(text: str, policy: VerificationPolicy, what: str) -> str |
     return f"the {what} uses `{f.token}` (line {f.line}): {f.why}"
 
 
+def policy_problem(policy: VerificationPolicy) -> str | None:
+    """Why an unauthenticated caller may not ask for ``policy``: it may not turn the pre-scan
+    off (``forbid_tokens``) nor waive its rules (``prescan_allow``)."""
+    if not policy.forbid_tokens:
+        return "its policy turns the pre-scan off (forbid_tokens = false)"
+    if policy.prescan_allow:
+        return f"its policy waives pre-scan rules (prescan_allow = {list(policy.prescan_allow)})"
+    return None
+
+
 def untrusted_attempt_problem(a: Attempt, index: int) -> str | None:
     """Why an unauthenticated caller may not send attempt ``index`` (None when it may)."""
-    why = header_problem(a.header, a.policy)
-    if why is None and not a.policy.forbid_tokens:
-        why = "its policy turns the pre-scan off (forbid_tokens = false)"
+    # The caller's policy decides how its proof is judged, never how its header is scanned.
+    strict = VerificationPolicy()
+    why = policy_problem(a.policy) or header_problem(a.header, strict)
     if why is None:
-        why = statement_problem(a.formal_statement, a.policy, "formal_statement")
+        why = statement_problem(a.formal_statement, strict, "formal_statement")
     if why is None:
         return None
     return f"attempt {index}{f' ({a.id})' if a.id else ''}: {why}. {FIX}"
