@@ -145,6 +145,7 @@ def configuration_reference() -> str:
     """The whole of ``docs/configuration.md``: the shared sections, then every command."""
     from leanrl.cli import _COMMANDS, _load
     from leanrl.environment import EnvironmentConfig
+    from leanrl.launch.config import LauncherConfig
     from leanrl.policy import PolicyConfig, SamplingConfig
     from leanrl.runtime import RuntimeConfig
 
@@ -152,6 +153,7 @@ def configuration_reference() -> str:
         EnvironmentConfig: "env",
         PolicyConfig: "policy",
         SamplingConfig: "sampling",
+        LauncherConfig: "launcher",
     }
     commands_shared: dict[type[BaseModel], str] = {**shared, RuntimeConfig: "env.runtime"}
     head = [

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leanrl.environment import EnvironmentConfig
 from leanrl.errors import ConfigError
+from leanrl.launch.config import LauncherConfig
 from leanrl.policy import PolicyConfig, SamplingConfig
 
 __all__ = ["EvalConfig"]
@@ -31,6 +32,7 @@ _NOT_FINGERPRINTED: tuple[tuple[str, ...], ...] = (
     ("policy", "max_retries"),
     ("policy", "base_url"),
     ("policy", "device"),
+    ("launcher",),
 )
 
 
@@ -66,6 +68,8 @@ class EvalConfig(BaseModel):
     ``completions.jsonl`` in the output folder holds one row per extracted proof, for
     ``leanrl verify OUT/completions.jsonl --env ID`` where Lean is installed. Needs a harness that
     can work without Lean between turns (``whole-proof``)."""
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    """Where the eval runs (this machine or Modal) and the prices ``summary.json``'s cost is in."""
 
     @field_validator("k", mode="before")
     @classmethod

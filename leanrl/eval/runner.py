@@ -185,6 +185,7 @@ async def run_eval(
             config.ks,
         ),
         "runtime": {"name": runtime.name or type(runtime).__name__, "metrics": runtime_metrics},
+        "cost": _cost(config, runtime_metrics, wall),
         "timing": {
             "wall_s": wall,
             "attempts_this_run": new,
@@ -198,6 +199,24 @@ async def run_eval(
     summary["warnings"] = run_warnings(summary)
     write_report(config.out_dir, summary)
     return summary
+
+
+def _cost(config: EvalConfig, runtime_metrics: dict[str, float], wall: float) -> dict[str, Any]:
+    """GPU-seconds (this process's GPU for the whole run), sandbox-seconds and dollars."""
+    from leanrl.costs import Usage, local_gpus, sandbox_usage
+
+    device = config.policy.device
+    if config.policy.backend == "vllm":
+        device = "cuda"
+    elif config.policy.backend != "hf":
+        device = "cpu"  # a remote server's GPUs are not this run's to count
+    elif device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kind, count = local_gpus(device, config.launcher.gpu)
+    usage = Usage(gpu_s={kind: wall * count} if kind else {})
+    return usage.add(sandbox_usage(runtime_metrics)).as_dict(config.launcher.prices)
 
 
 def _write_completions(out: Path, records: Iterable[dict[str, Any]]) -> Path:

@@ -33,8 +33,10 @@ from leanrl.environment import EnvironmentConfig
 from leanrl.errors import ConfigError, disk_errors
 from leanrl.integrity import checkpoint_problem
 from leanrl.jsonl import quarantine, quarantine_path, rewrite_log, scan_log
+from leanrl.launch.config import LauncherConfig
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.task import Task
+from leanrl.train.budget import BudgetConfig
 from leanrl.train.inrun_eval_config import InRunEvalConfig
 
 log = logging.getLogger("leanrl.train")
@@ -80,6 +82,12 @@ class TrainConfig(BaseModel):
     eval: InRunEvalConfig = Field(default_factory=InRunEvalConfig)
     """Held-out evaluation every ``eval.every`` steps (off by default): pass@k logged to
     ``metrics.jsonl`` and plotted to ``eval_curve.png``."""
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    """Stop early once the run has generated ``budget.tokens`` tokens or used ``budget.gpu_s``
+    GPU-seconds (equal budgets for ES and GRPO in ``leanrl compare``)."""
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    """Where the run happens (this machine or Modal) and the prices its cost is reported in
+    (``cost/...`` in every metrics row, totals in ``summary.json``)."""
 
 
 def check_model_path(model: str) -> None:
@@ -145,7 +153,8 @@ class RunDir:
         """Write ``config.json``, or check that a resumed run uses the same config.
 
         Returns True when the folder already held a run (resume). ``ignore`` lists fields that may
-        differ on resume (by default ``steps``, so a finished run can be extended).
+        differ on resume (by default ``steps``, so a finished run can be extended); ``launcher``
+        and ``budget`` always may (where a run happens, and when it stops early).
         """
         self.path.mkdir(parents=True, exist_ok=True)
         cfg_file = self.path / "config.json"
@@ -163,7 +172,9 @@ class RunDir:
                     "run resumes from its checkpoints); otherwise use a new --out folder."
                 ) from None
             diff = sorted(
-                k for k in set(old) | set(new) if k not in ignore and old.get(k) != new.get(k)
+                k
+                for k in set(old) | set(new)
+                if k not in ignore and k != "launcher" and old.get(k) != new.get(k)
             )
             if diff:
                 raise ConfigError(

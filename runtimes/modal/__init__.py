@@ -58,6 +58,14 @@ class ModalRuntime(SandboxRuntime):
             )
         await super().start()
 
+    def metrics(self) -> dict[str, float]:
+        """The pool's figures plus ``pool_memory_gib_s``: memory reserved over the sandboxes'
+        billed lifetimes (Modal bills Sandbox memory per GiB-second)."""
+        out = super().metrics()
+        if "pool_sandbox_s" in out:
+            out["pool_memory_gib_s"] = out["pool_sandbox_s"] * self.config.modal.memory_mb / 1024
+        return out
+
     def settings(self) -> SandboxSettings:
         m = self.config.modal
         service, client = batch_timeouts(self.config, m.batch_size, m.cpu, m.service, m.client)
