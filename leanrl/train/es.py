@@ -77,7 +77,6 @@ from leanrl.train.es_history import (
 )
 from leanrl.train.es_weights import MASTER_FILE
 from leanrl.train.es_workers import (
-    InProcessScorer,
     IterationState,
     Member,
     MemberScore,
@@ -110,6 +109,11 @@ class ESScorerConfig(BaseModel):
     """``processes``: number of worker processes (each holds one copy of the model)."""
     threads_per_worker: int = Field(default=1, ge=1)
     """``processes``: torch CPU threads per worker process."""
+    pipeline: int = Field(default=2, ge=1)
+    """``inprocess`` and ``vllm``: members in flight on the engine at once. With 2, member i+1
+    generates while member i's attempts are checked (the engine's weights are switched
+    exactly per generate call, so rewards do not change); 1 scores them one after another.
+    The engine's idle share of each iteration is logged as ``gpu_idle_frac``."""
 
 
 class ESConfig(TrainConfig):
@@ -263,6 +267,8 @@ class ESTrainer:
         self.config = config
         self._env = env
         self._scorer = scorer
+        # A remote scorer (launched functions) keeps the weights in its containers' engines.
+        self._remote = bool(getattr(scorer, "remote_weights", False))
         self.run = RunDir(config.out)
         self.history = ESHistory(self.run.path / HISTORY_FILE)
         self.iteration = 0
@@ -273,6 +279,12 @@ class ESTrainer:
         self._started = False
         self._kept = ProofStore(self.run.path / PROOFS_FILE)
         self.world: Any = None  # leanrl.train.distributed.World, set by start()
+        from leanrl.train.run_costs import RunCosts
+
+        self.costs = RunCosts(config.launcher)
+        from leanrl.train.budget import BudgetTracker
+
+        self.budget = BudgetTracker(config.budget)
 
     @property
     def env(self) -> Environment:
@@ -292,7 +304,7 @@ class ESTrainer:
             return
         cfg = self.config
         check_model_path(cfg.policy.model)  # before anything heavy
-        if cfg.eval.every and cfg.scorer.backend == "vllm":
+        if cfg.eval.every and (cfg.scorer.backend == "vllm" or self._remote):
             raise ConfigError(
                 "eval.every needs the weights in the trainer, but with scorer.backend 'vllm' "
                 "they live in the engine: evaluate the checkpoints with leanrl eval instead"
@@ -314,10 +326,15 @@ class ESTrainer:
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
         self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
         source = self._source()
-        if cfg.scorer.backend != "vllm":
+        if self._remote:
+            self._scorer.source = source  # type: ignore[union-attr]
+        elif cfg.scorer.backend != "vllm":
             self.model, self.tokenizer, self.weights = load_weights(source, records)
         if world.is_main:
             self.run.truncate_metrics(self.iteration)
+        held = "cpu" if self._remote else "cuda" if cfg.scorer.backend == "vllm" else source.device
+        self.costs.start(self.run, held)  # a remote scorer bills its own containers
+        self.budget.resume(self.run.metrics())
         if self._scorer is None:
             self._scorer = self._make_scorer(source, records)
             if world.distributed:
@@ -350,6 +367,8 @@ class ESTrainer:
         device, dtype = resolve_device_dtype(self.config.policy)
         # the vLLM scorer draws the noise inside the engine, on its GPU, whatever policy.device
         kind = "cuda" if self.config.scorer.backend == "vllm" else device_kind(device)
+        if self._remote:  # the members draw the noise where they run
+            kind = str(getattr(self._scorer, "device_kind", kind))
         return HistoryMeta(self.config.seed, kind, dtype)
 
     def _check_meta(self) -> None:
@@ -378,6 +397,8 @@ class ESTrainer:
         from leanrl.train.es_policy import resolve_device_dtype
 
         device, dtype = resolve_device_dtype(self.config.policy)
+        if self._remote:
+            device = str(getattr(self._scorer, "device", device))
         if self._world().distributed and device_kind(device) == "cuda":
             device = self._world().device("cuda")  # one GPU per rank (the same noise on each)
         opts = dict(self.config.policy.options)
@@ -418,8 +439,10 @@ class ESTrainer:
 
         sc = self.config.scorer
         if sc.backend == "inprocess":
+            from leanrl.train.es_pipeline import PipelinedScorer, TorchEngine
+
             policy = TorchPolicy(self.model, self.tokenizer, self.config.policy)
-            return InProcessScorer(self.env, policy, self.weights)
+            return PipelinedScorer(self.env, TorchEngine(self.weights, policy), sc.pipeline)
         if sc.backend == "processes":
             return ProcessPoolScorer(
                 source,
@@ -432,7 +455,9 @@ class ESTrainer:
         master = None
         if source.checkpoint and (Path(source.checkpoint) / MASTER_FILE).is_file():
             master = str(Path(source.checkpoint) / MASTER_FILE)
-        return VLLMScorer(self.env, source, self.config.policy, master)
+        from leanrl.train.es_pipeline import PipelinedVLLMScorer
+
+        return PipelinedVLLMScorer(self.env, source, self.config.policy, master, depth=sc.pipeline)
 
     def sampling_for(self, iteration: int) -> SamplingConfig:
         """Decoding for every member of ``iteration`` (same seed for all: common random numbers)."""
@@ -489,9 +514,15 @@ class ESTrainer:
             "step_time_s": t_updated - t_start,
             "tokens_per_s": tokens / max(t_scored - t_start, 1e-9),
             "population": n,
+            "tokens": tokens,
+            **_idle(self._scorer),
             **runtime_metrics(self._env),
+            **self.costs.row(self._env, self._scorer),
         }
-        if cfg.eval.due(it, cfg.steps):  # the updated weights θ_it, unperturbed
+        self.budget.update(row)
+        if cfg.eval.due(it, cfg.steps) or (
+            cfg.eval.every and self.budget.spent
+        ):  # the updated weights θ_it, unperturbed
             row.update(await self._evaluate(it))
         # Metrics first, then the history: a crash in between leaves a metrics line past the
         # history, which the resume drops (truncate_metrics) before redoing that iteration.
@@ -505,7 +536,7 @@ class ESTrainer:
         log.info(_iteration_line(row, cfg.steps))
         self.history.append(record)
         if it % cfg.save_every == 0 or it == cfg.steps:
-            self.save_checkpoint()
+            await self._checkpoint()
         return row
 
     def _keep(
@@ -552,6 +583,18 @@ class ESTrainer:
         if world.is_main:  # every rank holds the same θ: rank 0 evaluates, every rank gets it
             row = await evaluate(cfg.eval, step, self.run, self.model, self.tokenizer, cfg.policy)
         return world.broadcast(row)  # type: ignore[no-any-return]
+
+    async def _checkpoint(self) -> Path:
+        """A checkpoint at the current iteration: here, or built by a remote scorer's GPU
+        function (the weights live in its containers)."""
+        remote = getattr(self._scorer, "checkpoint", None)
+        if self._remote and remote is not None:
+            it = self.iteration
+            state = {"trainer": "es", "iteration": it, "history_records": len(self.history)}
+            keep = self.config.keep_checkpoints
+            path: Path = await remote(self.run, it, list(self.history.records), state, keep)
+            return path
+        return self.save_checkpoint()
 
     def save_checkpoint(self) -> Path:
         """A Hugging Face model folder at the current iteration (+ exact fp32 master if needed)."""
@@ -619,16 +662,17 @@ class ESTrainer:
             if self._logger is not None:
                 self._logger.log(row0)
             rows.append(row0)
-        while self.iteration < self.config.steps:
+        while self.iteration < self.config.steps and not self.budget.spent:
             rows.append(await self.step())
         if self._world().is_main:
             latest = self.run.latest_checkpoint()
             if self.iteration and (latest is None or latest[0] != self.iteration):
-                self.save_checkpoint()
+                await self._checkpoint()
             self.run.plot(title=f"ES reward ({self.run.path.name})")
             from leanrl.train.inrun_eval import plot_eval
 
             plot_eval(self.run)
+            self.costs.write_summary(self.run, "es", {"iterations": self.iteration})
         return rows
 
     async def close(self) -> None:
@@ -655,6 +699,12 @@ class ESTrainer:
                 await self.close()
 
         return run_sync(go())  # type: ignore[no-any-return]
+
+
+def _idle(scorer: Any) -> dict[str, float]:
+    """The scorer's GPU-idle fraction of the iteration just scored, when it measures one."""
+    frac = getattr(scorer, "last_idle_frac", None)
+    return {} if frac is None else {"gpu_idle_frac": float(frac)}
 
 
 def _copy(src: Path, dst: Path) -> None:

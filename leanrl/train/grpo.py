@@ -90,6 +90,7 @@ from leanrl.train.common import (
 )
 from leanrl.train.grpo_config import GRPOConfig
 from leanrl.train.grpo_data import _Batch, ends_truncated
+from leanrl.train.overlap import chunked_rollout
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
 
@@ -158,6 +159,11 @@ class GRPOTrainer:
         self.run = RunDir(config.out)
         self._warned_top_p = False
         self._kept = ProofStore(self.run.path / PROOFS_FILE)
+        from leanrl.train.budget import BudgetTracker
+        from leanrl.train.run_costs import RunCosts
+
+        self._costs = RunCosts(config.launcher)
+        self._budget = BudgetTracker(config.budget)
 
     def check(self) -> None:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
@@ -237,6 +243,11 @@ class GRPOTrainer:
                 save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
             resumed = world.broadcast(resumed)
             await asyncio.to_thread(engine.load, resumed)
+            from leanrl.train.grpo_engine import device_and_precision
+
+            # every rank holds one GPU; rank 0's rows count them all
+            self._costs.start(self.run, str(device_and_precision(self.config)[0]), world.size)
+            self._budget.resume(self.run.metrics())
             if world.is_main:
                 logger = MetricsLogger(
                     self.run,
@@ -259,8 +270,17 @@ class GRPOTrainer:
                 from leanrl.train.inrun_eval import plot_eval
 
                 plot_eval(self.run)
+                self._costs.write_summary(self.run, "grpo", {})
             world.close()
         return rows
+
+    def _spent(self) -> bool:
+        """Whether the run's budget is used up (every rank agrees: rank 0 decides)."""
+        spent = self._budget.spent
+        world = getattr(self, "_world", None)
+        if world is not None and world.distributed:
+            spent = bool(world.broadcast(spent))
+        return spent
 
     def _forget_failed_start(self) -> None:
         """A folder with a config but no checkpoint and no metrics line holds no run: a start
@@ -283,7 +303,7 @@ class GRPOTrainer:
     ) -> None:
         cfg = self.config
         start = engine.step
-        if start >= cfg.steps:
+        if start >= cfg.steps or self._spent():
             return
         due = cfg.eval.baseline_due(self.run.metrics()) if self._is_main() else False
         world = getattr(self, "_world", None)
@@ -330,14 +350,19 @@ class GRPOTrainer:
                     version.notify_all()
                 row = self._metrics_row(engine, batch, train_stats, t0, t1, t2)
                 row.update(runtime_metrics(env))  # Lean pool counters, sandbox/CPU-seconds
-                if cfg.eval.due(engine.step, cfg.steps):
+                row.update(self._costs.row(env))  # GPU-s, sandbox-s and $ (step and total)
+                self._budget.update(row)
+                spent = self._spent()
+                if cfg.eval.due(engine.step, cfg.steps) or (cfg.eval.every and spent):
                     row.update(await self._evaluate(engine, engine.step))
                 logger.log(row)
                 log.info(_step_line(row, cfg.steps))
                 rows.append(row)
                 done = engine.step
-                if done % cfg.save_every == 0 or done == cfg.steps:
+                if done % cfg.save_every == 0 or done == cfg.steps or spent:
                     await asyncio.to_thread(engine.save_checkpoint, row)
+                if spent:  # the budget (tokens or GPU-seconds) is used up
+                    break
         finally:
             if producer is not None:
                 producer.cancel()
@@ -446,12 +471,14 @@ class GRPOTrainer:
         and every rank holds the same batch."""
         world = getattr(self, "_world", None)
         if world is None or not world.distributed:
-            return await env.rollout(tasks, policy, sampling)
+            # chunk j+1 generates while chunk j's attempts are checked (rollout_chunks > 1)
+            return await chunked_rollout(env, tasks, policy, sampling, self.config.rollout_chunks)
         from leanrl.train.distributed import round_robin
 
         shares = round_robin(len(tasks), world.size)
         mine = [tasks[i] for i in shares[world.rank]]
-        got = await env.rollout(mine, policy, sampling) if mine else []
+        chunks = self.config.rollout_chunks
+        got = await chunked_rollout(env, mine, policy, sampling, chunks) if mine else []
         out: list[list[Rollout]] = [[] for _ in tasks]
         for share, groups in zip(shares, world.all_gather(got), strict=True):
             for i, g in zip(share, groups, strict=True):
@@ -505,11 +532,18 @@ class GRPOTrainer:
             "staleness": engine.step - 1 - batch.version,
             **train,
             "tokens_per_s": gen_tokens / step_time if step_time > 0 else None,
+            "tokens": gen_tokens,
             "time_step": step_time,
             "time_generate": batch.t_generate,
             "time_verify": max(batch.t_rollout - batch.t_generate, 0.0),
             "time_wait": (t1 - t0) if self.config.async_generation else 0.0,
             "time_train": t2 - t1,
+            # share of the step the model neither generated nor trained (waited for Lean)
+            "gpu_idle_frac": (
+                max(0.0, 1.0 - (batch.t_generate + (t2 - t1)) / step_time)
+                if step_time > 0 and not self.config.async_generation
+                else None
+            ),
         }
 
 

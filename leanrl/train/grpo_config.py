@@ -126,6 +126,11 @@ class GRPOConfig(TrainConfig):
     """Denominator of ρ: the log-probs the generation backend reported (``sampler``: corrects
     for staleness and kernel mismatch), or a no-grad forward of the current weights before the
     first pass (``recompute``: the paper's π_old; not allowed in async mode)."""
+    rollout_chunks: int = Field(default=1, ge=1)
+    """Cut each step's batch of tasks into this many chunks rolled out at once: generation
+    takes turns, so chunk j+1 generates while Lean checks chunk j (1, the default: generate
+    everything, then check; 2-4 hide most of Lean's time). Each chunk after the first samples
+    with its own seed derived from the step's, so changing it changes the samples."""
     async_generation: bool = False
     """Generate the next step's rollouts while this step trains (see the module docstring)."""
     max_staleness: int = Field(default=1, ge=1)

@@ -1,0 +1,86 @@
+"""Synchronous GRPO overlaps generation and checking: chunk j+1 generates while chunk j's
+attempts are in Lean; groups come back in task order; a run logs its GPU-idle fraction."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from test_es_pipeline import EVENTS, EchoEnv
+
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.runtime import run_sync
+from leanrl.task import Task
+from leanrl.train.overlap import chunked_rollout
+
+
+class LockedPolicy(Policy):
+    """One generate call at a time (like the trainer's policies); text = the first prompt."""
+
+    name = "locked"
+
+    def __init__(self) -> None:
+        super().__init__(PolicyConfig(model="locked"))
+        self.lock = asyncio.Lock()
+        self.seeds: list[int | None] = []
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        async with self.lock:
+            key = f"{prompts[0]}:0"
+            self.seeds.append(sampling.seed)
+            EVENTS.append(("gen-start", key, asyncio.get_running_loop().time()))
+            await asyncio.sleep(0.02)
+            EVENTS.append(("gen-end", key, asyncio.get_running_loop().time()))
+            return [[Completion(text=f"{p}:0")] for p in prompts]
+
+
+def _tasks(n: int) -> list[Task]:
+    return [Task(name=f"t{i}", header="", formal_statement=f"{i}") for i in range(n)]
+
+
+def test_chunks_overlap_and_keep_task_order() -> None:
+    EVENTS.clear()
+    env = EchoEnv()
+    env.config.runtime.options["check_s"] = 0.05
+    policy = LockedPolicy()
+    tasks = _tasks(6)
+    groups = run_sync(chunked_rollout(env, tasks, policy, SamplingConfig(seed=5), chunks=3))
+    assert [g[0].task_id for g in groups] == [t.id for t in tasks]
+    at = {(k, key): t for k, key, t in EVENTS}
+    # chunks hold tasks 0-1, 2-3, 4-5; each chunk's check is keyed by its first task
+    assert at[("gen-start", "2:0")] < at[("check-end", "0:0")]
+    assert at[("gen-start", "4:0")] < at[("check-end", "2:0")]
+    assert policy.seeds == [5, 5 + 104_729, 5 + 2 * 104_729]  # a seed per chunk, from the step's
+    # one chunk: generate everything, then check (the old behaviour)
+    EVENTS.clear()
+    run_sync(chunked_rollout(env, tasks, LockedPolicy(), SamplingConfig(seed=5), chunks=1))
+    assert [k for k, _, _ in EVENTS] == ["gen-start", "gen-end", "check-start", "check-end"]
+
+
+def test_grpo_logs_gpu_idle(toy_model_dir: Path, tmp_path: Path) -> None:
+    from test_grpo_trainer import DigitEnv, _config
+
+    from leanrl.train.grpo import GRPOTrainer
+
+    cfg = _config(toy_model_dir, tmp_path / "run", steps=2, rollout_chunks=2)
+    trainer = GRPOTrainer(cfg, env=DigitEnv())
+    rows = trainer.train_sync()
+    assert all(0.0 <= r["gpu_idle_frac"] <= 1.0 for r in rows)
+    assert rows[-1]["tokens"] > 0 and rows[-1]["total_tokens"] >= rows[-1]["tokens"]
+
+
+def test_budget_stops_grpo_early(toy_model_dir: Path, tmp_path: Path) -> None:
+    from test_grpo_trainer import DigitEnv, _config
+
+    from leanrl.train.grpo import GRPOTrainer
+
+    first = GRPOTrainer(_config(toy_model_dir, tmp_path / "one", steps=1), env=DigitEnv())
+    per_step = first.train_sync()[0]["tokens"]
+    budget = int(2.5 * per_step)  # spent during the third step
+    cfg = _config(toy_model_dir, tmp_path / "run", steps=50, budget={"tokens": budget})
+    rows = GRPOTrainer(cfg, env=DigitEnv()).train_sync()
+    assert rows[-1]["total_tokens"] >= budget > rows[-2]["total_tokens"] and len(rows) < 50
+    assert (tmp_path / "run" / f"checkpoint-{len(rows)}").is_dir()  # saved where it stopped
