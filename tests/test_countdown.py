@@ -1,0 +1,225 @@
+"""Countdown: exact arithmetic, the shipped puzzles and their generator, the checker, rewards,
+pass@k through the eval runner, and GRPO learning the dense reward on a tiny CPU model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leanrl import load_environment
+from leanrl.environments.countdown import (
+    CountdownChecker,
+    check_answer,
+    evaluate,
+    parse_statement,
+    puzzle_statement,
+)
+from leanrl.environments.countdown.generate import make_splits
+from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.runtime import run_sync
+from leanrl.verdict import Attempt, Reason
+
+DATA = Path(__file__).resolve().parent.parent / "environments" / "countdown" / "data"
+
+
+def test_evaluate_is_exact_and_runs_no_code() -> None:
+    assert evaluate("7 / 2 * 2") == (Fraction(7), [7, 2, 2])
+    assert evaluate("-(3 - 5) * 4") == (Fraction(8), [3, 5, 4])
+    for bad in ("__import__('os')", "2 ** 10", "x + 1", "1.5 + 2", "3 // 2", "(1 +", "4 / (2 - 2)"):
+        with pytest.raises(ValueError):
+            evaluate(bad)
+
+
+@pytest.mark.parametrize(
+    ("answer", "correct", "detail"),
+    [
+        ("(25 - 5) * 3", False, "does not use every number: [7] unused"),
+        ("(25 - 5) * 3 + 7", True, ""),
+        ("7 + 3 * (25 - 5)", True, ""),
+        ("(25 - 5) * 3 + 7 + 5", False, "not given"),
+        ("25 + 5 + 3 + 7", False, "equals 40, not 67"),
+        ("import os", False, "not an arithmetic answer"),
+        ("", False, "no answer"),
+    ],
+)
+def test_check_answer(answer: str, correct: bool, detail: str) -> None:
+    c = check_answer(answer, [25, 5, 3, 7], 67)
+    assert c.correct is correct
+    assert detail in c.detail
+
+
+def test_statement_round_trip() -> None:
+    s = puzzle_statement([44, 19, 35], 98)
+    assert s == "countdown: numbers 44 19 35 target 98"
+    assert parse_statement(s) == ([44, 19, 35], 98)
+    with pytest.raises(ValueError):
+        parse_statement("theorem x : True := by")
+
+
+def test_shipped_puzzles_are_the_generators_output_and_solvable() -> None:
+    made = make_splits(0, 1000, 200)
+    for split in ("train", "test"):
+        rows = [json.loads(x) for x in (DATA / f"countdown_{split}.jsonl").read_text().splitlines()]
+        assert rows == made[split]  # reproducible: the files are the generator's, seed 0
+        for r in rows:
+            assert check_answer(r["solution"], r["numbers"], r["target"]).correct, r
+    keys = {(tuple(sorted(r["numbers"])), r["target"]) for r in made["train"]}
+    assert not keys & {(tuple(sorted(r["numbers"])), r["target"]) for r in made["test"]}
+
+
+def test_taskset_splits_and_bad_rows(tmp_path: Path) -> None:
+    env = load_environment("countdown")
+    assert len(env.tasks()) == 200  # default split: test
+    train = load_environment("countdown", split="train").tasks()
+    assert len(train) == 1000
+    t = train[0]
+    assert t.formal_statement == puzzle_statement(t.extra["numbers"], t.extra["target"])
+    assert str(t.extra["target"]) in (t.informal_statement or "")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"name": "x", "numbers": "12"}\n')
+    from leanrl.errors import DatasetError
+
+    with pytest.raises(DatasetError, match="needs 'numbers'"):
+        load_environment("countdown", path=bad).tasks()
+
+
+class ScriptedPolicy(Policy):
+    """Answers each prompt with the next of ``texts`` (cycled)."""
+
+    name = "scripted"
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        super().__init__(PolicyConfig(model="scripted"))
+        self.texts = list(texts)
+        self.seen: list[str] = []
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        out = []
+        for p in prompts:
+            self.seen.append(str(p))
+            out.append(
+                [Completion(text=self.texts[i % len(self.texts)]) for i in range(sampling.n)]
+            )
+        return out
+
+
+def _rollouts(env: Any, tasks: Any, texts: Sequence[str], n: int) -> Any:
+    async def go() -> Any:
+        async with env:
+            return await env.rollout(tasks, ScriptedPolicy(texts), SamplingConfig(n=n))
+
+    return run_sync(go())
+
+
+def test_harness_checker_and_paper_rewards() -> None:
+    env = load_environment("countdown", split="train")
+    task = env.tasks()[0]
+    sol = task.extra["solution"]
+    texts = [f"I add things.</think> <answer>{sol}</answer>", "<answer>1 + 1</answer>", "no tags"]
+    (group,) = _rollouts(env, [task], texts, 3)
+    assert [r.reward for r in group] == [1.0, 0.1, 0.0]
+    assert group[0].verdict.accepted and group[1].verdict.reason == Reason.ERROR
+    assert group[2].verdict.reason == Reason.NO_PROOF
+    assert env.runtime.metrics()["checked"] == 2
+
+
+def test_dense_reward_orders_answers_by_how_close_they_are() -> None:
+    env = load_environment("countdown", split="train")
+    env.config.harness.options.update(style="direct", reward="dense")
+    task = next(t for t in env.tasks() if len(t.extra["numbers"]) == 3)
+    a, b, c = task.extra["numbers"]
+    texts = [task.extra["solution"], f"{a} + {b} + {c}", f"{a} + {b}", "5000", "x"]
+    (group,) = _rollouts(env, [task], texts, len(texts))
+    rewards = [r.reward for r in group]
+    assert rewards[0] == 1.0
+    assert rewards[1] >= 0.5 and rewards[1] < 1.0  # every number, some distance
+    assert rewards[1] > rewards[2] > rewards[4] >= 0.1 and rewards[3] <= 0.1 + 1e-9
+
+
+def test_checker_rejects_a_foreign_statement() -> None:
+    a = Attempt(name="t", header="", formal_statement="theorem t : True := by", proof="1")
+    (v,) = run_sync(CountdownChecker().check([a]))
+    assert not v.accepted and v.reason == Reason.INFRA
+
+
+def test_eval_runner_reports_pass_at_k(tmp_path: Path) -> None:
+    from leanrl.eval.config import EvalConfig
+    from leanrl.eval.runner import run_eval_sync
+
+    cfg = EvalConfig(
+        env={"id": "countdown", "taskset": {"split": "train", "limit": 4}},
+        policy={"model": "scripted"},
+        samples=2,
+        out=tmp_path / "ev",
+        progress=False,
+    )
+    env = load_environment(cfg.env)
+    sols = [t.extra["solution"] for t in env.tasks()]
+    # sample 0 of every task is right for tasks 0 and 1 only; sample 1 is always wrong
+    texts = [f"<answer>{sols[0]}</answer>", "<answer>1</answer>"]
+    summary = run_eval_sync(cfg, env=env, policy=ScriptedPolicy(texts))
+    passk = summary["results"]["pass_at_k"]["all"]
+    assert passk["tasks"] == 4 and 0 < passk["pass@2"] <= 0.5
+    assert summary["cost"]["usd"] == 0.0 and "gpu_s" in summary["cost"]
+
+
+# -- learning on a tiny CPU model -----------------------------------------------------------------
+
+
+def make_countdown_model(out: Path) -> Path:
+    """A tiny random model whose tokenizer was trained on Countdown questions and answers."""
+    from leanrl.testing import make_tiny_model
+
+    texts = []
+    for line in (DATA / "countdown_train.jsonl").read_text().splitlines()[:300]:
+        r = json.loads(line)
+        texts.append(
+            f"Using the numbers {r['numbers']}, create an equation that equals "
+            f"{r['target']}.\nAnswer: <answer>{r['solution']}</answer>"
+        )
+    return make_tiny_model(out, texts, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def countdown_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_countdown_model(tmp_path_factory.mktemp("cd-model"))
+
+
+def test_grpo_learns_countdown_on_cpu(countdown_model: Path, tmp_path: Path) -> None:
+    from leanrl.train.grpo import GRPOConfig, GRPOTrainer
+
+    cfg = GRPOConfig(
+        env={
+            "id": "countdown",
+            "taskset": {"split": "train", "limit": 8},
+            "harness": {"options": {"style": "direct", "reward": "dense"}},
+        },
+        policy=PolicyConfig(model=str(countdown_model)),
+        sampling=SamplingConfig(max_tokens=16, top_p=1.0, seed=0),
+        out=tmp_path / "run",
+        steps=50,
+        tasks_per_step=4,
+        group_size=8,
+        lr=5e-3,
+        weight_decay=0.0,
+        micro_batch_size=32,
+        save_every=100,
+        mask_truncated=False,
+        dynamic_sampling="drop",
+    )
+    trainer = GRPOTrainer(cfg)
+    trainer.train_sync()
+    rows = [r for r in trainer.run.metrics() if "reward_mean" in r]
+    rewards = [r["reward_mean"] for r in rows]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    # the dense reward starts at ~0.11 (an answer, rarely a given number) and the model learns
+    # to put the puzzle's numbers into its answer: about twice the reward after 50 steps
+    assert last > first + 0.06, rewards
+    assert max(rewards[:5]) < last, rewards
