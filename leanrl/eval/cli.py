@@ -47,12 +47,24 @@ class EvalCommand(ConfigCommand, EvalConfig):
     """Shortcut for --env.taskset.limit: evaluate only the first N tasks."""
     print_json: bool = False
     """Print the summary as JSON on stdout instead of the pass@k table."""
+    dry_run: bool = False
+    """Print the launch plan (functions, GPUs, sandboxes, batches) and an estimated cost, then
+    exit without starting anything (``--dry-run``)."""
 
     def to_eval_config(self) -> EvalConfig:
         """The EvalConfig this command describes (TOML file < flags, shortcuts applied)."""
         cmd = self.resolved()
         data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model", "backend", "harness", "runtime", "limit", "print_json"):
+        for key in (
+            "config",
+            "model",
+            "backend",
+            "harness",
+            "runtime",
+            "limit",
+            "print_json",
+            "dry_run",
+        ):
             data.pop(key, None)
         shortcuts = {
             ("policy", "model"): cmd.model,
@@ -72,8 +84,11 @@ class EvalCommand(ConfigCommand, EvalConfig):
 
     def cli_cmd(self) -> None:
         from leanrl.eval.runner import run_eval
+        from leanrl.launch.cli import launched
 
         config = self.to_eval_config()
+        if launched("eval", config, self.dry_run):
+            return
         summary = asyncio.run(run_eval(config))
         for warning in summary.get("warnings", []):
             print(f"leanrl eval: warning: {warning}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from leanrl.config import ConfigCommand, validate
+from leanrl.launch.cli import launched
 from leanrl.train.common import check_model_path, print_run_summary
 from leanrl.train.es import ESConfig
 
@@ -34,12 +35,15 @@ class ESCommand(ConfigCommand, ESConfig):
 
     model: str | None = None
     """Shortcut for --policy.model: a local model folder or a Hugging Face id."""
+    dry_run: bool = False
+    """Print the launch plan (functions, GPUs, sandboxes, batches) and an estimated cost per
+    iteration, then exit without starting anything (``--dry-run``)."""
 
     def to_es_config(self) -> ESConfig:
         """The ESConfig this command describes (TOML file < flags, ``--model`` applied)."""
         cmd = self.resolved()
         data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model"):
+        for key in ("config", "model", "dry_run"):
             data.pop(key, None)
         if cmd.model is not None:
             data.setdefault("policy", {})["model"] = cmd.model
@@ -51,6 +55,8 @@ class ESCommand(ConfigCommand, ESConfig):
         from leanrl.train.es import ESTrainer
 
         config = self.to_es_config()
+        if launched("es", config, self.dry_run):
+            return
         trainer = ESTrainer(config)
         trainer.train_sync()
         print_run_summary(trainer.run, ("reward_mean", "pass_rate", "skipped"))

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import model_validator
 
 from leanrl.config import ConfigCommand, validate
+from leanrl.launch.cli import launched
 from leanrl.train.common import print_run_summary
 from leanrl.train.grpo import GRPOConfig
 
@@ -34,6 +35,9 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
 
     model: str | None = None
     """Shortcut for --policy.model: a local model folder or a Hugging Face id."""
+    dry_run: bool = False
+    """Print the launch plan (functions, GPUs, sandboxes, batches) and an estimated cost per
+    iteration, then exit without starting anything (``--dry-run``)."""
     backend: Literal["hf", "vllm"] | None = None
     """Shortcut for --policy.backend (hf: transformers on CPU/GPU, vllm: in-process vLLM on a
     GPU, weights pushed into the engine after each step)."""
@@ -48,7 +52,7 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
         """The GRPOConfig this command describes (TOML file < flags, shortcuts applied)."""
         cmd = self.resolved()
         data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model", "backend"):
+        for key in ("config", "model", "backend", "dry_run"):
             data.pop(key, None)
         policy = data.setdefault("policy", {})
         if cmd.model is not None:
@@ -61,6 +65,8 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
         from leanrl.train.grpo import GRPOTrainer
 
         config = self.to_grpo_config()
+        if launched("grpo", config, self.dry_run):
+            return
         trainer = GRPOTrainer(config)
         trainer.check()  # a bad model path fails here, before anything is loaded
         trainer.train_sync()
