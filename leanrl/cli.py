@@ -85,6 +85,7 @@ _COMMANDS: dict[str, str] = {
     "train es": "leanrl.train.es_cli:ESCommand",
     "train sft": "leanrl.train.sft_cli:SFTCommand",
     "train expert-iteration": "leanrl.train.ei_cli:ExpertIterationCommand",
+    "compare": "leanrl.compare:CompareCommand",
 }
 # -------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,76 @@
+"""``leanrl compare``: ES and GRPO on Countdown with a tiny CPU model, equal token budgets, the
+same held-out eval; the report, its plot and its numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from leanrl.compare import CompareConfig, run_compare
+from leanrl.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def cd_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from test_countdown import make_countdown_model
+
+    return make_countdown_model(tmp_path_factory.mktemp("cmp-model"))
+
+
+def _config(model: Path, out: Path, **kw: object) -> CompareConfig:
+    base: dict[str, object] = {
+        "env": {
+            "id": "countdown",
+            "taskset": {"split": "train", "limit": 16},
+            "harness": {"options": {"style": "direct", "reward": "dense"}},
+        },
+        "eval_limit": 6,
+        "eval_every": 2,
+        "policy": {"model": str(model), "device": "cpu"},
+        "sampling": {"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0},
+        "budget": {"tokens": 600},
+        "tasks_per_step": 4,
+        "es": {"population": 4, "sigma": 0.02, "alpha": 0.02},
+        "grpo": {"group_size": 4, "lr": 3e-3, "mask_truncated": False},
+        "out": str(out),
+    }
+    base.update(kw)
+    return CompareConfig.model_validate(base)
+
+
+def test_compare_es_and_grpo_on_countdown(cd_model: Path, tmp_path: Path) -> None:
+    cfg = _config(cd_model, tmp_path / "cmp")
+    report = run_compare(cfg)
+    out = tmp_path / "cmp"
+    assert (out / "compare.png").stat().st_size > 5000
+    md = (out / "report.md").read_text()
+    assert "ES vs GRPO on countdown" in md and "compare.png" in md
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["x"] == "total_tokens" and set(saved["methods"]) == {"es", "grpo"}
+    for r in report["runs"]:
+        rows = [json.loads(x) for x in (Path(r["run"]) / "metrics.jsonl").read_text().splitlines()]
+        steps = [x for x in rows if x["step"] > 0]
+        # each run stopped at the step that spent the budget, not before and not after
+        assert steps[-1]["total_tokens"] >= 600 > steps[-2]["total_tokens"]
+        assert r["tokens"] == steps[-1]["total_tokens"]
+        # the same held-out set: evaluated at the start (step 0) and at the end
+        assert rows[0]["step"] == 0 and rows[0]["eval/tasks"] == 6
+        assert steps[-1]["eval/pass@1"] is not None
+        assert r["acc_start"] is not None and r["wall_s"] > 0 and r["usd"] == 0.0
+    es = next(r for r in report["runs"] if r["method"] == "es")
+    grpo = next(r for r in report["runs"] if r["method"] == "grpo")
+    assert es["acc_start"] == grpo["acc_start"]  # same model, same greedy held-out eval
+    # a rerun resumes every run (finished: nothing trains again) and writes the same report
+    again = run_compare(cfg)
+    assert [r["steps"] for r in again["runs"]] == [r["steps"] for r in report["runs"]]
+
+
+def test_compare_needs_a_budget_and_grpo_needs_sampling(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="give a budget"):
+        CompareConfig(budget={})  # type: ignore[arg-type]
+    cfg = _config(Path("m"), tmp_path, sampling={"temperature": 0.0})
+    with pytest.raises(ConfigError, match="temperature"):
+        cfg.run_config("grpo", 0)
+    assert CompareConfig.model_validate({"seeds": "0,3"}).seeds == [0, 3]
