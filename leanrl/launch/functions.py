@@ -20,7 +20,7 @@ import asyncio
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -170,7 +170,7 @@ async def _engine_for(call: MemberCall) -> _Warm:
             ckpt = _resolve(src.checkpoint)
             if ckpt is not None and not Path(ckpt).exists():
                 reload_volume()  # written by another container after this one started
-            local = WeightsSource(model, src.dtype, src.device, ckpt, src.iteration, src.options)
+            local = replace(src, model=model, checkpoint=ckpt)  # LoRA settings and all
             records = [r for r in call.records if r.iteration > src.iteration]
             if call.engine == "vllm":
                 from leanrl.train.es_pipeline import VLLMEngine
@@ -256,13 +256,8 @@ def es_checkpoint(call: CheckpointCall) -> str:
     from leanrl.train.es_weights import MASTER_FILE
 
     src = call.source
-    local = WeightsSource(
-        _resolve(src.model) or src.model,
-        src.dtype,
-        src.device,
-        _resolve(src.checkpoint),
-        src.iteration,
-        src.options,
+    local = replace(
+        src, model=_resolve(src.model) or src.model, checkpoint=_resolve(src.checkpoint)
     )
     reload_volume()
     model, tok, weights = load_weights(local, list(call.records[: call.iteration]))
