@@ -84,3 +84,7 @@ def test_budget_stops_grpo_early(toy_model_dir: Path, tmp_path: Path) -> None:
     rows = GRPOTrainer(cfg, env=DigitEnv()).train_sync()
     assert rows[-1]["total_tokens"] >= budget > rows[-2]["total_tokens"] and len(rows) < 50
     assert (tmp_path / "run" / f"checkpoint-{len(rows)}").is_dir()  # saved where it stopped
+    # a bigger budget continues the same run (the budget may change on resume)
+    more = _config(toy_model_dir, tmp_path / "run", steps=50, budget={"tokens": 2 * budget})
+    rows2 = GRPOTrainer(more, env=DigitEnv()).train_sync()
+    assert rows2[0]["step"] == len(rows) + 1 and rows2[-1]["total_tokens"] >= 2 * budget

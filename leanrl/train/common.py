@@ -174,7 +174,7 @@ class RunDir:
             diff = sorted(
                 k
                 for k in set(old) | set(new)
-                if k not in ignore and k != "launcher" and old.get(k) != new.get(k)
+                if k not in ignore and k not in ("launcher", "budget") and old.get(k) != new.get(k)
             )
             if diff:
                 raise ConfigError(
