@@ -58,9 +58,10 @@ class RuntimeConfig(BaseModel):
     isolate: bool | None = None
     """Run each Lean process under bubblewrap: read-only file system, no network, a private
     ``/tmp``, and only its own scratch folder visible (Linux). None (the default): on wherever
-    bubblewrap works, with a loud warning where it does not. True: refuse to start without it.
-    False: off (the verdicts stay sound -- every proof is replayed in a clean checker -- but an
-    attempt that runs code could read other attempts' files or reach the network)."""
+    bubblewrap works; where it does not, refuse to start unless ``LEANRL_ALLOW_UNSANDBOXED=1``.
+    True: refuse to start without it. False: off -- an attempt that manages to run code while
+    it is elaborated then runs as this user and can interfere with the trusted checker; only
+    for proofs from a trusted source (docs/verification.md)."""
     startup_timeout_s: float = Field(default=600.0, gt=0)
     """How long a fresh process may take to load its header (``import Mathlib`` is slow)."""
     docker: DockerConfig = Field(default_factory=DockerConfig)

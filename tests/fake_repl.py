@@ -18,6 +18,7 @@ Behaviour is chosen by directive lines inside a command's text::
     -- fake: {"check": {...}}            fields of the trusted check's report for this attempt
     -- fake: {"probe": "/some/path"}     try to write there and to reach the network; report
     -- fake: {"environ": true}           report the names of this process's environment variables
+    -- fake: {"read": "/some/path"}      try to list/read that path; report what was seen
     -- fake: {"duplicate": true}         answer twice (the process is then out of step)
     -- fake: {"forge_answer": 0}         print a fake answer naming environment 0 first
     -- fake: {"flood_mb": 100}           print that much non-JSON output before answering
@@ -136,7 +137,7 @@ def behave(d: dict) -> dict | None:
         import subprocess
 
         # Same process group, inherits stdout: the pipe stays open after this process exits.
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(119.5)"])
         sys.exit(3)
     if d.get("crash"):
         sys.exit(3)
@@ -226,6 +227,14 @@ class Fake:
         sorries, messages = [], list(d.get("messages", []))
         if d.get("probe"):
             messages.append(probe(d["probe"]))
+        if d.get("read"):
+            try:
+                target = d["read"]
+                seen = sorted(os.listdir(target)) if os.path.isdir(target) else ["<file>"]
+                data = "read=ok " + " ".join(seen)
+            except OSError as e:
+                data = f"read=denied({e.errno})"
+            messages.append({"severity": "info", "pos": {"line": 1, "column": 0}, "data": data})
         if d.get("environ"):
             names = " ".join(sorted(os.environ))
             messages.append({"severity": "info", "pos": {"line": 1, "column": 0}, "data": names})

@@ -577,3 +577,8 @@ def test_every_benchmark_row_splits_and_assembles(data_roots: list[Path]) -> Non
             assert lines[asm.proof_line - 1] == "  simp"
             n += 1
     assert n >= 30 + (1500 if len(data_roots) > 1 else 0)
+
+
+def test_a_comment_after_an_import_is_not_a_module() -> None:
+    imports, rest = split_header("import Mathlib -- everything\nimport Aesop\nopen Real\n")
+    assert imports == ["import Lean", "import Mathlib", "import Aesop"] and rest == "open Real"

@@ -79,6 +79,22 @@ CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
         {Reason.FORBIDDEN},
     ),
     (
+        # A theorem that points back at the target, added without the kernel: in the judge the
+        # only `t` is the reference, proved with `sorry`, so a checker that resolved `t` there
+        # would accept the cycle `cheat := t`, `t := cheat` (found by red-teaming).
+        "cycle_through_the_reference",
+        FALSE,
+        "open Lean Elab Command Term Meta in\n"
+        "set_option debug.skipKernelTC true in\n"
+        "#eval show CommandElabM Unit from liftTermElabM do\n"
+        "  let ty ← instantiateMVars (← elabType (← `(2 + 2 = 5)))\n"
+        "  addDecl (.thmDecl { name := `cheat, levelParams := [], type := ty,\n"
+        "    value := .const `t [] })",
+        "exact cheat",
+        NO_SCAN,
+        {Reason.FORBIDDEN, Reason.ERROR},
+    ),
+    (
         # The attempt prints something shaped like a REPL answer into the REPL's own output
         # (old `#eval` does not capture stdout); the pool must not take it for an answer.
         "fake_repl_answer_on_stdout",

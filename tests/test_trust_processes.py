@@ -341,18 +341,30 @@ def test_the_sweep_kills_what_a_dead_owner_left_in_its_process_groups(tmp_path: 
     root = tmp_path / "leanrl-pool-1-x"
     root.mkdir()
     # A leftover that does not die with its parent: its own session, recorded as a group.
+    home = root / "elab-1"
+    home.mkdir()
     left = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        start_new_session=True,
+        env={**os.environ, "HOME": str(home)},
+    )
+    # An unrelated process whose group id is recorded (a reused id) is spared.
+    bystander = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
     )
     try:
         created = psutil.Process(left.pid).create_time()
-        dead_owner = {"pid": 2**22 + 7, "created": 1.0, "groups": [[left.pid, created]]}
+        other = psutil.Process(bystander.pid).create_time()
+        groups = [[left.pid, created], [bystander.pid, other]]
+        dead_owner = {"pid": 2**22 + 7, "created": 1.0, "groups": groups}
         (root / "owner.json").write_text(json.dumps(dead_owner))
         assert sweep_stale(tmp_path) == [root]
         assert left.wait(timeout=10) == -signal.SIGKILL
+        assert bystander.poll() is None
     finally:
-        if left.poll() is None:
-            left.kill()
+        for q in (left, bystander):
+            if q.poll() is None:
+                q.kill()
 
 
 def test_the_sweep_leaves_a_live_owners_folder_alone(tmp_path: Path) -> None:
@@ -420,7 +432,7 @@ async def test_a_crash_whose_child_holds_the_pipe_is_reported_at_once() -> None:
     orphans = [
         q
         for q in psutil.process_iter(["cmdline"])
-        if "time.sleep(120)" in " ".join(q.info["cmdline"] or [])
+        if "time.sleep(119.5)" in " ".join(q.info["cmdline"] or [])
     ]
     assert not [q for q in orphans if q.status() != psutil.STATUS_ZOMBIE]
 
@@ -557,8 +569,38 @@ def test_isolation_is_on_where_bubblewrap_works_and_loud_where_not(
     assert local.resolve_isolation(None) is True
     assert local.resolve_isolation(False) is False
     monkeypatch.setattr(local, "isolation_problem", lambda: "bubblewrap is not installed")
+    monkeypatch.delenv(local.ALLOW_UNSANDBOXED, raising=False)
+    # Without a sandbox an attempt that runs code can reach the checker: fail closed...
+    with pytest.raises(RuntimeUnavailable, match=r"forge verdicts.*isolate false"):
+        local.resolve_isolation(None)
+    with pytest.raises(RuntimeUnavailable, match="cannot be sandboxed"):
+        local.resolve_isolation(True)
+    # ...unless the user says so, loudly.
+    monkeypatch.setenv(local.ALLOW_UNSANDBOXED, "1")
     with caplog.at_level("WARNING", logger="leanrl.runtime"):
         assert local.resolve_isolation(None) is False
     assert "WITHOUT a sandbox" in caplog.text and "bubblewrap is not installed" in caplog.text
-    with pytest.raises(RuntimeUnavailable, match="isolate is on"):
-        local.resolve_isolation(True)
+
+
+@needs_bwrap
+async def test_the_sandbox_hides_this_users_home_and_bounds_its_tmp(tmp_path: Path) -> None:
+    """Leak: the sandbox bound `/` read-only, so a proof's code could list `~` (tokens in
+    `~/.cache`, `~/.config`) and put what it read into Lean's messages. The home folder is now an
+    empty tmpfs, with only what the process needs bound back; `/tmp` and `/dev/shm` are bounded
+    (files there are memory the RSS watch does not see)."""
+    home = Path.home()
+    p = make_pool(isolate=True)
+    try:
+        (v,) = await p.check([att(read=str(home))])
+    finally:
+        await p.close()
+    seen = next(m.data for m in v.messages if m.data.startswith("read="))
+    visible = set(seen.split()[1:]) if seen.startswith("read=ok") else set()
+    # Only what the process needs is bound back (here: the Python the stand-in runs on).
+    secret = {".cache", ".config", ".bash_history", ".gitconfig", ".ssh"} & set(os.listdir(home))
+    assert not visible & secret, visible
+    from leanrl.lean.trust.containment import bwrap_argv
+
+    args = bwrap_argv([tmp_path], exe=shutil.which("bwrap"))
+    assert args[args.index("/tmp") - 3] == "--size" and "/dev/shm" in args
+    assert str(home) in args

@@ -609,3 +609,51 @@ def test_hostile_structure_gives_findings_not_crashes() -> None:
     found = scan("@[" * 5000 + "simproc" + "]" * 5000, VerificationPolicy())
     assert found and found[0].reason is F
     assert scan("@[simp] " * 5000 + "theorem x : True := trivial", VerificationPolicy()) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # `logInfo` is an ordinary name here: Lean reads a plain string "{ ", while a lexer that
+        # took it for interpolated would hide everything up to a later "}" (found by red-teaming).
+        'example (logInfo : String → Nat) : Nat := logInfo "{ "\n'
+        "run_cmd pure ()\n"
+        'example : String := "}"',
+        'theorem h : True := by\n  dbg_trace "{ "\n  native_decide\n  dbg_trace "}"\n  trivial',
+        'def f (throwError : String → Nat) : Nat := throwError "{ "\n#eval 1\ndef g := "}"',
+    ],
+)
+def test_a_string_after_a_name_that_sometimes_interpolates_cannot_hide_code(text: str) -> None:
+    assert scan(text, VerificationPolicy()), "the hidden command was not found"
+
+
+def test_a_tactic_configuration_that_runs_the_proofs_own_code_is_refused() -> None:
+    """The configuration is evaluated as code (`declare_config_elab`): a definition of the
+    proof's own can run `Lean.Elab.runFrontend` through `EStateM` with no forbidden word."""
+    text = (
+        "def leanrl_steps : Nat := 100000\n"
+        "theorem h : 1 + 1 = 2 := by\n  simp (config := { maxSteps := leanrl_steps })"
+    )
+    (f,) = scan(text, VerificationPolicy())
+    assert f.reason is Reason.FORBIDDEN and "leanrl_steps" in f.token
+    literal = "theorem h : 1 + 1 = 2 := by\n  simp (config := { maxSteps := 100000 })"
+    assert scan(literal, VerificationPolicy()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "token"),
+    [
+        (
+            'def s : Nat := match (Lean.Elab.runFrontend "" {} "p" `p) () with | _ => 1',
+            "runFrontend",
+        ),
+        ("theorem h : True := by\n  have := eval% (1 + 1 : Nat)\n  trivial", "eval%"),
+        (
+            'set_option trace.profiler.output "/tmp/x" in\ntheorem h : True := trivial',
+            "trace.profiler.output",
+        ),
+    ],
+)
+def test_more_ways_to_run_code_or_write_files(text: str, token: str) -> None:
+    found = scan(text, VerificationPolicy())
+    assert found and any(token in f.token for f in found), found

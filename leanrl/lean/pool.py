@@ -95,7 +95,7 @@ class PoolConfig(BaseModel):
     """Failed starts in a row (not caused by the header) before a key's attempts get ``infra``."""
     max_output_mb: float = Field(default=64.0, gt=0)
     """Most output one request may produce before the process is killed (``memory``)."""
-    max_pickle_mb: int = Field(default=1024, ge=1)
+    max_pickle_mb: int = Field(default=512, ge=1)
     """Largest compiled environment handed from an elaborating process to a judge."""
     scratch_parent: Path | None = None
     """Where the pool's scratch root is made (None: the system's temporary folder)."""

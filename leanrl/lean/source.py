@@ -38,7 +38,8 @@ def split_header(header: str) -> tuple[list[str], str]:
         elif in_imports and stripped.startswith("/-"):
             in_comment = "-/" not in stripped[2:]
         elif in_imports and _IMPORT.match(line):
-            imports.extend("import " + m for m in line.split()[1:])
+            code = line.split("--", 1)[0]  # `import Mathlib -- why` imports Mathlib only
+            imports.extend("import " + m for m in code.split()[1:])
         elif in_imports and (not stripped or stripped.startswith("--")):
             continue
         else:

@@ -33,32 +33,51 @@ from leanrl.lean.worker import ReplWorker
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
 from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
-__all__ = ["LocalRuntime", "LocalTacticSession", "resolve_isolation"]
+__all__ = ["ALLOW_UNSANDBOXED", "LocalRuntime", "LocalTacticSession", "resolve_isolation"]
 
 log = logging.getLogger("leanrl.runtime")
 
 
+ALLOW_UNSANDBOXED = "LEANRL_ALLOW_UNSANDBOXED"
+"""Set to ``1`` to run Lean without a sandbox where bubblewrap does not work (the environment
+form of ``runtime.isolate = false``; leanrl's Docker and Modal images set it, as the container
+is their boundary to the host)."""
+
+
 def resolve_isolation(isolate: bool | None) -> bool:
     """``RuntimeConfig.isolate`` made definite: True/False as given (True fails without
-    bubblewrap), None as "wherever bubblewrap works", with a loud warning where it does not."""
+    bubblewrap), None as "wherever bubblewrap works". Where it does not, None refuses to start
+    unless :data:`ALLOW_UNSANDBOXED` is set: without a sandbox, an attempt that manages to run
+    code while it is elaborated (the pre-scan blocks the known ways, not every way) runs as this
+    user, next to the trusted checker processes, and can interfere with them."""
     if isolate is False:
+        log.warning(
+            "Lean processes run WITHOUT a sandbox (runtime.isolate = false): use this only for "
+            "proofs from a trusted source"
+        )
         return False
     problem = isolation_problem()
     if problem is None:
         return True
-    if isolate:
+    fix = (
+        "Install bubblewrap (apt-get install bubblewrap) or use the docker runtime. For proofs "
+        "from a trusted source only, set --env.runtime.isolate false (or "
+        f"{ALLOW_UNSANDBOXED}=1)."
+    )
+    if isolate or os.environ.get(ALLOW_UNSANDBOXED) != "1":
         raise RuntimeUnavailable(
-            f"runtime.isolate is on but {problem}. Install bubblewrap, or set "
-            "--env.runtime.isolate false to run Lean without a sandbox"
+            f"Lean processes cannot be sandboxed here: {problem}. Without a sandbox, an attempt "
+            "that manages to run code while it is elaborated can interfere with the trusted "
+            f"checker and forge verdicts. {fix}"
         )
     log.warning(
-        "\n%s\nLean processes run WITHOUT a sandbox: %s.\nVerdicts stay sound (every proof "
-        "is replayed in a clean checker process), but a proof that manages to run code could "
-        "read other attempts' files, this user's files, or the network. Install bubblewrap "
-        "(apt-get install bubblewrap) or use the docker runtime; set --env.runtime.isolate "
-        "false to silence this.\n%s",
+        "\n%s\nLean processes run WITHOUT a sandbox: %s.\nAn attempt that manages to run code "
+        "while it is elaborated can read this user's files, reach the network and interfere "
+        "with the trusted checker processes, so verdicts are only as safe as the pre-scan. %s"
+        "\n%s",
         "!" * 78,
         problem,
+        fix,
         "!" * 78,
     )
     return False

@@ -111,6 +111,8 @@ def image_recipe(config: ModalConfig) -> ImageRecipe:
             "PATH": "/opt/elan/bin:/usr/local/bin:/usr/bin:/bin",
             "ELAN_HOME": "/opt/elan",
             "LEANRL_LEAN_PROJECT": f"{LEAN_HOME}/project",
+            # The Sandbox is the boundary to the host (see runtimes/docker/Dockerfile).
+            "LEANRL_ALLOW_UNSANDBOXED": "1",
             **src_env,
         },
     )

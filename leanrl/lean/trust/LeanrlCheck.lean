@@ -106,18 +106,31 @@ partial def walk (look : Name → Option ConstantInfo) (typeOnly : Name → Bool
                 walk look typeOnly d
     modify fun s => { s with order := s.order.push n }
 
-def toDecl (ci : ConstantInfo) (name : Name) : Option Declaration :=
+/-- `e` with every reference to `target` pointing at `fresh` instead. The judge's environment
+holds the reference statement under `target` (proved with `sorry`); an attempt's constant that
+mentioned `target` would otherwise be checked against that reference -- a cycle `cheat := target`,
+`target := cheat` would pass. Renamed, such a reference is to a constant not yet added, and the
+kernel refuses it. -/
+def retarget (target fresh : Name) (e : Expr) : Expr :=
+  e.replace fun x => match x with
+    | .const n ls => if n == target then some (.const fresh ls) else none
+    | _ => none
+
+def toDecl (ci : ConstantInfo) (name : Name) (ren : Expr → Expr) : Option Declaration :=
   match ci with
-  | .axiomInfo v => some (.axiomDecl { v with name := name })
-  | .defnInfo v => some (.defnDecl { v with name := name })
-  | .thmInfo v => some (.thmDecl { v with name := name })
-  | .opaqueInfo v => some (.opaqueDecl { v with name := name })
+  | .axiomInfo v => some (.axiomDecl { v with name := name, type := ren v.type })
+  | .defnInfo v => some (.defnDecl { v with name := name, type := ren v.type, value := ren v.value })
+  | .thmInfo v => some (.thmDecl { v with name := name, type := ren v.type, value := ren v.value })
+  | .opaqueInfo v =>
+    some (.opaqueDecl { v with name := name, type := ren v.type, value := ren v.value })
   | _ => none
 
 /-- Re-add the attempt's own constants through the kernel (dependencies first); the target is
-added under a fresh name because the reference already owns its name here. -/
+added under a fresh name because the reference already owns its name here, and every reference
+to the target is renamed with it (`retarget`). -/
 def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order : Array Name)
     (target fresh : Name) : CoreM String := do
+  let ren := retarget target fresh
   let mut added : NameSet := {}
   for n in order do
     unless isNew n do continue
@@ -131,8 +144,8 @@ def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order 
         let mut ctors : List Constructor := []
         for c in iv.ctors do
           let some cc := look c | return s!"constructor {c} missing"
-          ctors := ctors ++ [{ name := c, type := cc.type }]
-        types := types ++ [{ name := i, type := iv.type, ctors := ctors }]
+          ctors := ctors ++ [{ name := c, type := ren cc.type }]
+        types := types ++ [{ name := i, type := ren iv.type, ctors := ctors }]
         added := added.insert i
       try addDecl (.inductDecl v.levelParams v.numParams types false)
       catch e => return s!"kernel rejected inductive {n}: {← e.toMessageData.toString}"
@@ -140,7 +153,8 @@ def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order 
     | .recInfo _ => pure ()
     | .quotInfo _ => return s!"{n} is a quotient primitive, which no proof may add"
     | _ =>
-      let some d := toDecl ci (if n == target then fresh else n) | return s!"cannot replay {n}"
+      let some d := toDecl ci (if n == target then fresh else n) ren
+        | return s!"cannot replay {n}"
       try addDecl d
       catch e => return s!"kernel rejected {n}: {← e.toMessageData.toString}"
       added := added.insert n
@@ -183,13 +197,15 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
   let tgt := target.toName
   let env ← getEnv
   let consts ← if olean then readOlean path else readReplPickle path
-  let lookNew : Name → Option ConstantInfo := fun n => (consts.find? (·.1 == n)).map (·.2)
+  let byName : PersistentHashMap Name ConstantInfo :=
+    consts.foldl (fun m (n, ci) => m.insert n ci) {}
+  let lookNew : Name → Option ConstantInfo := fun n => byName.find? n
   let look : Name → Option ConstantInfo := fun n =>
     match lookNew n with
     | some c => some c
     | none => env.find? n
   -- Constants of the attempt that the clean environment also has (the statement's own helper
-  -- definitions, the header's declarations) must be identical; they are then trusted.
+  -- definitions, the header's declarations) must be identical; they are then not replayed.
   let mut status := "ok"
   let mut detail := ""
   let mut trusted : NameSet := {}
@@ -198,10 +214,14 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
     if n != ci.name && status == "ok" then
       status := "replay_failed"
       detail := s!"the constant filed as {n} is named {ci.name}"
+  let mut placeholders : NameSet := {}
   for (n, ci) in consts do
     if n == tgt then continue
     if let some r := env.find? n then
-      if sameDecl ci r then trusted := trusted.insert n
+      if sameDecl ci r then
+        trusted := trusted.insert n
+        if let .defnInfo v := r then
+          if isSorryBody v.value then placeholders := placeholders.insert n
       else if status == "ok" then
         status := "helper_mismatch"
         detail := s!"{n} is declared differently from the reference statement's {n}"
@@ -224,7 +244,16 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
       detail := s!"no declaration named {tgt}; similar: {similar.map (·.1)}"
     | some ci =>
       kind := kindOf ci
-      w := (Id.run ((walk look (fun n => trusted.contains n) tgt).run {})).2
+      -- Walked from the target's dependencies, with the target itself unresolvable: a
+      -- constant of the attempt that refers back to the target is a missing dependency (the
+      -- only constant of that name here is the reference, proved with `sorry`).
+      let lookW : Name → Option ConstantInfo := fun n => if n == tgt then none else look n
+      let rootWalk : StateM Walk Unit := do
+        -- Only answer placeholders (`abbrev ..._solution := sorry`) are walked by type alone:
+        -- every other constant's body is entered, shared with the reference or not.
+        for d in depsOf ci true do walk lookW (fun n => placeholders.contains n) d
+        modify fun (s : Walk) => { s with order := s.order.push tgt }
+      w := (Id.run (rootWalk.run {})).2
       if status == "ok" then
         if kind != refKind then
           status := "wrong_kind"

@@ -109,7 +109,12 @@ WHY: dict[str, str] = {
     ),
     "run_code": (
         "it runs arbitrary code inside the Lean process (`run_tac`, `by_elab` run a "
-        "meta-program); use ordinary tactics"
+        "meta-program, `eval%` evaluates its term); use ordinary tactics"
+    ),
+    "config_code": (
+        "a tactic configuration is evaluated as code when the tactic runs, so a configuration "
+        "that uses a definition of the proof's own runs that definition; write the value "
+        "literally (`(config := { maxSteps := 100000 })`)"
     ),
     "plausible": (
         "it compiles and runs the statement's decidability code on random inputs (arbitrary code "
@@ -298,7 +303,8 @@ UNSAFE_OPTION_PREFIXES: tuple[str, ...] = (
     "eval.",
 )
 UNSAFE_OPTIONS: frozenset[str] = frozenset(
-    "allowUnsafeReducibility debugAssertions genInjectivity genSizeOfSpec quotPrecheck".split()
+    "allowUnsafeReducibility debugAssertions genInjectivity genSizeOfSpec quotPrecheck "
+    "trace.profiler.output trace.profiler.output.pp".split()
 )
 
 # -- names and tactics -----------------------------------------------------------------------------
@@ -325,5 +331,7 @@ METAPROGRAM_NAMES: frozenset[str] = frozenset(
     EStateM RealWorld addDecl addDeclCore addDeclWithoutChecking addAndCompile compileDecl
     compileDecls modifyEnv setEnv evalExpr evalExpr' evalConst evalConstCheck evalDecl evalTerm
     evalTactic unsafeEvalDecl liftMetaTactic liftTermElabM liftCommandElabM
+    runFrontend processCommands elabCommand elabCommandTopLevel runCommandElabM saveModuleData
+    readModuleData importModules withImportModules mkEmptyEnvironment finalizeImport
     """.split()
 )

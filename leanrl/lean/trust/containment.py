@@ -88,6 +88,9 @@ def minimal_env(source: Mapping[str, str], home: Path) -> dict[str, str]:
 
 # -- bubblewrap ---------------------------------------------------------------------------------
 
+TMPFS_MB = 512
+"""Size of a sandbox's private ``/tmp`` and ``/dev/shm`` (files there are memory)."""
+
 
 @cache
 def isolation_problem() -> str | None:
@@ -114,22 +117,32 @@ def bwrap_argv(
     *,
     needs: Sequence[Path] = (),
     exe: str | None = None,
+    tmpfs_mb: int = TMPFS_MB,
 ) -> list[str]:
-    """A bubblewrap command prefix: the file system read-only, no network, own namespaces, and
-    a private ``/tmp``.
+    """A bubblewrap command prefix: the file system read-only, no network, own namespaces, a
+    private ``/tmp`` and ``/dev/shm`` of bounded size, and this user's home folder hidden.
 
-    ``/tmp`` and the ``hide`` folders (scratch roots) are covered with an empty tmpfs. What the
-    process must still read there -- ``needs``: its program, its project, its libraries, when
-    they live under ``/tmp`` (a checkout made with ``mktemp -d``) -- is bound back read-only, by
-    its top folder under ``/tmp``. Then ``readable`` folders are bound read-only and ``writable``
+    ``/tmp``, the home folder and the ``hide`` folders (scratch roots) are covered with an empty
+    tmpfs. What the process must still read there -- ``needs``: its program, its project, its
+    toolchain -- is bound back read-only: under ``/tmp`` by its top folder (a checkout made with
+    ``mktemp -d``), under the home folder exactly (``~/.cache`` may hold tokens, only the
+    project in it is needed). Then ``readable`` folders are bound read-only and ``writable``
     folders read-write, so a process sees exactly the scratch folders it is given.
     """
     exe = exe or shutil.which("bwrap")
     if exe is None:
         raise FileNotFoundError("bubblewrap (`bwrap`) is not installed: apt-get install bubblewrap")
-    argv = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    size = ["--size", str(tmpfs_mb << 20)] if _bwrap_has_size(exe) else []
+    argv = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    argv += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
+    home = _home()
+    if home is not None:
+        argv += ["--tmpfs", str(home)]
     for top in _tops_under(Path("/tmp"), needs, avoid=hide):
         argv += ["--ro-bind", str(top), str(top)]
+    if home is not None:
+        for p in _exact_under(home, needs, avoid=hide):
+            argv += ["--ro-bind", str(p), str(p)]
     for h in hide:
         argv += ["--tmpfs", str(h)]
     for r in readable:
@@ -137,6 +150,24 @@ def bwrap_argv(
     for w in writable:
         argv += ["--bind", str(w), str(w)]
     return [*argv, "--unshare-all", "--die-with-parent", "--new-session"]
+
+
+@cache
+def _bwrap_has_size(exe: str) -> bool:
+    try:
+        out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in out
+
+
+def _home() -> Path | None:
+    """This user's home folder, when it is one that can be hidden (not ``/``)."""
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, OSError):
+        return None
+    return home if home != Path("/") and home.is_dir() else None
 
 
 def _tops_under(hidden: Path, paths: Sequence[Path], avoid: Sequence[Path]) -> list[Path]:
@@ -147,18 +178,31 @@ def _tops_under(hidden: Path, paths: Sequence[Path], avoid: Sequence[Path]) -> l
     avoided = {a.resolve() for a in avoid}
     for p in paths:
         for q in {p.absolute(), p.resolve()}:
-            try:
-                rel = q.relative_to(base)
-            except ValueError:
-                try:
-                    rel = q.relative_to(hidden)
-                except ValueError:
-                    continue
-            if rel.parts:
-                top = base / rel.parts[0]
-                if top not in avoided and top.exists():
-                    tops.add(top)
+            for b in (base, hidden):
+                if q.is_relative_to(b) and q != b:
+                    top = base / q.relative_to(b).parts[0]
+                    if top not in avoided and top.exists():
+                        tops.add(top)
+                    break
     return sorted(tops)
+
+
+def _exact_under(hidden: Path, paths: Sequence[Path], avoid: Sequence[Path]) -> list[Path]:
+    """The folders to bind back under ``hidden`` for ``paths``: a program's folder above its
+    ``bin``, a file's folder, a folder itself."""
+    out: set[Path] = set()
+    avoided = {a.resolve() for a in avoid}
+    for p in paths:
+        for q in {p.absolute(), p.resolve()}:
+            if q == hidden or not q.is_relative_to(hidden) or not q.exists():
+                continue
+            d = q if q.is_dir() else q.parent
+            if d.name == "bin" and d.parent != hidden:
+                d = d.parent
+            if d != hidden and not any(d == a or d.is_relative_to(a) for a in avoided):
+                out.add(d)
+    # Nested ones are covered by their parents.
+    return sorted(d for d in out if not any(d != o and d.is_relative_to(o) for o in out))
 
 
 def process_needs(argv: Sequence[str], cwd: Path | None, env: Mapping[str, str]) -> list[Path]:
@@ -174,6 +218,8 @@ def process_needs(argv: Sequence[str], cwd: Path | None, env: Mapping[str, str])
 # -- the child's own set-up (runs between fork and exec) -----------------------------------------
 
 _PR_SET_PDEATHSIG = 1
+FILE_LIMIT = 2 << 30
+"""Largest file a Lean process may write (``RLIMIT_FSIZE``), in bytes."""
 
 
 def _pdeathsig() -> None:
@@ -204,6 +250,10 @@ def child_setup(memory_mb: int | None) -> Callable[[], None]:
         _pdeathsig()
         if memory_mb:
             _limit_data(memory_mb)
+        # No file it writes (a pickle, its stderr, a file an attempt's code writes in its
+        # folder) may grow past this: the host's disk is not the attempt's.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
 
     return setup
 
@@ -299,8 +349,10 @@ def _owner_alive(info: Mapping[str, object]) -> bool:
         return False
 
 
-def _kill_leftovers(groups: object) -> int:
-    """Kill the members of recorded process groups that were started by the dead owner."""
+def _kill_leftovers(groups: object, root: Path) -> int:
+    """Kill the members of recorded process groups that were started by the dead owner: only
+    processes whose ``HOME`` lies in the dead owner's scratch root (every Lean process leanrl
+    starts has one there), so a group id reused by an unrelated process is left alone."""
     if not isinstance(groups, list):
         return 0
     killed = 0
@@ -318,6 +370,8 @@ def _kill_leftovers(groups: object) -> int:
         # A member of the group that started no earlier than its leader: not a reused id.
         if pgid in wanted and (p.info["create_time"] or 0) >= wanted[pgid] - 1.0:
             with contextlib.suppress(psutil.Error):
+                if not p.environ().get("HOME", "").startswith(str(root) + os.sep):
+                    continue
                 p.kill()
                 killed += 1
     return killed
@@ -342,7 +396,7 @@ def sweep_stale(parent: Path | None = None, *, legacy_age_s: float = 86400.0) ->
                 info = json.loads(marker.read_text(encoding="utf-8"))
                 if not isinstance(info, dict) or _owner_alive(info):
                     continue
-                n = _kill_leftovers(info.get("groups"))
+                n = _kill_leftovers(info.get("groups"), root)
                 if n:
                     log.warning("killed %d Lean process(es) left behind by a dead leanrl", n)
             elif time.time() - root.stat().st_mtime < legacy_age_s:

@@ -188,9 +188,10 @@ _ID_SYMBOLS: frozenset[str] = frozenset("ℝ≥0 ℝ≥0∞ ℤ√ ℤ_[ ℚ_[ �
 _SAFE_BEFORE_COMMENT = frozenset("()[]{}⟨⟩,")
 
 # Keywords after which a string literal is interpolated (Lean core and Batteries).
-INTERPOLATING = frozenset(
-    "s! m! f! throwError throwErrorAt logInfo logWarning logError dbg_trace".split()
-)
+INTERPOLATING = frozenset("s! m! f!".split())
+"""Tokens after which a string is always interpolated. After anything else -- ``throwError``,
+``dbg_trace`` and ``logInfo`` included, which are ordinary names in some positions and take
+plain strings in others -- a string with ``{`` must read the same both ways (see ``string``)."""
 
 _QUOTABLE = frozenset("\\\"'rnt")
 _ASCII_ID_REST = re.compile(r"[A-Za-z0-9_'!?]*")

@@ -54,6 +54,8 @@ from leanrl.lean.trust.allowlist import (
 from leanrl.lean.trust.lexer import Kind, Token, bracket_delta, tokenize
 from leanrl.verdict import Reason, VerificationPolicy
 
+_DECLARING = frozenset("def abbrev theorem lemma instance opaque".split())
+
 __all__ = ["Finding", "scan"]
 
 
@@ -110,6 +112,7 @@ class _Scan:
         self.args: set[int] = set()  # attribute arguments: name rules apply, command rules don't
         self.closer = _closers(tokens)
         self.checked: set[int] = set()  # attribute lists already read (`@[` indices)
+        self._defined: frozenset[str] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -188,10 +191,41 @@ class _Scan:
             self.add(kind, word, t.line)
         if word in TACTICS:
             self.add(TACTICS[word], word, t.line)
+        if word == "eval" and self.is_sym(i + 1, "%") and not self.toks[i + 1].space_before:
+            self.add("run_code", "eval%", t.line)
+        if word == "config" and self.is_sym(i + 1, ":=") and self.is_sym(i - 1, "("):
+            self.config_value(i + 2, t.line)
         if word in NATIVE_TACTICS:
             self.add("native", word, t.line)
         if word == "tactic":
             self.add("aesop_tactic", word, t.line)
+
+    def config_value(self, i: int, line: int) -> None:
+        """``(config := VALUE)``: the value is evaluated as code when the tactic runs (Lean's
+        ``declare_config_elab``), so it must not use a definition of the proof's own."""
+        depth = 0
+        while (t := self.tok(i)) is not None:
+            if t.kind is Kind.SYMBOL:
+                depth += bracket_delta(t)
+                if depth < 0:
+                    return
+            elif t.kind is Kind.IDENT and (t.value in self.defined or t.text in self.defined):
+                self.add("config_code", f"(config := ... {t.text} ...)", line)
+                return
+            i += 1
+
+    @property
+    def defined(self) -> frozenset[str]:
+        """Names the scanned text declares (``def``, ``abbrev``, ``theorem``, ...), with and
+        without their namespace."""
+        if self._defined is None:
+            out: set[str] = set()
+            for k, t in enumerate(self.toks[:-1]):
+                nxt = self.toks[k + 1]
+                if t.kind is Kind.IDENT and t.text in _DECLARING and nxt.kind is Kind.IDENT:
+                    out.update({nxt.value, nxt.value.rsplit(".", 1)[-1]})
+            self._defined = frozenset(out)
+        return self._defined
 
     def name_rules(self, t: Token) -> None:
         """Rules on what a name refers to, however it is spelled."""
