@@ -142,3 +142,48 @@ def test_report_and_reward_curve_without_matplotlib(
     with caplog.at_level(logging.WARNING, logger="leanrl.train"):
         assert run.plot() is None
     assert "[train]" in caplog.text
+
+
+def test_a_trainer_with_in_run_eval_finishes_without_matplotlib(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    toy_model_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every trainer draws eval_curve.png in its `finally`; without the extra that is a warning
+    with the fix, never an ImportError that ends (or hides the error of) the run."""
+    from leanrl import load_environment
+    from leanrl.environment import EnvironmentConfig
+    from leanrl.policy import PolicyConfig, SamplingConfig
+    from leanrl.train.inrun_eval_config import InRunEvalConfig
+    from leanrl.train.sft import SFTConfig, SFTTrainer
+    from leanrl.train.sft_data import Pair
+
+    toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+    _missing(monkeypatch, "matplotlib")
+    held_out = EnvironmentConfig(
+        id="dataset",
+        taskset={"path": toy, "split": "test"},
+        runtime={"name": "tests._scripted_runtime:ScriptedRuntime", "options": {"accept": "omega"}},
+    )
+    cfg = SFTConfig(
+        policy=PolicyConfig(model=str(toy_model_dir)),
+        out=tmp_path / "run",
+        epochs=None,
+        steps=2,
+        batch_size=2,
+        micro_batch_size=2,
+        save_every=2,
+        eval=InRunEvalConfig(
+            every=2, env=held_out, sampling=SamplingConfig(temperature=0.0, max_tokens=4)
+        ),
+    )
+    tasks = load_environment("dataset", path=toy, split="train").tasks()
+    with caplog.at_level(logging.WARNING, logger="leanrl.train"):
+        SFTTrainer(cfg, pairs=[Pair(t, "\n  omega") for t in tasks]).train_sync()
+    run = tmp_path / "run"
+    assert '"eval/pass@1"' in (run / "metrics.jsonl").read_text()  # the evaluation did run
+    assert not (run / "eval_curve.png").exists()
+    warned = [r.getMessage() for r in caplog.records if "eval_curve.png" in r.getMessage()]
+    assert len(warned) == 1
+    _one_line_fix(warned[0], "train")

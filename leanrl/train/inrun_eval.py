@@ -92,7 +92,15 @@ def plot_eval(run: RunDir) -> Path | None:
     )
     if not rows:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        # Called from every trainer's `finally`: a missing extra must not replace the run's own
+        # outcome (or its error) with an ImportError.
+        from leanrl._dist import install_hint
+
+        log.warning("eval_curve.png not drawn: matplotlib is missing (%s)", install_hint("train"))
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
