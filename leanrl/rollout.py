@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leanrl.verdict import Verdict
+from leanrl.verdict import Reason, Verdict
 
 if TYPE_CHECKING:
     from leanrl.policy import Completion
@@ -96,6 +96,12 @@ class Rollout(BaseModel):
     def completion(self) -> str:
         """The model's text over all turns."""
         return "".join(t.completion for t in self.turns)
+
+    @property
+    def infra(self) -> bool:
+        """True when the checker could not judge the attempt (verdict ``infra``): not the
+        model's answer, so trainers give it no weight and pass rates leave it out."""
+        return self.verdict is not None and self.verdict.reason == Reason.INFRA
 
     @property
     def truncated(self) -> bool:

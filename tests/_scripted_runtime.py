@@ -1,7 +1,9 @@
 """A deterministic TEST runtime and TEST policy. Not Lean, and never used outside tests.
 
 ``ScriptedRuntime`` judges an attempt by a rule instead of running Lean: accepted iff the proof
-contains ``options["accept"]`` (default ``"omega"``) and no ``sorry``. It records every attempt
+contains ``options["accept"]`` (default ``"omega"``) and no ``sorry``. The checker "could not
+run" (verdict ``infra``) for every attempt while ``options["infra_file"]`` exists, and for the
+samples numbered in ``options["infra_samples"]`` (attempt ids ``task/sample``). It records every attempt
 and the time span of every ``check`` call, so tests can assert what reached the runtime and that
 verification overlapped generation. Its tactic sessions follow a script: ``intro``-like tactics
 (``options["progress"]``) add a goal, the accept tactic closes every goal, anything else errors.
@@ -67,9 +69,11 @@ class ScriptedRuntime(Runtime):
             await asyncio.sleep(self.delay_s)
         out = []
         infra_file = self.config.options.get("infra_file")
+        infra_samples = {str(i) for i in self.config.options.get("infra_samples", ())}
         for a in attempts:
             self.attempts.append(a)
-            if infra_file and Path(infra_file).exists():  # the checker "could not run"
+            sample = (a.id or "").rpartition("/")[2]
+            if (infra_file and Path(infra_file).exists()) or sample in infra_samples:
                 out.append(Verdict.reject(Reason.INFRA, "sandbox died twice", id=a.id))
             elif "sorry" in a.proof:
                 out.append(Verdict.reject(Reason.SORRY, "uses sorry", id=a.id))

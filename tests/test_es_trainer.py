@@ -23,9 +23,10 @@ from leanrl.train.es_workers import IterationState, Member, MemberScore
 
 
 class ScriptedScorer:
-    """Answers each iteration with the next list of member rewards (one task per rollout)."""
+    """Answers each iteration with the next list of member rewards (one task per rollout; None:
+    the checker could not judge the member's one attempt, verdict ``infra``)."""
 
-    def __init__(self, rewards: list[list[float]]) -> None:
+    def __init__(self, rewards: list[list[float | None]]) -> None:
         self.rewards = list(rewards)
         self.states: list[IterationState] = []
 
@@ -37,7 +38,12 @@ class ScriptedScorer:
         row = self.rewards.pop(0)
         assert len(row) == len(members)
         tid = str(state.tasks[0].id)
-        return [MemberScore(reward=r, pass_rate=0.0, rewards=[r], task_ids=[tid]) for r in row]
+        return [
+            MemberScore(reward=r, pass_rate=0.0, rewards=[r], task_ids=[tid])
+            if r is not None
+            else MemberScore(reward=0.0, pass_rate=0.0, infra=1)
+            for r in row
+        ]
 
     async def close(self) -> None:
         return None
@@ -80,6 +86,31 @@ def test_mirrored_pairs_scoring_alike_are_a_skipped_update(
     assert rows[0]["skipped"] is True and rows[0]["update_norm"] == 0.0
     rec = ESHistory(tmp_path / "m" / "es_history.bin").open(read_only=True)
     assert [(r.skipped, r.coeffs) for r in rec] == [(True, ())]
+
+
+def test_a_member_with_only_infra_attempts_has_no_say(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A member whose attempts the checker could not judge has no reward: it is left out of the
+    shaping and of the update, which is the one the judged members alone would give."""
+    from leanrl.train.es import es_coefficients, population, shape_rewards
+
+    cfg = toy_config(tiny_model_dir, tmp_path / "i", population=4, save_every=100)
+    _, rows = run_steps(cfg, ScriptedScorer([[1.0, None, 0.0, 1.0]]), 1)
+    members = population(cfg, 1)
+    z = shape_rewards([1.0, 0.0, 1.0]) or []
+    want = es_coefficients(members, [z[0], 0.0, z[1], z[2]], cfg.lr, n=3)
+    rec = ESHistory(tmp_path / "i" / "es_history.bin").open(read_only=True)
+    assert list(rec[0].coeffs) == want and dict(want)[members[1].seed] == 0.0
+    assert dict(want)[members[0].seed] == pytest.approx(cfg.lr / 3 * z[0], rel=1e-6)
+    assert rows[0]["members_judged"] == 3 and rows[0]["population"] == 4
+    assert rows[0]["reward_mean"] == pytest.approx(2 / 3) and rows[0]["reward_min"] == 0.0
+    assert (rows[0]["infra"], rows[0]["infra_frac"]) == (1, 0.25)
+    # one judged member left: nothing to compare it with, no update
+    _, rows = run_steps(
+        toy_config(tiny_model_dir, tmp_path / "j", population=4, save_every=100),
+        ScriptedScorer([[None, None, 0.5, None]]),
+        1,
+    )
+    assert rows[0]["skipped"] is True and rows[0]["reward_mean"] == 0.5
 
 
 def test_update_norm_is_none_without_trainer_weights(tiny_model_dir: Path, tmp_path: Path) -> None:

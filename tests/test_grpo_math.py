@@ -42,6 +42,28 @@ def test_group_advantage_continuous_rewards() -> None:
     assert adv[0].tolist() == pytest.approx([-0.5 / 0.5001, 0.0, 0.5 / 0.5001], abs=1e-6)
 
 
+def test_uncounted_rewards_are_left_out_of_their_group() -> None:
+    """Rewards the checker could not judge (infra) get advantage 0 and do not move the group's
+    mean or std; a group with fewer than two counted rewards carries no signal."""
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    counted = torch.tensor(
+        [[True, False, True, True], [True, False, False, False], [False, True, False, False]]
+    )
+    adv = group_advantages(r, "group", counted=counted)
+    # group 1 is [1, 0, 1]: mean 2/3, unbiased std sqrt(1/3)
+    hi, lo = (1 / 3) / (math.sqrt(1 / 3) + 1e-4), (-2 / 3) / (math.sqrt(1 / 3) + 1e-4)
+    assert adv[0].tolist() == pytest.approx([hi, 0.0, lo, hi], abs=1e-6)
+    assert adv[1].tolist() == [0.0] * 4 and adv[2].tolist() == [0.0] * 4
+    assert group_advantages(r, "none", counted=counted)[0].tolist() == pytest.approx(
+        [1 / 3, 0.0, -2 / 3, 1 / 3], abs=1e-6
+    )
+    # batch: the std of the counted rewards only (1, 0, 1; 1; 1), when no batch is given
+    a = group_advantages(r, "batch", counted=counted)[0]
+    std = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0]).std().item()
+    assert a.tolist() == pytest.approx([(1 / 3) / (std + 1e-4), 0.0, (-2 / 3) / (std + 1e-4),
+                                        (1 / 3) / (std + 1e-4)], abs=1e-6)  # fmt: skip
+
+
 # -- the clipped surrogate ----------------------------------------------------------------------
 
 

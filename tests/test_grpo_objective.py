@@ -294,6 +294,23 @@ def test_batch_scale_uses_every_reward_of_the_step(tiny_model_dir: Path, tmp_pat
     assert got == pytest.approx([a, -a, -a, a], abs=1e-6)
 
 
+def test_infra_rollouts_get_no_sequence_and_no_say(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A rollout the checker could not judge (infra) is not trained on, and its reward of 0 is
+    not compared against: the group is the judged rollouts."""
+    engine = _engine(tiny_model_dir, tmp_path / "r", loss_agg="dr_grpo", group_size=4)
+    group = [
+        _rollout(1.0, [("stop", "")], Reason.OK),
+        _rollout(0.0, [("stop", "")], Reason.INFRA),
+        _rollout(0.0, [("stop", "")], Reason.ERROR),
+        _rollout(1.0, [("stop", "")], Reason.OK),
+    ]
+    samples = engine.make_samples([group])
+    assert [s.adv for s in samples] == pytest.approx([1 / 3, -2 / 3, 1 / 3])
+    # one judged rollout left: nothing to compare it with
+    lone = [_rollout(0.0, [("stop", "")], Reason.INFRA)] * 3 + [group[0]]
+    assert [s.adv for s in engine.make_samples([lone])] == [0.0]
+
+
 # -- dropout ------------------------------------------------------------------------------------------
 
 

@@ -370,6 +370,16 @@ def print_run_summary(run: RunDir, keys: Sequence[str]) -> None:
     if rows:
         last = rows[-1]
         print(f"step {last.get('step')}: " + " ".join(f"{k}={last.get(k)}" for k in keys))
+    from leanrl.train.infra import infra_summary
+
+    infra = infra_summary(rows)
+    if infra["mostly_infra"]:
+        steps = infra["mostly_infra_steps"]
+        print(
+            f"WARNING: most attempts of {len(steps)} step(s) could not be checked (`infra`; "
+            f"steps {', '.join(map(str, steps[:10]))}{', ...' if len(steps) > 10 else ''}): "
+            "those steps learned from few or no attempts. Check the runtime (`leanrl doctor`)"
+        )
     latest = run.latest_checkpoint()
     if latest is not None:
         print(f"latest checkpoint: {latest[1]}  (leanrl eval --model {latest[1]})")

@@ -84,6 +84,7 @@ from leanrl.train.es_workers import (
     ProcessPoolScorer,
     VLLMScorer,
 )
+from leanrl.train.infra import infra_metrics, warn_if_mostly_infra
 from leanrl.train.lora import LoRAConfig
 
 log = logging.getLogger("leanrl.train.es")
@@ -228,10 +229,12 @@ def shape_rewards(rewards: Sequence[float], shaping: str = "zscore") -> list[flo
 
 
 def es_coefficients(
-    members: Sequence[Member], z: Sequence[float], alpha: float
+    members: Sequence[Member], z: Sequence[float], alpha: float, n: int | None = None
 ) -> list[tuple[int, float]]:
-    """c_k = f32(α/N · Σ_{n: seed_n = k} sign_n·z_n), one per distinct seed, in first-seen order."""
-    n = len(members)
+    """c_k = f32(α/N · Σ_{n: seed_n = k} sign_n·z_n), one per distinct seed, in first-seen order.
+
+    ``n``: the N of α/N, when fewer members than all were scored (default: all of them)."""
+    n = len(members) if n is None else n
     acc: dict[int, float] = {}
     for m, zn in zip(members, z, strict=True):
         acc[m.seed] = acc.get(m.seed, 0.0) + m.sign * zn
@@ -483,9 +486,17 @@ class ESTrainer:
         if self._world().is_main:  # every rank has every score; rank 0 keeps the proofs
             self._keep(tasks, members, scores, it)
         _check_finite(scores, members, it)
-        rewards = [s.reward for s in scores]
-        z = shape_rewards(rewards, cfg.shaping)
-        coeffs = [] if z is None else es_coefficients(members, z, cfg.lr)
+        # A member none of whose attempts the checker could judge (all `infra`) has no reward:
+        # it is left out of the shaping and the update (z = 0, and N of α/N counts the judged
+        # members only). Its seed keeps its place in the history, whose seeds are regenerated.
+        judged = [(m, s) for m, s in zip(members, scores, strict=True) if not s.unjudged]
+        rewards = [s.reward for _, s in judged]
+        z = shape_rewards(rewards, cfg.shaping) if len(rewards) > 1 else None
+        coeffs = []
+        if z is not None:
+            z_of = iter(z)
+            z_all = [0.0 if s.unjudged else next(z_of) for s in scores]
+            coeffs = es_coefficients(members, z_all, cfg.lr, n=len(judged))
         # mirrored pairs whose twins score the same give c = 0 for every seed: no update either
         skipped = not any(c != 0.0 for _, c in coeffs)
         if skipped:
@@ -495,25 +506,31 @@ class ESTrainer:
             norm = self.weights.apply_update(coeffs) if coeffs else 0.0
         t_updated = time.perf_counter()
         n = len(rewards)
-        mean = sum(rewards) / n
+        mean = sum(rewards) / n if n else None
         perturb_s = sum(s.perturb_s for s in scores)
         score_s = sum(s.score_s for s in scores)
         tokens = sum(s.tokens for s in scores)
+        infra = sum(s.infra for s in scores)
+        attempts = infra + sum(len(s.rewards) for s in scores)
         row: dict[str, Any] = {
             "step": it,
             "reward_mean": mean,
-            "reward_std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
-            "reward_max": max(rewards),
-            "reward_min": min(rewards),
-            "pass_rate": sum(s.pass_rate for s in scores) / n,
+            "reward_std": (
+                (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5 if mean is not None else None
+            ),
+            "reward_max": max(rewards, default=None),
+            "reward_min": min(rewards, default=None),
+            "pass_rate": sum(s.pass_rate for _, s in judged) / n if n else None,
             "skipped": skipped,
+            "members_judged": n,  # members with at least one attempt the checker judged
+            **infra_metrics(infra, attempts),
             "update_norm": norm,
             "time_perturb_s": perturb_s,
             "time_score_s": score_s,
             "time_update_s": t_updated - t_scored,
             "step_time_s": t_updated - t_start,
             "tokens_per_s": tokens / max(t_scored - t_start, 1e-9),
-            "population": n,
+            "population": len(scores),
             "tokens": tokens,
             **_idle(self._scorer),
             **runtime_metrics(self._env),
@@ -534,6 +551,7 @@ class ESTrainer:
         if self._logger is not None:
             self._logger.log(row)
         log.info(_iteration_line(row, cfg.steps))
+        warn_if_mostly_infra(row, log, unit="iteration")
         self.history.append(record)
         if it % cfg.save_every == 0 or it == cfg.steps:
             await self._checkpoint()

@@ -84,9 +84,10 @@ class MemberScore:
     """A member's result: its reward and what it cost."""
 
     reward: float
-    """Mean reward over every rollout (tasks × samples per task)."""
+    """Mean reward over every judged rollout (tasks × samples per task, less the ``infra``
+    ones); 0.0 when none was judged (see :attr:`unjudged`)."""
     pass_rate: float
-    """Fraction of rollouts Lean accepted."""
+    """Fraction of the judged rollouts Lean accepted."""
     tokens: int = 0
     """Generated tokens (for tokens/s)."""
     perturb_s: float = 0.0
@@ -94,12 +95,20 @@ class MemberScore:
     score_s: float = 0.0
     """Seconds spent on rollouts (generation + verification)."""
     rewards: list[float] = field(default_factory=list)
-    """Every rollout's reward, task-major."""
+    """Every judged rollout's reward, task-major."""
     task_ids: list[str] = field(default_factory=list)
     """The task of each entry of ``rewards`` (to name the task in error messages)."""
+    infra: int = 0
+    """Rollouts the checker could not judge (verdict ``infra``): no outcome of the member, so
+    they are left out of ``reward``, ``pass_rate`` and ``rewards``."""
     kept: list[dict[str, Any]] = field(default_factory=list)
     """The accepted attempts (task id, sample, proof, preamble, completion, axioms, time), for
     the run's ``proofs.jsonl``."""
+
+    @property
+    def unjudged(self) -> bool:
+        """Whether no rollout of the member was judged (all ``infra``): it has no reward."""
+        return self.infra > 0 and not self.rewards
 
 
 @runtime_checkable
@@ -128,8 +137,9 @@ async def score_rollouts(
             f"(n = {sampling.n}): its harness must return one group of rollouts per task. Check "
             "the harness (and that tasks_per_step and sampling.n are at least 1)"
         )
-    rewards = [float(r.reward) for r in rollouts]
-    passed = sum(1 for r in rollouts if r.verdict is not None and r.verdict.accepted)
+    judged = [r for r in rollouts if not r.infra]  # infra: the checker did not run
+    rewards = [float(r.reward) for r in judged]
+    passed = sum(1 for r in judged if r.verdict is not None and r.verdict.accepted)
     tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
     kept = [
         {
@@ -146,13 +156,14 @@ async def score_rollouts(
         if r.verdict is not None and r.verdict.accepted and r.proof is not None
     ]
     return MemberScore(
-        reward=sum(rewards) / len(rewards),
-        pass_rate=passed / len(rollouts),
+        reward=sum(rewards) / len(rewards) if rewards else 0.0,
+        pass_rate=passed / len(judged) if judged else 0.0,
         tokens=tokens,
         score_s=time.perf_counter() - t0,
         rewards=rewards,
-        task_ids=[str(r.task_id) for r in rollouts],
+        task_ids=[str(r.task_id) for r in judged],
         kept=kept,
+        infra=len(rollouts) - len(judged),
     )
 
 

@@ -90,6 +90,7 @@ from leanrl.train.common import (
 )
 from leanrl.train.grpo_config import GRPOConfig
 from leanrl.train.grpo_data import _Batch, ends_truncated
+from leanrl.train.infra import infra_metrics, warn_if_mostly_infra
 from leanrl.train.overlap import chunked_rollout
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
@@ -357,6 +358,8 @@ class GRPOTrainer:
                     row.update(await self._evaluate(engine, engine.step))
                 logger.log(row)
                 log.info(_step_line(row, cfg.steps))
+                if self._is_main():
+                    warn_if_mostly_infra(row, log)
                 rows.append(row)
                 done = engine.step
                 if done % cfg.save_every == 0 or done == cfg.steps or spent:
@@ -408,14 +411,16 @@ class GRPOTrainer:
                     )
             groups += got
             for g in got:
-                if cfg.dynamic_sampling == "off" or len({x.reward for x in g}) > 1:
+                # informative: two judged outcomes that differ (infra ones are no outcome)
+                judged = [x.reward for x in g if not x.infra]
+                if cfg.dynamic_sampling == "off" or (len(judged) > 1 and len(set(judged)) > 1):
                     kept.append(g)
             if cfg.dynamic_sampling != "refill" or len(kept) >= cfg.tasks_per_step:
                 break
         kept = kept[: cfg.tasks_per_step] if cfg.dynamic_sampling == "refill" else kept
         t_rollout = time.perf_counter() - t0
         # scale_rewards = "batch": the std of everything sampled, before groups were dropped
-        batch_rewards = [r.reward for g in groups for r in g]
+        batch_rewards = [r.reward for g in groups for r in g if not r.infra]
         samples = engine.make_samples(kept, batch_rewards)
         return _Batch(
             step=step,
@@ -494,9 +499,12 @@ class GRPOTrainer:
         t1: float,
         t2: float,
     ) -> dict[str, Any]:
-        own = [r for g in batch.groups[: self.config.tasks_per_step] for r in g]
+        mine = [r for g in batch.groups[: self.config.tasks_per_step] for r in g]
+        # the checker could not judge `infra` attempts: rewards and pass rates leave them out
+        own = [r for r in mine if not r.infra]
         rewards = [r.reward for r in own]
         verdicts = [r.verdict for r in own if r.verdict is not None]
+        every = [r for g in batch.groups for r in g]
         advs = [s.adv for s in batch.samples]
         model_tokens = sum(sum(s.mask) for s in batch.samples)
         gen_tokens = sum(
@@ -509,11 +517,14 @@ class GRPOTrainer:
             "reward_std": _std(rewards),
             # a rollout without a Verdict (no proof extracted) counts as not accepted
             "pass_rate": (sum(v.accepted for v in verdicts) / len(own) if verdicts else None),
+            # every attempt sampled in the step (refills included)
+            **infra_metrics(sum(r.infra for r in every), len(every)),
             "pass_at_group": (
                 _mean(
                     [
                         float(any(r.verdict is not None and r.verdict.accepted for r in g))
                         for g in batch.groups[: self.config.tasks_per_step]
+                        if not all(r.infra for r in g)  # nothing judged: no outcome
                     ]
                 )
                 if verdicts

@@ -313,16 +313,21 @@ class GRPOEngine:
         """Sequences with advantages for the kept groups (advantage per group, step 3).
 
         ``batch_rewards``: every reward sampled this step (dropped groups included), whose std
-        ``scale_rewards = "batch"`` divides by; default: the kept groups' rewards."""
+        ``scale_rewards = "batch"`` divides by; default: the kept groups' rewards. A rollout the
+        checker could not judge (``infra``) is no outcome of the model: it is left out of its
+        group's statistics and gets no sequence (no weight in the loss)."""
         cfg = self.config
         if not groups:
             return []
         rewards = torch.tensor([[r.reward for r in g] for g in groups])  # [B, G]
+        counted = torch.tensor([[not r.infra for r in g] for g in groups])  # [B, G]
         pool = torch.tensor(list(batch_rewards)) if batch_rewards is not None else None
-        adv = group_advantages(rewards, cfg.reward_scale, batch_rewards=pool)  # [B, G]
+        adv = group_advantages(rewards, cfg.reward_scale, batch_rewards=pool, counted=counted)
         out: list[_Sample] = []
         for g, row in zip(groups, adv.tolist(), strict=True):
             for r, a in zip(g, row, strict=True):
+                if r.infra:
+                    continue
                 ids, mask, lps = r.token_ids_and_mask()
                 if not ids:
                     if any(t.completion for t in r.turns):

@@ -33,6 +33,7 @@ def group_advantages(
     scale: RewardScale = "group",
     eps: float = 1e-4,
     batch_rewards: Tensor | None = None,
+    counted: Tensor | None = None,
 ) -> Tensor:
     """Group-relative advantages ``A_i = (r_i - mean(group)) / (std + eps)``.
 
@@ -40,19 +41,33 @@ def group_advantages(
     ``batch`` by the std of all rewards in the batch, ``none`` not at all (Dr. GRPO). For
     ``batch``, ``batch_rewards`` (any shape) is the batch whose std is used, when it is more
     than ``rewards`` (the trainer passes every reward sampled in the step, dropped groups
-    included). The std is the unbiased one (``torch.std``), as in TRL. A group whose rewards are
-    all equal gets advantage 0 whatever the scaling. Returns [B, G].
+    included). The std is the unbiased one (as ``torch.std``, as in TRL). A group whose rewards
+    are all equal gets advantage 0 whatever the scaling.
+
+    ``counted``: [B, G] bool, which rewards are real outcomes (default: all). The others (the
+    checker could not judge them) get advantage 0 and are left out of their group's mean and
+    std, and of the ``batch`` std when ``batch_rewards`` is not given; a group with fewer than
+    two counted rewards has nothing to compare and gets 0 throughout. Returns [B, G].
     """
     r = rewards.to(torch.float32)
-    centred = r - r.mean(dim=1, keepdim=True)  # [B, G]
+    w = torch.ones_like(r) if counted is None else counted.to(torch.float32)
+    n = w.sum(dim=1, keepdim=True)  # [B, 1] counted rewards per group
+    mean = (r * w).sum(dim=1, keepdim=True) / n.clamp(min=1.0)
+    centred = (r - mean) * w  # [B, G]; 0 where not counted
+    informative = n >= 2  # fewer than two outcomes: nothing to be relative to
     if scale == "group":
-        std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
-        return centred / (std + eps)
-    if scale == "batch":
-        pool = r if batch_rewards is None else batch_rewards.to(torch.float32)
+        var = (centred**2).sum(dim=1, keepdim=True) / (n - 1.0).clamp(min=1.0)
+        adv = centred / (var.sqrt() + eps)
+    elif scale == "batch":
+        if batch_rewards is not None:
+            pool = batch_rewards.to(torch.float32).flatten()
+        else:
+            pool = r[w > 0]
         std = pool.std() if pool.numel() > 1 else torch.zeros(())
-        return centred / (std + eps)
-    return centred
+        adv = centred / (std + eps)
+    else:
+        adv = centred
+    return torch.where(informative, adv, torch.zeros_like(adv))
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:

@@ -15,11 +15,13 @@ from typing import Any
 from leanrl.costs import CostMeter, Usage, local_gpus, sandbox_usage
 from leanrl.launch.config import LauncherConfig
 from leanrl.train.common import RunDir
+from leanrl.train.infra import infra_summary
 
 __all__ = ["SUMMARY_FILE", "RunCosts"]
 
 SUMMARY_FILE = "summary.json"
-"""The run's totals (cost, steps, wall time), written at the end of every training call."""
+"""The run's totals (cost, steps, wall time, ``infra`` attempts), written at the end of every
+training call."""
 
 
 class RunCosts:
@@ -58,7 +60,8 @@ class RunCosts:
 
     def write_summary(self, run: RunDir, trainer: str, extra: dict[str, Any]) -> None:
         """``summary.json``: the run's cost totals, its last step and what the caller adds."""
-        rows = [r for r in run.metrics() if "cost/total_usd" in r]
+        every = run.metrics()
+        rows = [r for r in every if "cost/total_usd" in r]
         last = rows[-1] if rows else {}
         summary = {
             "trainer": trainer,
@@ -66,6 +69,7 @@ class RunCosts:
             "cost": self.meter.summary(),
             "prices": self.launcher.prices.model_dump(),
             "gpu": self.kind,
+            **infra_summary(every),  # attempts the checker could not judge, loud if most
             **extra,
         }
         run.path.mkdir(parents=True, exist_ok=True)
