@@ -158,6 +158,34 @@ def test_rerun_resumes_after_the_last_finished_round(warm_model: Path, tmp_path:
     assert r1["step"] == 1
 
 
+def test_lora_rounds_train_adapters_and_publish_merged_models(
+    warm_model: Path, tmp_path: Path
+) -> None:
+    """--lora.rank passes through to each round's SFT (adapters, peft layout, in the round's
+    SFT folder); the round's model is published merged, a plain folder the next round samples
+    from."""
+    pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+
+    run = tmp_path / "run"
+    cfg = _config(warm_model, run, rounds=2, eval=InRunEvalConfig(), lora={"rank": 4})
+    r1, r2 = ExpertIteration(ExpertIterationConfig(**cfg)).train_sync()
+    assert r1["sft_pairs"] > 0 and r1["sft_loss_last"] < r1["sft_loss_first"]
+    assert json.loads((run / "round-1" / "sft" / "config.json").read_text())["lora"]["rank"] == 4
+    ckpt = run / "checkpoint-1"
+    assert (ckpt / "model.safetensors").is_file() and not (ckpt / "adapter_config.json").exists()
+    assert json.loads((ckpt / "trainer_state.json").read_text())["lora"] is True
+    merged = load_file(str(ckpt / "model.safetensors"))
+    start = AutoModelForCausalLM.from_pretrained(warm_model).state_dict()
+    moved = [k for k in merged if not torch.equal(merged[k], start[k])]
+    assert moved and all(k.endswith("proj.weight") for k in moved)  # only adapted layers
+    assert r2["model"] == str(ckpt)  # round 2 sampled the merged model
+
+
 def test_checks_and_command_line(tmp_path: Path, toy_model_dir: Path) -> None:
     from leanrl.train.ei_cli import ExpertIterationCommand
     from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig

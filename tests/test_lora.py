@@ -150,3 +150,106 @@ def test_lora_config_errors(lora_model: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(lora_model)
     with pytest.raises(ConfigError, match=r"lora\.target_modules"):
         apply_lora(model, LoRAConfig(rank=4, target_modules=["no_such_proj"]), seed=0)
+
+
+# -- SFT ------------------------------------------------------------------------------------------
+
+TOY = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+
+
+def _sft_config(model: Path, out: Path, **kw: Any) -> Any:
+    from leanrl.environment import EnvironmentConfig
+    from leanrl.train.sft import SFTConfig
+
+    base: dict[str, Any] = dict(
+        policy=PolicyConfig(model=str(model)),
+        env=EnvironmentConfig(id="dataset", taskset={"path": TOY, "split": "train"}),
+        out=out,
+        epochs=None,
+        steps=12,
+        batch_size=4,
+        micro_batch_size=2,
+        lr=1e-2,
+        lr_schedule="constant",
+        save_every=6,
+        seed=0,
+        lora={"rank": 8, "save_merged": True},
+    )
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+def _sft_pairs() -> list[Any]:
+    from leanrl import load_environment
+    from leanrl.train.sft_data import Pair
+
+    tasks = load_environment("dataset", path=TOY, split="train").tasks()[:6]
+    return [Pair(t, "\n  omega") for t in tasks]
+
+
+def test_lora_sft_learns_and_saves_peft_adapters_and_a_merged_model(
+    lora_model: Path, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leanrl.harness import HarnessConfig
+    from leanrl.train.sft import SFTTrainer, answer_loss
+    from leanrl.train.sft_data import encode_pairs
+
+    tok = AutoTokenizer.from_pretrained(lora_model)
+    examples = encode_pairs(_sft_pairs(), HarnessConfig(), tok)
+    before = answer_loss(AutoModelForCausalLM.from_pretrained(lora_model), examples, 0)
+    trainer = SFTTrainer(_sft_config(lora_model, tmp_path / "run"), pairs=_sft_pairs())
+    rows = trainer.train_sync()
+    assert [r["step"] for r in rows] == list(range(1, 13))
+
+    ckpt = tmp_path / "run" / "checkpoint-12"
+    files = {p.name for p in ckpt.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= files
+    assert "model.safetensors" not in files  # adapters only
+    assert json.loads((ckpt / "adapter_config.json").read_text())["r"] == 8
+    # plain peft, nothing from leanrl: the reloaded adapters learned the answers
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(lora_model), ckpt)
+    after = answer_loss(adapted, examples, 0)
+    assert after < 0.5 * before, (before, after)
+    # the base weights did not move: all of it is in the adapters
+    plain = AutoModelForCausalLM.from_pretrained(lora_model)
+    with torch.no_grad():
+        la = adapted.eval()(input_ids=_ids()).logits
+        lp = plain.eval()(input_ids=_ids()).logits
+        lm = AutoModelForCausalLM.from_pretrained(ckpt / "merged").eval()(input_ids=_ids()).logits
+        # transformers' own peft integration (what `leanrl eval --model checkpoint-N` loads)
+        lt = AutoModelForCausalLM.from_pretrained(ckpt).eval()(input_ids=_ids()).logits
+    assert float((la - lp).abs().max()) > 1e-3
+    assert torch.allclose(lm, la, atol=1e-5), float((lm - la).abs().max())
+    assert torch.allclose(lt, la, atol=1e-5), float((lt - la).abs().max())
+
+
+def test_lora_sft_resumes_from_its_adapters(lora_model: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from leanrl.train.sft import SFTTrainer
+
+    cfg = {"steps": 4, "save_every": 2, "lora": {"rank": 4}}
+    SFTTrainer(_sft_config(lora_model, tmp_path / "a", **cfg), pairs=_sft_pairs()).train_sync()
+    half = {**cfg, "steps": 2}
+    SFTTrainer(_sft_config(lora_model, tmp_path / "b", **half), pairs=_sft_pairs()).train_sync()
+    rows = SFTTrainer(
+        _sft_config(lora_model, tmp_path / "b", **cfg), pairs=_sft_pairs()
+    ).train_sync()
+    assert [r["step"] for r in rows] == [3, 4]
+    a = load_file(str(tmp_path / "a" / "checkpoint-4" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoint-4" / "adapter_model.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lora_on_the_sft_command_line(tmp_path: Path) -> None:
+    from leanrl.cli import parse_command
+    from leanrl.train.ei_cli import ExpertIterationCommand
+    from leanrl.train.sft_cli import SFTCommand
+
+    cfg = parse_command(SFTCommand, ["--model", "m", "--lora.rank", "16"]).to_sft_config()
+    assert cfg.lora.rank == 16 and cfg.lora.lora_alpha == 32
+    ei = parse_command(ExpertIterationCommand, ["--model", "m", "--lora.rank", "4"])
+    assert ei.to_config().lora.rank == 4

@@ -17,7 +17,8 @@ round R (1-based) of :class:`ExpertIteration`:
    the current model (``start_from = "previous"``) or the base model (``"base"``), in the
    harness's prompt format with loss on the proof only (``RUN/round-R/sft/``, an ordinary SFT
    run folder that resumes from its checkpoints). The result is published as
-   ``RUN/checkpoint-R/``. A round that found nothing new trains nothing.
+   ``RUN/checkpoint-R/`` (with ``lora.rank > 0``: the round's adapters merged into the model
+   it started from, a plain model folder). A round that found nothing new trains nothing.
 4. **Eval.** When ``eval.every`` is due, pass@k of the new model on the held-out environment.
 
 One ``metrics.jsonl`` row per round: the solved set's growth (``solved_total``,
@@ -44,6 +45,7 @@ from leanrl.policy import SamplingConfig
 from leanrl.proofs import PROOFS_FILE, KeptProof, ProofStore, read_proofs
 from leanrl.task import Task
 from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, check_model_path
+from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft import SFTOptions
 
 __all__ = ["ExpertIteration", "ExpertIterationConfig"]
@@ -74,6 +76,10 @@ class ExpertIterationConfig(TrainConfig):
     """Tasks per chunk of the sampling phase (one generate call and one check batch)."""
     sft: SFTOptions = Field(default_factory=SFTOptions)
     """How each round's SFT optimises (epochs, learning rate, batch sizes, ...)."""
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    """Each round's SFT trains low-rank adapters (``peft``) instead of every weight:
+    ``--lora.rank 16``. The round's model is published merged (``W + (alpha/r)·B·A``, a plain
+    model folder), so the next round samples from it with any backend and adds fresh adapters."""
     steps: int = Field(default=1, ge=1)
     """Not used by expert iteration (rounds are ``rounds``)."""
     tasks_per_step: int = Field(default=8, ge=1)
@@ -109,6 +115,7 @@ class ExpertIteration:
                 "expert iteration trains whole proofs: use the whole-proof or self-correction "
                 "harness, not tactic-loop"
             )
+        check_peft(cfg.lora)
 
     def train_sync(self) -> list[dict[str, Any]]:
         """Blocking :meth:`train`."""
@@ -263,6 +270,7 @@ class ExpertIteration:
             **cfg.sft.model_dump(),
             env=cfg.env,
             policy=cfg.policy.model_copy(update={"model": start, "backend": "hf"}),
+            lora=cfg.lora,
             out=self._round_dir(r) / "sft",
             seed=cfg.seed + r,
             save_every=10**9,  # one checkpoint, at the end (the Trainer saves the last step)
@@ -283,8 +291,11 @@ class ExpertIteration:
         """The round's model as ``RUN/checkpoint-r`` (weights and tokenizer, no optimizer);
         the SFT phase's own checkpoints (with optimizer state) are then removed."""
         state = {"trainer": "expert-iteration", "round": r, "base_model": self.config.policy.model}
+        lora = self.config.lora
+        model = _Merged(trainer.model, lora.scale) if lora.enabled else trainer.model
+        state["lora"] = lora.enabled  # published merged: a plain model folder either way
         self.run.save_checkpoint(
-            r, trainer.model, trainer.tokenizer, state, keep=self.config.keep_checkpoints
+            r, model, trainer.tokenizer, state, keep=self.config.keep_checkpoints
         )
         for _, p in trainer.run.checkpoints():
             shutil.rmtree(p, ignore_errors=True)
@@ -302,3 +313,16 @@ class ExpertIteration:
 
     def _round_dir(self, r: int) -> Path:
         return self.run.path / f"round-{r}"
+
+
+class _Merged:
+    """What ``RunDir.save_checkpoint`` saves of a LoRA round: the merged model, a plain folder."""
+
+    def __init__(self, model: Any, scale: float) -> None:
+        self.model = model
+        self.scale = scale
+
+    def save_pretrained(self, folder: Path) -> None:
+        from leanrl.train.lora import save_merged
+
+        save_merged(self.model, None, folder, self.scale)

@@ -1,4 +1,5 @@
-"""LoRA through ``peft``: low-rank adapters instead of full fine-tuning, for GRPO and ES.
+"""LoRA through ``peft``: low-rank adapters instead of full fine-tuning, for GRPO, ES and SFT
+(and expert iteration's SFT phase).
 
 With ``lora.rank = r > 0`` the trainer freezes the base model and trains, in every targeted linear
 layer W (d_out × d_in), two small matrices B (d_out × r, zero at the start) and A (r × d_in), so
@@ -7,6 +8,7 @@ the layer computes ``W·x + (alpha / r)·B·A·x`` (Hu et al. 2021). What that b
 - GRPO: gradients and AdamW state only for the adapters (a few MB instead of 3× the model);
 - ES: the population perturbs only the adapters, so the fp32 master is the adapters' size, not
   the model's (see ``docs/training-es.md`` for the trade-off);
+- SFT: transformers' Trainer trains (and checkpoints, and resumes) the peft model as it is;
 - checkpoints: the adapters in the Hugging Face / peft layout (``adapter_config.json`` +
   ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained(base, folder)`` and
   ``transformers``' own peft integration load; the merged full model on request.
@@ -20,6 +22,7 @@ get the *merged* weights ``W + (alpha / r)·B·A`` under the base model's own te
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -33,6 +36,7 @@ __all__ = [
     "ADAPTER",
     "LoRAConfig",
     "apply_lora",
+    "check_peft",
     "is_adapter_folder",
     "load_adapter",
     "merge_checkpoint",
@@ -102,6 +106,12 @@ def _peft() -> Any:
             "peft), or set lora.rank = 0 to train every weight"
         ) from None
     return peft
+
+
+def check_peft(config: LoRAConfig) -> None:
+    """With LoRA on, fail before anything loads when ``peft`` is missing (the install line)."""
+    if config.enabled and importlib.util.find_spec("peft") is None:
+        _peft()
 
 
 def apply_lora(model: Any, config: LoRAConfig, seed: int) -> Any:

@@ -8,7 +8,8 @@ save/resume). It writes the run folder every leanrl trainer writes: ``config.jso
 ``metrics.jsonl`` (one row per optimizer step: loss, grad norm, learning rate, tokens/s, and the
 in-run evaluation's ``eval/pass@k`` when it ran), ``checkpoint-N/`` Hugging Face model folders
 (``leanrl eval --model`` loads them; the Trainer's optimizer, scheduler and RNG state sit next to
-the weights, with its own ``trainer_state.json``), and ``loss_curve.png``. Rerunning the same
+the weights, with its own ``trainer_state.json``; with ``lora.rank > 0`` the adapters in the peft
+layout, and the merged model in ``merged/`` with ``lora.save_merged``), and ``loss_curve.png``. Rerunning the same
 command resumes from the newest complete checkpoint, with the same data order.
 
 Examples are batched by length (``group_by_length``) to spend less compute on padding; the
@@ -33,6 +34,7 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.runtime import run_sync
 from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, check_model_path
+from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft_data import Pair, SFTDataConfig
 
 __all__ = [
@@ -102,6 +104,10 @@ class SFTConfig(SFTOptions, TrainConfig):
     """Not used by SFT (a step is ``batch_size`` examples)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Not used by SFT itself (the in-run evaluation has its own, ``eval.sampling``)."""
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    """Train low-rank adapters (``peft``) instead of every weight: ``--lora.rank 16``.
+    Checkpoints then hold the adapters in the peft layout (``merged/`` too with
+    ``lora.save_merged``)."""
 
 
 class SFTTrainer:
@@ -142,6 +148,7 @@ class SFTTrainer:
             )
         if cfg.policy.backend != "hf":
             raise ConfigError("SFT trains a transformers model: use --policy.backend hf")
+        check_peft(cfg.lora)
         device_and_precision(cfg.policy.device, cfg.precision)
 
     def train_sync(self) -> list[dict[str, Any]]:
@@ -219,8 +226,17 @@ class SFTTrainer:
         return latest[1] if latest else None
 
     def _load(self) -> None:
-        _, precision = device_and_precision(self.config.policy.device, self.config.precision)
-        self.model, self.tokenizer = load_model(self.config.policy, precision)
+        cfg = self.config
+        _, precision = device_and_precision(cfg.policy.device, cfg.precision)
+        self.model, self.tokenizer = load_model(cfg.policy, precision)
+        if cfg.lora.enabled:
+            from leanrl.train.lora import apply_lora
+
+            # Fresh adapters (B = 0: step 0 is the base model). On resume the Trainer loads the
+            # checkpoint's adapters into them (it knows peft models).
+            self.model = apply_lora(self.model, cfg.lora, cfg.seed)
+            if cfg.gradient_checkpointing:  # frozen embeddings: checkpointed inputs need grad
+                self.model.enable_input_require_grads()
 
     def _hf_trainer(self, examples: list[dict[str, list[int]]], logger: Any, rows: list) -> Any:
         from transformers import PrinterCallback, Trainer, TrainingArguments
@@ -328,6 +344,21 @@ def _callback(sft: SFTTrainer, logger: Any, counter: _TokenCounter, rows: list) 
             self.pending: dict[str, Any] = {}
             self.t_last = time.perf_counter()
             self.tok_last = 0
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            lora = sft.config.lora
+            if lora.enabled and lora.save_merged:
+                from leanrl.train.lora import MERGED_DIR, save_merged
+
+                # The Trainer has just written checkpoint-N (the adapters); the merged model is
+                # written beside them and renamed into place whole.
+                folder = sft.run.checkpoint_path(state.global_step)
+                tmp = folder / f".{MERGED_DIR}.tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                save_merged(sft.model, sft.tokenizer, tmp, lora.scale)
+                shutil.rmtree(folder / MERGED_DIR, ignore_errors=True)
+                tmp.rename(folder / MERGED_DIR)
+            return control
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
             if sft.config.eval.due(state.global_step, state.max_steps):
