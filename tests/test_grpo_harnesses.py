@@ -175,14 +175,25 @@ def test_tactic_loop_records_exactly_the_ids_the_model_saw(
 
     (group,) = asyncio.run(go())
     assert [how for how, _ in spy.calls] == ["text", "ids", "ids"]
+    tok = inner.tokenizer
     for i, r in enumerate(group):
         assert r.meta["context"] == "ids" and len(r.turns) == 3
         assert r.prompt_ids  # the first prompt as the policy tokenized it
         context = list(r.prompt_ids)
+        conversation = [m.model_dump() for m in r.prompt] if fmt == "chat" else []
         for turn, (_, batch) in zip(r.turns, spy.calls, strict=True):
             (c,) = batch[i]
             assert list(c.prompt_token_ids) == context  # what the model conditioned on
             assert list(c.token_ids) == turn.completion_ids
+            if fmt == "chat":  # the chat template's rendering of the conversation so far
+                want = tok.apply_chat_template(
+                    conversation, tokenize=False, add_generation_prompt=True
+                )
+                assert tok.decode(context, skip_special_tokens=False) == want
+                conversation += [
+                    {"role": "assistant", "content": turn.completion},
+                    {"role": "user", "content": turn.feedback},
+                ]
             context += turn.completion_ids + turn.feedback_ids
         ids, _, _ = r.token_ids_and_mask()
         assert list(r.prompt_ids) + ids == context  # what a trainer replays
@@ -199,3 +210,24 @@ async def test_a_policy_without_ids_uses_text_contexts() -> None:
     policy = ScriptedPolicy([], per_turn=["intro a\n", "omega\n"])
     (group,) = await h.run([task], policy, ScriptedRuntime(), SamplingConfig(n=1), Taskset())
     assert group[0].meta["context"] == "text" and len(policy.calls) == 2
+
+
+def test_chat_feedback_ids_drop_only_an_end_of_turn_the_model_wrote(tiny_model_dir: Path) -> None:
+    """The separator after a chat turn starts with the template's end-of-turn token, which is
+    left out only when the completion's last token is that very token, not when its text
+    merely begins the marker (a plain "<" before "<|im_end|>")."""
+    from leanrl.harnesses.tactic_loop.context import feedback_ids
+    from leanrl.policies.hf import HFPolicy
+    from leanrl.policy import Completion
+
+    pol = HFPolicy(PolicyConfig(model=str(tiny_model_dir)))
+    asyncio.run(pol.start())
+    tok = pol.tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    sep = pol.tokenize("<|im_end|>\n<|im_start|>user\nno<|im_end|>\n<|im_start|>assistant\n")
+    assert sep[0] == end
+    lt = pol.tokenize("<")
+    assert len(lt) == 1 and lt[0] != end
+    for last, want in ((lt, sep), ([end], sep[1:]), ([], sep)):
+        c = Completion(text="x", token_ids=tuple(pol.tokenize("x") + last))
+        assert feedback_ids(pol, c, "no", chat=True) == want

@@ -46,7 +46,13 @@ def feedback_ids(policy: Policy, c: Completion, feedback: str, chat: bool) -> li
     """The ids that follow the completion ``c`` in an ids context (see the module doc)."""
     tok: Any = getattr(policy, "tokenizer", None)
     if chat:
-        return policy.tokenize(_chat_separator(tok, c, feedback))
+        ids = policy.tokenize(_chat_separator(tok, feedback))
+        # The model closed its turn itself: its last token is the end-of-turn token the
+        # separator starts with. Compared as ids, and only for special tokens: a plain token
+        # whose text merely starts the marker ("<" before "<|im_end|>") closes nothing.
+        if ids and c.token_ids and ids[0] == c.token_ids[-1] and ids[0] in _special_ids(tok):
+            ids = ids[1:]
+        return ids
     if tok is not None and c.token_ids:
         decoded = str(tok.decode(list(c.token_ids), skip_special_tokens=True))
         extra = decoded[len(c.text) :] if decoded.startswith(c.text) else ""
@@ -57,16 +63,20 @@ def feedback_ids(policy: Policy, c: Completion, feedback: str, chat: bool) -> li
     return policy.tokenize(feedback)
 
 
-def _chat_separator(tok: Any, c: Completion, feedback: str) -> str:
+def _chat_separator(tok: Any, feedback: str) -> str:
+    """The template's text from the end of an assistant message to the next generation prompt."""
     msgs = [
         {"role": "user", "content": "."},
         {"role": "assistant", "content": _MARK},
         {"role": "user", "content": feedback},
     ]
     text = str(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
-    after = text[text.rindex(_MARK) + len(_MARK) :]
-    if c.token_ids:
-        last = str(tok.decode([c.token_ids[-1]], skip_special_tokens=False))
-        if last.strip() and after.startswith(last):
-            after = after[len(last) :]  # the model already closed its turn
-    return after
+    return text[text.rindex(_MARK) + len(_MARK) :]
+
+
+def _special_ids(tok: Any) -> set[int]:
+    """Ids of the tokenizer's special tokens: the named ones and every added token marked
+    special (chat markers such as ``<|im_end|>`` are often only the latter)."""
+    ids = {int(i) for i in getattr(tok, "all_special_ids", ())}
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    return ids | {int(i) for i, t in added.items() if getattr(t, "special", False)}
