@@ -239,13 +239,26 @@ def test_revisions_condition_on_exactly_the_ids_a_trainer_replays(
 
     (group,) = asyncio.run(go())
     assert [how for how, _ in spy.calls] == ["text", "ids", "ids"]  # the random model never wins
+    tok = spy.tokenizer
     for i, r in enumerate(group):
         assert r.meta["context"] == "ids" and len(r.turns) == 3
         context = list(r.prompt_ids)
+        conversation = [m.model_dump() for m in r.prompt] if fmt == "chat" else []
         for k, (turn, (_, batch)) in enumerate(zip(r.turns, spy.calls, strict=True)):
             c = batch[i][0] if k else batch[0][i]
             assert list(c.prompt_token_ids) == context
             assert list(c.token_ids) == turn.completion_ids
+            if fmt == "chat":
+                # what the model conditioned on is the chat template's rendering of the
+                # conversation so far (a broken separator between turns would not be)
+                want = tok.apply_chat_template(
+                    conversation, tokenize=False, add_generation_prompt=True
+                )
+                assert tok.decode(context, skip_special_tokens=False) == want
+                conversation += [
+                    {"role": "assistant", "content": turn.completion},
+                    {"role": "user", "content": turn.feedback},
+                ]
             context += turn.completion_ids + turn.feedback_ids
         ids, mask, _ = r.token_ids_and_mask()
         assert list(r.prompt_ids) + ids == context

@@ -25,17 +25,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from leanrl.harness import Harness
 from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
-from leanrl.rollout import ChatMessage, Rollout, Turn
+from leanrl.rollout import Rollout, Turn
 from leanrl.runtime import Runtime
 from leanrl.task import Task
 from leanrl.taskset import Taskset
 from leanrl.verdict import Verdict
 
-from ..tactic_loop.context import feedback_ids, ids_capable
+from ..tactic_loop.context import ids_capable, record_turn
 from ..whole_proof.extract import extract_proof
 from ..whole_proof.harness import check_and_reward
 from ..whole_proof.prompts import DEEPSEEK_INSTRUCTION, build_prompt, default_stop, informal_comment
@@ -201,32 +200,13 @@ class SelfCorrectionHarness(Harness):
         ep.history.append(ep.verdict.reason.value)
         last = round_ >= self.config.max_revisions
         if ep.verdict.accepted or last:
-            self._record(ep, c, "", policy)
+            record_turn(ep, c, "", policy, self.chat)
             ep.done = True
             return
         text = self.feedback(ep, ep.verdict, round_)
-        self._record(ep, c, text, policy)
+        record_turn(ep, c, text, policy, self.chat)
         if ep.tokens >= self.config.max_total_tokens:
             ep.done = True  # no room for another attempt: the last verdict stands
-
-    def _record(self, ep: _Episode, c: Completion, feedback: str, policy: Policy) -> None:
-        if not ep.turns:
-            ep.prompt_ids = list(c.prompt_token_ids)
-            if ep.mode == "ids" and not ep.prompt_ids:
-                ep.mode = "text"  # the policy did not say what it conditioned on
-            ep.ids = list(ep.prompt_ids)
-        fb_ids: list[int] = []
-        if ep.mode == "ids":
-            fb_ids = feedback_ids(policy, c, feedback, self.chat) if feedback else []
-            ep.ids += [*c.token_ids, *fb_ids]
-        elif feedback:
-            try:
-                fb_ids = policy.tokenize(feedback)
-            except NotImplementedError:
-                pass  # a backend that cannot tokenize: the mask still holds for model tokens
-        ep.turns.append(Turn.from_completion(c, feedback, fb_ids))
-        ep.tokens += len(c.token_ids) + len(fb_ids)
-        ep.context = _extend(ep.context, c.text, feedback)
 
     def _rollout(self, ep: _Episode) -> Rollout:
         return Rollout(
@@ -248,12 +228,3 @@ class SelfCorrectionHarness(Harness):
                 "context": ep.mode,
             },
         )
-
-
-def _extend(context: Prompt, completion: str, feedback: str) -> Any:
-    if isinstance(context, str):
-        return context + completion + feedback
-    msgs = [*context, ChatMessage(role="assistant", content=completion)]
-    if feedback:
-        msgs.append(ChatMessage(role="user", content=feedback))
-    return msgs

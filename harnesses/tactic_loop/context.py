@@ -19,15 +19,20 @@ The feedback's ids are what separates two model turns:
 
 Both need the policy's Hugging Face tokenizer (``policy.tokenizer``, as the ``hf`` and
 ``train-hf`` policies have); a policy without one uses text contexts.
+
+:func:`record_turn` is what both multi-turn harnesses (``tactic-loop``, ``self-correction``) do
+after each turn: append the Turn (model ids, feedback ids with mask 0) and grow the episode's
+context, as ids or as text.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from leanrl.policy import Completion, Policy
+from leanrl.policy import Completion, Policy, Prompt
+from leanrl.rollout import ChatMessage, Turn
 
-__all__ = ["feedback_ids", "ids_capable"]
+__all__ = ["Recording", "extend_context", "feedback_ids", "ids_capable", "record_turn"]
 
 _MARK = "LEANRL-ASSISTANT-TURN-7f3a"  # stands for the assistant's text in a probe render
 
@@ -80,3 +85,53 @@ def _special_ids(tok: Any) -> set[int]:
     ids = {int(i) for i in getattr(tok, "all_special_ids", ())}
     added = getattr(tok, "added_tokens_decoder", {}) or {}
     return ids | {int(i) for i, t in added.items() if getattr(t, "special", False)}
+
+
+class Recording(Protocol):
+    """What a multi-turn episode keeps of its turns (both harnesses' episodes have these)."""
+
+    mode: str
+    """``ids``: the context after the first turn is kept as token ids; ``text`` otherwise."""
+    prompt_ids: list[int]
+    """The first prompt's ids as the policy tokenized it."""
+    ids: list[int]
+    """The ids context (``mode == "ids"``): what the model conditions on next."""
+    turns: list[Turn]
+    """Every turn so far."""
+    tokens: int
+    """Model and environment tokens so far (the episode's budget)."""
+    context: Prompt
+    """The text context (a prompt or a message list) for policies that take text."""
+
+
+def record_turn(ep: Recording, c: Completion, feedback: str, policy: Policy, chat: bool) -> None:
+    """Append turn ``c`` and the environment's ``feedback`` ('' when the episode ends there) to
+    ``ep``: its Turn, its token count, and its context for the next turn."""
+    if not ep.turns:
+        ep.prompt_ids = list(c.prompt_token_ids)
+        if ep.mode == "ids" and not ep.prompt_ids:
+            ep.mode = "text"  # the policy did not say what it conditioned on
+        ep.ids = list(ep.prompt_ids)
+    fb_ids: list[int] = []
+    if ep.mode == "ids":
+        fb_ids = feedback_ids(policy, c, feedback, chat) if feedback else []
+        ep.ids += [*c.token_ids, *fb_ids]
+    elif feedback:
+        try:
+            fb_ids = policy.tokenize(feedback)
+        except NotImplementedError:
+            pass  # a backend that cannot tokenize: the mask still holds for model tokens
+    ep.turns.append(Turn.from_completion(c, feedback, fb_ids))
+    ep.tokens += len(c.token_ids) + len(fb_ids)
+    ep.context = extend_context(ep.context, c.text, feedback)
+
+
+def extend_context(context: Prompt, completion: str, feedback: str) -> Prompt:
+    """The text context after one more turn: a text prompt grows by the completion and the
+    feedback; a message list by an assistant message and (with feedback) a user message."""
+    if isinstance(context, str):
+        return context + completion + feedback
+    msgs = [*context, ChatMessage(role="assistant", content=completion)]
+    if feedback:
+        msgs.append(ChatMessage(role="user", content=feedback))
+    return msgs

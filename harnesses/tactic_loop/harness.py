@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
 
 from leanrl.harness import Harness
 from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
@@ -34,7 +33,7 @@ from leanrl.verdict import Reason, Verdict, VerificationPolicy
 
 from ..whole_proof.extract import strip_reasoning
 from ..whole_proof.harness import check_and_reward
-from .context import feedback_ids, ids_capable
+from .context import ids_capable, record_turn
 
 __all__ = ["TacticLoopHarness", "extract_tactics", "join_tactics"]
 
@@ -287,7 +286,7 @@ class TacticLoopHarness(Harness):
                 state = await ep.session.apply(ep.state, tactics)
             except Exception as e:  # noqa: BLE001 - a crashed session costs this attempt only
                 ep.apply_s += time.perf_counter() - t0
-                self._record(ep, c, "", policy)
+                record_turn(ep, c, "", policy, self.chat)
                 self._end(ep, Reason.INFRA, f"tactic session failed: {e}")
                 return
             ep.apply_s += time.perf_counter() - t0
@@ -295,7 +294,7 @@ class TacticLoopHarness(Harness):
                 ep.steps.append(tactics)
                 ep.state, ep.goals = state.proof_state, state.goals
         text = self.feedback(state, ep.goals, note)
-        self._record(ep, c, text, policy)
+        record_turn(ep, c, text, policy, self.chat)
         if state is not None and state.solved:
             ep.done = True  # verified as a whole afterwards
         elif ep.tokens >= self.config.max_total_tokens:
@@ -305,25 +304,6 @@ class TacticLoopHarness(Harness):
                 f"token budget ({self.config.max_total_tokens}) ran out with "
                 f"{len(ep.goals)} goal(s) left",
             )
-
-    def _record(self, ep: _Episode, c: Completion, feedback: str, policy: Policy) -> None:
-        if not ep.turns:
-            ep.prompt_ids = list(c.prompt_token_ids)
-            if ep.mode == "ids" and not ep.prompt_ids:
-                ep.mode = "text"  # the policy did not say what it conditioned on
-            ep.ids = list(ep.prompt_ids)
-        fb_ids: list[int] = []
-        if ep.mode == "ids":
-            fb_ids = feedback_ids(policy, c, feedback, self.chat) if feedback else []
-            ep.ids += [*c.token_ids, *fb_ids]
-        else:
-            try:
-                fb_ids = policy.tokenize(feedback) if feedback else []
-            except NotImplementedError:
-                pass  # a backend that cannot tokenize: the mask still holds for model tokens
-        ep.turns.append(Turn.from_completion(c, feedback, fb_ids))
-        ep.tokens += len(c.token_ids) + len(fb_ids)
-        ep.context = _extend(ep.context, c.text, feedback)
 
     def _end(self, ep: _Episode, reason: Reason, detail: str) -> None:
         ep.done = True
@@ -335,12 +315,3 @@ def _open_session(
 ) -> AbstractAsyncContextManager[TacticSession]:
     """A tactic session whose tactics are pre-scanned under the taskset's rules."""
     return runtime.tactic_session(header, policy=rules)
-
-
-def _extend(context: Prompt, completion: str, feedback: str) -> Any:
-    if isinstance(context, str):
-        return context + completion + feedback
-    msgs = [*context, ChatMessage(role="assistant", content=completion)]
-    if feedback:
-        msgs.append(ChatMessage(role="user", content=feedback))
-    return msgs
