@@ -4,9 +4,10 @@ Both trainers get the same tiny random Llama model (made here, nothing downloade
 8 prompts, the same reward (the share of digit characters in the completion: a learnable toy
 reward, no Lean), group size G, prompts per step, completion length, learning rate, loss
 (``dapo`` token mean, group-std advantages, clip 0.2/0.28, no KL, one pass) and number of
-steps, on the same CPU thread count. The two runs happen one after the other in one invocation;
-the figures are the ratio of TRL's to leanrl's median step time and the mean reward of each
-over the last 5 steps.
+steps, on the same CPU thread count. The trainers alternate seed by seed in one invocation, and
+so does their order (odd repeats run TRL first). The figures are the per-seed ratios of TRL's to
+leanrl's median step time and of leanrl's to TRL's tokens per second (min / median / max over the
+seeds, with the pooled medians beside them), and the mean reward of each over the last 5 steps.
 
 TRL runs in its own virtual environment (it pins its own dependencies)::
 
@@ -308,28 +309,45 @@ def main() -> None:
         runs["leanrl-async"] = []
     try:
         model = make_model(work / "model")
-        # Alternate the trainers seed by seed, so that load on a shared machine hits both alike.
-        for seed in range(args.seed, args.seed + args.repeats):
+        # Alternate the trainers seed by seed, and their order too, so that load on a shared
+        # machine (and whatever the first run of a pair leaves warm) hits both alike.
+        for i, seed in enumerate(range(args.seed, args.seed + args.repeats)):
             args.seed = seed
+            if i % 2 == 1:
+                runs["trl"].append(_trl_run(model, args, work, seed))
             shutil.rmtree(work / "leanrl-run", ignore_errors=True)
             runs["leanrl"].append(run_leanrl(model, args, work / "leanrl-run"))
             if args.with_async:
                 shutil.rmtree(work / "leanrl-async", ignore_errors=True)
                 runs["leanrl-async"].append(run_leanrl(model, args, work / "leanrl-async", True))
-            result = work / "trl.json"
-            cmd = [args.trl_python, __file__, "--part", "trl", "--model", str(model)]
-            if args.trl_gradient_checkpointing:
-                cmd.append("--trl-gradient-checkpointing")
-            cmd += ["--result", str(result), "--steps", str(args.steps)]
-            cmd += ["--group-size", str(args.group_size)]
-            cmd += ["--tasks-per-step", str(args.tasks_per_step)]
-            cmd += ["--max-tokens", str(args.max_tokens), "--lr", str(args.lr)]
-            cmd += ["--seed", str(seed), "--threads", str(args.threads)]
-            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-            runs["trl"].append(json.loads(result.read_text()))
+            if i % 2 == 0:
+                runs["trl"].append(_trl_run(model, args, work, seed))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _report(args, runs)
+
+
+def _trl_run(model: Path, args: argparse.Namespace, work: Path, seed: int) -> dict[str, Any]:
+    """One TRL run in the TRL venv (a child process)."""
+    result = work / "trl.json"
+    cmd = [args.trl_python, __file__, "--part", "trl", "--model", str(model)]
+    if args.trl_gradient_checkpointing:
+        cmd.append("--trl-gradient-checkpointing")
+    cmd += ["--result", str(result), "--steps", str(args.steps)]
+    cmd += ["--group-size", str(args.group_size)]
+    cmd += ["--tasks-per-step", str(args.tasks_per_step)]
+    cmd += ["--max-tokens", str(args.max_tokens), "--lr", str(args.lr)]
+    cmd += ["--seed", str(seed), "--threads", str(args.threads)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return json.loads(result.read_text())  # type: ignore[no-any-return]
+
+
+def _spread(xs: Sequence[float]) -> str:
+    return f"{min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f}"
+
+
+def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> None:
     a, b = summary("leanrl", runs["leanrl"], args.skip), summary("trl", runs["trl"], args.skip)
     report = {"leanrl": a, "trl": b}
     if args.with_async:
@@ -344,6 +362,17 @@ def main() -> None:
     gap, gap_sem = statistics.fmean(diffs), _sem(diffs)
     report["reward_gap_trl_minus_leanrl"] = {"mean": gap, "sem": gap_sem}
     tok_ratio = a["tokens_per_s"] / b["tokens_per_s"]
+    # the same figures seed by seed (each pair ran back to back): their spread is the noise
+    step_ratios = [
+        statistics.median(t["step_times"][args.skip :])
+        / statistics.median(le["step_times"][args.skip :])
+        for le, t in zip(runs["leanrl"], runs["trl"], strict=True)
+    ]
+    tok_ratios = [
+        (sum(le["tokens"][args.skip :]) / sum(le["step_times"][args.skip :]))
+        / (sum(t["tokens"][args.skip :]) / sum(t["step_times"][args.skip :]))
+        for le, t in zip(runs["leanrl"], runs["trl"], strict=True)
+    ]
     print(
         f"\nG={args.group_size}, {args.tasks_per_step} prompts/step, {args.max_tokens} tokens, "
         f"{args.steps} steps, seeds {args.seed - args.repeats + 1}..{args.seed}, "
@@ -351,8 +380,10 @@ def main() -> None:
         f"{'on' if runs['trl'][0].get('gradient_checkpointing') else 'off'}\n"
         f"step time (median over all steps and seeds): leanrl {a['median_step_s'] * 1e3:.1f} ms, "
         f"TRL {b['median_step_s'] * 1e3:.1f} ms -> TRL/leanrl = {ratio:.2f}\n"
+        f"TRL/leanrl step time per seed (min / median / max): {_spread(step_ratios)}\n"
         f"completion tokens per second of training: leanrl {a['tokens_per_s']:.0f}, TRL "
         f"{b['tokens_per_s']:.0f} -> {tok_ratio:.2f}x\n"
+        f"leanrl/TRL tokens per second per seed (min / median / max): {_spread(tok_ratios)}\n"
         f"reward, mean of the last 5 steps (mean ± s.e. over seeds): leanrl "
         f"{a['reward_last5']:.3f} ± {a['reward_last5_sem']:.3f}, TRL {b['reward_last5']:.3f} ± "
         f"{b['reward_last5_sem']:.3f}; first 5 steps: {a['reward_first5']:.3f} / "

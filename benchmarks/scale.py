@@ -2,7 +2,8 @@
 
     python benchmarks/scale.py [--hidden 256 --layers 4 --seqs 32 --repeats 3 --steps 3]
 
-Reports, with the modes alternated repeat by repeat and one torch thread per process:
+Reports, with the modes alternated repeat by repeat (the order too: odd repeats run the second mode
+first) and one torch thread per process, min / median / max of the per-repeat ratios:
 
 1. **2 ranks vs 1 rank**: sequences trained per second by ``GRPOEngine.train_step`` on the same
    batch (``--seqs`` sequences of ``--prompt`` + ``--resp`` tokens), with 2 ranks (gloo over
@@ -196,15 +197,25 @@ def main() -> None:
     one: list[float] = []
     for r in range(args.repeats):
         for strategy in ("ddp", "fsdp"):
-            t1 = _time_mode(1, "single", a)
-            t2 = _time_mode(2, strategy, a)
+            # The order alternates repeat by repeat: a machine that gets busier (or calmer) during
+            # the run then weighs on both modes alike instead of always on the second.
+            first_two = r % 2 == 1
+            if first_two:
+                t2 = _time_mode(2, strategy, a)
+                t1 = _time_mode(1, "single", a)
+            else:
+                t1 = _time_mode(1, "single", a)
+                t2 = _time_mode(2, strategy, a)
             one.append(args.seqs / t1)
             ratios[strategy].append(t1 / t2)
-            print(f"repeat {r + 1} {strategy}: 1 rank {t1 * 1e3:.0f} ms, 2 ranks {t2 * 1e3:.0f} ms")
+            print(
+                f"repeat {r + 1} {strategy} ({'2 ranks first' if first_two else '1 rank first'}): "
+                f"1 rank {t1 * 1e3:.0f} ms, 2 ranks {t2 * 1e3:.0f} ms, ratio {t1 / t2:.2f}"
+            )
     mem: dict[str, list[dict[str, float]]] = {"full": [], "lora": []}
-    for _ in range(args.repeats):
-        mem["full"].append(_memory_mode(0, a))
-        mem["lora"].append(_memory_mode(args.lora_rank, a))
+    for r in range(args.repeats):
+        for mode in ("full", "lora") if r % 2 == 0 else ("lora", "full"):
+            mem[mode].append(_memory_mode(0 if mode == "full" else args.lora_rank, a))
     print()
     print(f"model: hidden {args.hidden}, {args.layers} layers; step: {args.seqs} sequences of "
           f"{args.prompt}+{args.resp} tokens, micro-batches of {args.micro}")  # fmt: skip
@@ -218,8 +229,9 @@ def main() -> None:
           f"{ls:.1f} MB, LoRA/full {ls / fs:.2f}")  # fmt: skip
     fr = [m["rss_rise_mb"] for m in f]
     lr = [m["rss_rise_mb"] for m in lo]
+    per_repeat = [b / x for x, b in zip(fr, lr, strict=True)]
     print(f"peak RSS rise over 2 steps, full: {_stats(fr)} MB; LoRA: {_stats(lr)} MB; "
-          f"LoRA/full (medians) {statistics.median(lr) / statistics.median(fr):.2f}")  # fmt: skip
+          f"LoRA/full per repeat: {_stats(per_repeat)}")  # fmt: skip
     print(f"trainable parameters, full: {int(f[0]['trainable'])}, LoRA: {int(lo[0]['trainable'])}")
 
 
