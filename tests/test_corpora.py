@@ -97,6 +97,35 @@ def test_lean_workbook_gets_the_default_header() -> None:
     assert type(env.taskset).hub_revision == "4db66c03298bb5a20b5b1e1923d8f42051a4851f"
 
 
+def test_corpus_lean_versions_come_from_their_sources(tmp_path: Path) -> None:
+    """Lean Workbook's card names Lean v4.8.0-rc1 and Mathlib of the same tag; Goedel-Pset was
+    written in DeepSeek-Prover-V1.5's environment; the others name no version (None: the user
+    points the runtime at a project). A file declaring another Lean is refused."""
+    pins = {
+        e: (type(t).lean_toolchain, type(t).mathlib_rev)
+        for e in ("lean-workbook", "goedel-pset", "numina-lean", "deepseek-prover-v1")
+        for t in [load_environment(e).taskset]
+    }
+    assert pins["lean-workbook"] == (
+        "leanprover/lean4:v4.8.0-rc1",
+        "db651742f2c631e5b8525e9aabcf3d61ed094a4a",
+    )
+    assert pins["goedel-pset"] == (
+        "leanprover/lean4:v4.9.0",
+        "2f65ba7f1a9144b20c8e7358513548e317d26de1",
+    )
+    assert pins["numina-lean"] == pins["deepseek-prover-v1"] == (None, None)
+    rows = (FIX / "lean_workbook.jsonl").read_text(encoding="utf-8").splitlines()
+    other = tmp_path / "lw.jsonl"
+    other.write_text(
+        "\n".join(
+            json.dumps({**json.loads(r), "lean_toolchain": "leanprover/lean4:v4.9.0"}) for r in rows
+        )
+    )
+    with pytest.raises(DatasetError, match=r"written for Lean 4\.9\.0.*checks with Lean 4\.8\.0"):
+        load_environment("lean-workbook", path=other).tasks()
+
+
 def test_deepseek_prover_v1_unwraps_the_informal_comment() -> None:
     env = load_environment(
         "leanrl.environments.corpora:DeepSeekProverV1", path=FIX / "deepseek_prover_v1.jsonl"

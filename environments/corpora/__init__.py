@@ -53,7 +53,9 @@ class GoedelPsetTaskset(_Corpus):
     """Goedel-Pset-v1 (Goedel-LM): ~1.64M statements autoformalized from Numina and Lean
     Workbook problems, each a whole Lean file (imports, informal statement as a doc comment,
     theorem ending in ``:= by sorry``). No name column: the name is the declared theorem's; the
-    id is ``problem_id``. Written for the DeepSeek-Prover-V1.5 environment (Lean v4.9.0)."""
+    id is ``problem_id``. Written for the DeepSeek-Prover-V1.5 environment: Goedel-Prover's
+    repository pins the same Mathlib submodule (xinhjBrant/mathlib4 @ 2f65ba7f), whose Lean is
+    v4.9.0."""
 
     name = "goedel-pset"
     description = "Goedel-Pset-v1: 1.64M autoformalized statements (training corpus, no proofs)"
@@ -74,7 +76,9 @@ class NuminaLeanTaskset(_Corpus):
     """NuminaMath-LEAN (Project Numina): ~100K competition problems formalized in Lean 4 by
     humans, with the informal ``problem``; some rows carry a human proof
     (``formal_ground_truth``) or a prover's (``formal_proof``), kept in ``Task.extra``. The id
-    is ``uuid``; the name is the declared theorem's."""
+    is ``uuid``; the name is the declared theorem's. Lean version: unknown (the dataset card
+    names none), so none is pinned: point ``env.runtime.lean_project`` at the project you
+    train in."""
 
     name = "numina-lean"
     description = "NuminaMath-LEAN: ~100K human-formalized competition problems (some proofs)"
@@ -91,12 +95,19 @@ class NuminaLeanTaskset(_Corpus):
 class LeanWorkbookTaskset(_Corpus):
     """Lean Workbook (InternLM): ~57K statements autoformalized from AoPS problems, with the
     ``natural_language_statement``; names are ``lean_workbook_...`` (taken from the statement,
-    ``id`` is the id). Statements carry no imports: the Mathlib header above is used."""
+    ``id`` is the id). Statements carry no imports: the Mathlib header above is used. Written
+    for Lean v4.8.0-rc1 with the Mathlib of the same tag (the dataset card at the pinned
+    revision)."""
 
     name = "lean-workbook"
     description = "Lean Workbook: ~57K autoformalized AoPS statements (training corpus)"
     hub_id = "internlm/Lean-Workbook"
     hub_revision = "4db66c03298bb5a20b5b1e1923d8f42051a4851f"  # lean_workbook.json, June 2024
+    # The card at that revision: "Our test environment is based on Lean v4.8.0-rc1 with
+    # Mathlib4 of the same version (... the tag v4.8.0-rc1)". The tag's commit, as a lake
+    # manifest that requires mathlib @ "v4.8.0-rc1" resolves it:
+    lean_toolchain = "leanprover/lean4:v4.8.0-rc1"
+    mathlib_rev = "db651742f2c631e5b8525e9aabcf3d61ed094a4a"  # tag v4.8.0-rc1
     default_columns = ColumnMap(
         id="id",
         formal_statement="formal_statement",
@@ -109,7 +120,8 @@ class DeepSeekProverV1Taskset(_Corpus):
     """DeepSeek-Prover-V1's released synthetic data: ~27K autoformalized statements, each with
     a verified whole proof (``formal_proof``, kept in ``Task.extra``) and its ``header``. The
     informal statement comes as a ``/-- ... -/`` comment (``informal_prefix``) and is
-    unwrapped."""
+    unwrapped. Lean version: unknown (neither the dataset card nor the paper's text names one),
+    so none is pinned."""
 
     name = "deepseek-prover-v1"
     description = "DeepSeek-Prover-V1 data: ~27K statements with verified proofs"
