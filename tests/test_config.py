@@ -123,3 +123,30 @@ EXAMPLE_CONFIGS = [p for p in EXAMPLE_CONFIGS if p.name != "pyproject.toml"]
 def test_shipped_example_config_validates(path: Path) -> None:
     cls = _command_for(path)
     merge(cls, path, {})
+
+
+def _imports(module: str) -> set[str]:
+    """Every ``leanrl`` module a file imports, at the top or inside functions."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return {m for m in out if m.startswith("leanrl")}
+
+
+def test_config_and_the_cli_import_one_way() -> None:
+    """The CLI imports the config helpers; the reference of every command (which needs the
+    CLI's command table) lives in its own module, so nothing imports back."""
+    assert "leanrl.config" in _imports("leanrl.cli")
+    config = _imports("leanrl.config")
+    assert not {m for m in config if m.startswith(("leanrl.cli", "leanrl.config_reference"))}
+    assert "leanrl.cli" in _imports("leanrl.config_reference")
+    assert "leanrl.config_reference" not in _imports("leanrl.cli")

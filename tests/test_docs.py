@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from leanrl.cli import _COMMANDS
-from leanrl.config import configuration_reference
+from leanrl.config_reference import configuration_reference
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -35,7 +35,7 @@ def test_every_command_is_in_the_readme() -> None:
 def test_configuration_reference_is_up_to_date() -> None:
     current = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert current == configuration_reference(), (
-        "docs/configuration.md is stale: run `python -m leanrl.config > docs/configuration.md`"
+        "docs/configuration.md is stale: run `python -m leanrl.config_reference > docs/configuration.md`"
     )
 
 
