@@ -2,8 +2,9 @@
 
 Each child gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, exactly the variables
 ``torchrun`` sets, so the code under test initialises ``torch.distributed`` itself. On ranks
-other than 0 every method of ``RunDir`` that writes is replaced by one that fails the rank: a
-test that passes has shown that only rank 0 wrote to the run folder.
+other than 0 every method that writes to the run folder (``RunDir``'s, the ES history's, and the
+kept proofs' ``ProofStore``, whose ``open`` may cut a torn line) is replaced by one that fails
+the rank: a test that passes has shown that only rank 0 wrote to the run folder.
 """
 
 from __future__ import annotations
@@ -28,16 +29,20 @@ def _forbid_writes(rank: int) -> None:
 
     def refuse(name: str) -> Callable[..., Any]:
         def method(*args: Any, **kwargs: Any) -> Any:
-            raise AssertionError(f"rank {rank} called RunDir.{name}: only rank 0 may write")
+            raise AssertionError(f"rank {rank} called {name}: only rank 0 may write")
 
         return method
 
     for name in _WRITES:
-        setattr(RunDir, name, refuse(name))
+        setattr(RunDir, name, refuse(f"RunDir.{name}"))
     from leanrl.train.es_history import ESHistory
 
     for name in ("append", "_create"):
-        setattr(ESHistory, name, refuse(f"(ESHistory) {name}"))
+        setattr(ESHistory, name, refuse(f"ESHistory.{name}"))
+    from leanrl.proofs import ProofStore
+
+    for name in ("open", "add"):  # add_rollouts goes through add
+        setattr(ProofStore, name, refuse(f"ProofStore.{name} (proofs.jsonl)"))
 
 
 def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
