@@ -237,6 +237,21 @@ def test_errors_before_anything_loads(toy_model_dir: Path, tmp_path: Path) -> No
         _config(toy_model_dir, tmp_path / "z", batch_size=5)
 
 
+def test_the_default_micro_batch_follows_the_batch_size() -> None:
+    """`leanrl train sft --batch-size 2` runs (micro-batches of 2) instead of being refused for
+    the default micro-batch of 4; a micro-batch given explicitly must still divide the batch."""
+    from leanrl.train.sft import SFTConfig, SFTOptions
+    from leanrl.train.sft_cli import SFTCommand
+
+    cfg = parse_command(SFTCommand, ["--model", "m", "--batch-size", "2"]).to_sft_config()
+    assert (cfg.batch_size, cfg.micro_batch_size) == (2, 2)
+    assert SFTConfig().micro_batch_size == 4  # batch 16
+    assert SFTOptions(batch_size=6).micro_batch_size == 3
+    assert SFTOptions(batch_size=1).micro_batch_size == 1
+    with pytest.raises(ValueError, match="not a multiple of micro_batch_size"):
+        SFTOptions(batch_size=2, micro_batch_size=4)
+
+
 def test_command_line(tmp_path: Path) -> None:
     from leanrl.train.sft_cli import SFTCommand
 

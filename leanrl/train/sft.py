@@ -59,8 +59,9 @@ class SFTOptions(BaseModel):
     """Passes over the examples. None: train exactly ``steps`` optimizer steps instead."""
     batch_size: int = Field(default=16, ge=1)
     """Examples per optimizer step (``micro_batch_size`` × gradient accumulation)."""
-    micro_batch_size: int = Field(default=4, ge=1)
-    """Examples per forward/backward; must divide ``batch_size``."""
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    """Examples per forward/backward; must divide ``batch_size``. Unset: 4, or ``batch_size``
+    when that is smaller (the largest divisor of ``batch_size`` up to 4 in general)."""
     lr: float = Field(default=1e-5, gt=0)
     """AdamW learning rate (DeepSeek-Prover-V1.5's SFT used 1e-4 at 512 batch; small models and
     batches want less)."""
@@ -84,6 +85,9 @@ class SFTOptions(BaseModel):
 
     @model_validator(mode="after")
     def _batches(self) -> SFTOptions:
+        if self.micro_batch_size is None:
+            # follows the batch: `--batch-size 2` alone is a valid run, not an error
+            self.micro_batch_size = max(d for d in range(1, 5) if self.batch_size % d == 0)
         if self.batch_size % self.micro_batch_size:
             raise ValueError(
                 f"batch_size = {self.batch_size} is not a multiple of micro_batch_size = "
@@ -243,7 +247,9 @@ class SFTTrainer:
 
         cfg = self.config
         device, precision = device_and_precision(cfg.policy.device, cfg.precision)
-        accum = cfg.batch_size // cfg.micro_batch_size
+        micro = cfg.micro_batch_size
+        assert micro is not None  # the config's validator sets it
+        accum = cfg.batch_size // micro
         schedule = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
         length: dict[str, Any] = (
             {"num_train_epochs": cfg.epochs, "max_steps": -1}
@@ -252,7 +258,7 @@ class SFTTrainer:
         )
         args = TrainingArguments(
             output_dir=str(self.run.path),
-            per_device_train_batch_size=cfg.micro_batch_size,
+            per_device_train_batch_size=micro,
             gradient_accumulation_steps=accum,
             learning_rate=cfg.lr,
             lr_scheduler_type=schedule[cfg.lr_schedule],
