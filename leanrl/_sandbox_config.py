@@ -275,11 +275,14 @@ def image_pins(
     """(toolchain, Mathlib revision, REPL revision) to build a sandbox image with, from the
     taskset's pins (the default environment's Lean when there is no taskset): the Mathlib and
     REPL tags of the Lean version fill in what is missing."""
+    from leanrl.lean.project import REPL_REVS
+
     lean_toolchain = lean_toolchain or DEFAULT_TOOLCHAIN
     tag = "v" + lean_toolchain.rsplit(":v", 1)[-1] if ":v" in lean_toolchain else lean_toolchain
-    return lean_toolchain, mathlib_rev or tag, repl_rev or tag
+    return lean_toolchain, mathlib_rev or tag, repl_rev or REPL_REVS.get(tag, tag)
 
 
 def image_tag(lean_toolchain: str | None) -> str:
     """The default Docker image name for a Lean version: ``leanrl-verifier:v4.24.0``."""
-    return "leanrl-verifier:" + image_pins(lean_toolchain, None)[2]
+    lean_toolchain = lean_toolchain or DEFAULT_TOOLCHAIN
+    return "leanrl-verifier:" + lean_toolchain.rsplit(":", 1)[-1]

@@ -234,6 +234,8 @@ def test_doctor_on_a_project_folder(bare: Path, tmp_path: Path) -> None:
 def test_versions_and_lakefile() -> None:
     assert repl_tag(TOOLCHAIN) == "v4.24.0"
     assert repl_tag("leanprover/lean4:v4.33.0-rc2") == "v4.33.0-rc2"
+    # No REPL tag for this one (lean-workbook's Lean): the REPL's last commit on it.
+    assert repl_tag("leanprover/lean4:v4.8.0-rc1") == "88a0643592d35d20a279e416e839a1f4184444a1"
     with pytest.raises(LeanNotFoundError):
         repl_tag("nightly")
     text = lakefile(REV, "https://github.com/leanprover-community/mathlib4", TOOLCHAIN)

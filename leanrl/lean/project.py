@@ -114,15 +114,23 @@ def cache_root() -> Path:
     return Path(os.environ.get("LEANRL_CACHE") or Path.home() / ".cache" / "leanrl")
 
 
+REPL_REVS: dict[str, str] = {
+    # leanprover-community/repl has no tag for this release; its last commit built on it.
+    "v4.8.0-rc1": "88a0643592d35d20a279e416e839a1f4184444a1",
+}
+"""REPL revisions for Lean versions the REPL repository has no tag for."""
+
+
 def repl_tag(toolchain: str) -> str:
-    """The REPL tag matching a toolchain: ``leanprover/lean4:v4.24.0`` -> ``v4.24.0``."""
+    """The REPL revision matching a toolchain: ``leanprover/lean4:v4.24.0`` -> ``v4.24.0`` (the
+    REPL tags its releases by Lean version; :data:`REPL_REVS` covers versions without a tag)."""
     tag = toolchain.rsplit(":", 1)[-1].strip()
     if not re.fullmatch(r"v\d+\.\d+\.\d+(-rc\d+)?", tag):
         raise LeanNotFoundError(
             f"cannot tell the Lean version from the toolchain {toolchain!r}; expected something "
             "like 'leanprover/lean4:v4.24.0'"
         )
-    return tag
+    return REPL_REVS.get(tag, tag)
 
 
 def project_dir(toolchain: str, mathlib_rev: str | None) -> Path:
