@@ -43,3 +43,20 @@ def test_relative_links_resolve() -> None:
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
             assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+
+
+def test_no_merge_conflict_markers() -> None:
+    """A merge left `<<<<<<<`/`=======`/`>>>>>>>` lines in docs/eval.md once; nothing the repo
+    ships may keep them."""
+    marker = re.compile(r"^(<{7}( |$)|={7}$|>{7}( |$))", flags=re.M)
+    suffixes = {".md", ".py", ".toml", ".txt", ".sh", ".lean", ".json", ".yaml", ".yml", ""}
+    found = []
+    for path in REPO.rglob("*"):
+        rel = path.relative_to(REPO)
+        if rel.parts[0] in {".git", ".venv", "build", "dist"} or "__pycache__" in rel.parts:
+            continue
+        if not path.is_file() or path.suffix not in suffixes or path.stat().st_size > 2_000_000:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        found += [f"{rel}:{text.count(chr(10), 0, m.start()) + 1}" for m in marker.finditer(text)]
+    assert not found, f"merge conflict markers left in: {found}"
