@@ -6,7 +6,9 @@ same store keeping each whole record in memory as well, as it did before (comple
 prompt, Lean's messages: the report needs none of them). Each measurement runs in a fresh
 process: ``--attempts`` records (a ``--completion-kb`` completion, its proof, a prompt, one Lean
 message) appended in chunks of 64, then the store reopened (a resume reads them all back).
-Reported: RSS growth of each phase; modes alternate round by round.
+Reported: RSS growth of each phase; modes alternate round by round. Also the size of
+``results.jsonl`` against the same records each written with its proof spelled out (as before the
+store wrote a proof found inside its completion as offsets).
 
     python benchmarks/eval_store_memory.py [--attempts 20000 --completion-kb 4 --rounds 3]
 """
@@ -80,8 +82,13 @@ def child(mode: str, attempts: int, kb: int, folder: Path) -> dict[str, float]:
     again.open("fp", {}, "")
     reopened = _rss_mb() - base2
     assert len(again.records) == attempts
+    spelled = sum(
+        len((json.dumps(r, ensure_ascii=False) + "\n").encode()) for r in again.full_records()
+    )
     again.close()
-    return {"run_mb": grown, "resume_mb": reopened}
+    disk = (folder / "results.jsonl").stat().st_size
+    return {"run_mb": grown, "resume_mb": reopened, "disk_mb": disk / 2**20,
+            "spelled_mb": spelled / 2**20}  # fmt: skip
 
 
 def main() -> None:
@@ -112,6 +119,11 @@ def main() -> None:
             print(
                 f"  {m:5s} {phase:9s} min {min(v):7.1f} MB  median {statistics.median(v):7.1f} MB  max {max(v):7.1f} MB"
             )
+    d = res["index"][0]
+    print(
+        f"results.jsonl: {d['disk_mb']:.1f} MB; with every proof spelled out "
+        f"{d['spelled_mb']:.1f} MB ({d['spelled_mb'] / d['disk_mb']:.2f}x)"
+    )
     for phase in ("run_mb", "resume_mb"):
         full = statistics.median(x[phase] for x in res["full"])
         idx = statistics.median(x[phase] for x in res["index"])

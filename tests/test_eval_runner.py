@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from leanrl import ConfigError, EnvironmentConfig, RuntimeConfig, TasksetConfig, load_environment
-from leanrl.eval import EvalConfig, run_eval
+from leanrl.eval import EvalConfig, read_results, run_eval
 from leanrl.eval.runner import chunk_seed
 from tests._scripted_runtime import ScriptedPolicy
 
@@ -37,7 +37,7 @@ def make(bench_data: Path, out: Path, **kw: Any) -> EvalConfig:
 
 
 def lines(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    return list(read_results(out))
 
 
 async def test_run_writes_every_attempt_and_the_report(bench_data: Path, tmp_path: Path) -> None:

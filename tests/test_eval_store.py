@@ -100,3 +100,60 @@ def test_only_a_small_index_of_each_attempt_stays_in_memory(tmp_path: Path) -> N
     # the full records are on disk
     line = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[1])
     assert line["completion"] == "x" * 10_000 and line["proof"] == "y" * 5_000
+
+
+def test_a_proof_inside_its_completion_is_stored_once(tmp_path: Path) -> None:
+    """Eval stored each proof twice (beside the completion it came from); a proof that is a piece
+    of the completion is now its offsets, and every reader gets the text back."""
+    from leanrl.eval import read_results
+
+    body = "  intro x\n  simp [h, «odd name»] -- ∀ ünïcode\n"
+    completion = f"Here it is:\n```lean4\ntheorem t : True := by\n{body}```\nDone ✓."
+    rows = recs("a", 3)
+    rows[0] |= {"completion": completion, "proof": body}
+    rows[1] |= {"completion": completion, "proof": "  exact rebuilt_from_turns"}  # not inside
+    rows[2] |= {"completion": "", "proof": None}
+    st = ResultStore(tmp_path)
+    st.open("fp", {}, "")
+    st.append(rows)
+    st.close()
+    lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text("utf-8").splitlines()]
+    assert "proof" not in lines[0] and lines[0]["proof_at"] == [
+        completion.index(body),
+        completion.index(body) + len(body),
+    ]
+    assert lines[1]["proof"] == "  exact rebuilt_from_turns" and "proof_at" not in lines[1]
+    assert lines[2]["proof"] is None
+    for got in (list(read_results(tmp_path)), list(ResultStore(tmp_path).full_records())):
+        assert [r["proof"] for r in got] == [body, "  exact rebuilt_from_turns", None]
+        assert all("proof_at" not in r for r in got)
+    # stored once: the line is shorter than the record written with both
+    size = (tmp_path / "results.jsonl").stat().st_size
+    both = sum(len((json.dumps(r, ensure_ascii=False) + "\n").encode()) for r in rows)
+    saved = len(json.dumps(body, ensure_ascii=False).encode())  # the proof's text, quoted
+    assert both - saved < size < both - saved + 20  # plus `"proof_at": [20, 69]` for it
+
+
+def test_a_bad_proof_offset_is_quarantined_not_trusted(tmp_path: Path) -> None:
+    st = ResultStore(tmp_path)
+    st.open("fp", {}, "")
+    st.append([{**r, "completion": "abc", "proof": "b"} for r in recs("a", 2)])
+    st.close()
+    path = tmp_path / "results.jsonl"
+    lines = path.read_text().splitlines()
+    lines[0] = lines[0].replace('"proof_at": [1, 2]', '"proof_at": [1, 99]')
+    path.write_text("\n".join(lines) + "\n")
+    again = ResultStore(tmp_path)
+    again.open("fp", {}, "")  # the damaged line goes aside and its attempt is redone
+    assert not again.has(("a", 0)) and again.has(("a", 1))
+    assert [r["proof"] for r in again.full_records()] == ["b"]
+    again.close()
+    assert "[1, 99]" in (tmp_path / "results.jsonl.quarantined").read_text()
+
+
+def test_a_lone_surrogate_in_a_completion_is_written_and_read_back(tmp_path: Path) -> None:
+    st = ResultStore(tmp_path)
+    st.open("fp", {}, "")
+    st.append([{**recs("a", 1)[0], "completion": "bad \ud800 text", "proof": None}])
+    st.close()
+    assert [r["completion"] for r in ResultStore(tmp_path).full_records()] == ["bad \ud800 text"]

@@ -13,6 +13,10 @@ with a warning and its attempt is redone; the lines after it are always kept.
 
 Only a small index of each attempt (key, accepted, verdict reason, token count) stays in memory;
 the full records live on disk, so a long run does not grow the process.
+
+The proof is usually a piece of the completion it was extracted from; then the line stores
+``"proof_at": [start, end]`` (character offsets into ``completion``) instead of the text a second
+time. :func:`read_results` (and everything in leanrl that reads the file) puts ``proof`` back.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 from leanrl.errors import ConfigError, disk_errors
 from leanrl.jsonl import quarantine, read_log, rewrite_log, scan_log
 
-__all__ = ["ResultStore"]
+__all__ = ["ResultStore", "read_results"]
 
 Key = tuple[str, int]
 
@@ -77,7 +81,7 @@ class ResultStore:
         self._fd = os.open(self.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _reconcile(self) -> dict[Key, dict[str, Any]]:
-        scan = scan_log(self.results_path, _index_entry)
+        scan = scan_log(self.results_path, _checked_index)
         records: dict[Key, dict[str, Any]] = {}
         keep: set[int] = set()
         line_of: dict[Key, int] = {}
@@ -117,7 +121,7 @@ class ResultStore:
                 new[key] = rec
         if not new:
             return 0
-        blob = b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in new.values())
+        blob = b"".join(_line(_pack(r)) for r in new.values())
         view = memoryview(blob)
         with disk_errors(self.results_path, "attempt records"):
             while view:  # a write to a regular file may be short; finish it
@@ -179,9 +183,69 @@ def _read_run_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_results(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The attempt records of an eval's ``results.jsonl`` (or of its folder), one at a time,
+    each as the runner made it: ``proof`` restored where the line stores ``proof_at``. Lines
+    that cannot be read are skipped (a resume moves them to ``results.jsonl.quarantined``); a
+    retried ``infra`` attempt may appear twice until the run is resumed.
+
+    Use this rather than reading the JSON lines yourself::
+
+        import pandas as pd
+        from leanrl.eval import read_results
+        df = pd.DataFrame(read_results("runs/eval-minif2f"))
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist: give the --out folder of a `leanrl eval` run, or its "
+            "results.jsonl"
+        )
+    for _, rec in read_log(path, _full_record):
+        yield rec
+
+
+def _line(rec: dict[str, Any]) -> bytes:
+    text = json.dumps(rec, ensure_ascii=False) + "\n"
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (an API may send "\ud800" escapes) cannot be UTF-8: write the line
+        # with ASCII escapes, which read back to the same string.
+        return (json.dumps(rec) + "\n").encode()
+
+
+def _pack(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record as one line stores it: a proof found inside the completion as its offsets."""
+    proof, completion = rec.get("proof"), rec.get("completion")
+    if not (isinstance(proof, str) and proof and isinstance(completion, str)):
+        return rec
+    start = completion.find(proof)
+    if start < 0:
+        return rec  # rebuilt from several turns, or reindented: stored as it is
+    out = {k: v for k, v in rec.items() if k != "proof"}
+    out["proof_at"] = [start, start + len(proof)]
+    return out
+
+
 def _full_record(rec: Any) -> dict[str, Any]:
     _index_entry(rec)  # the same validity as the index
-    return dict(rec)
+    out = dict(rec)
+    at = out.pop("proof_at", None)
+    if at is not None and "proof" not in out:
+        start, end = (int(x) for x in at)
+        completion = out["completion"]
+        if not (isinstance(completion, str) and 0 <= start <= end <= len(completion)):
+            raise ValueError(f"proof_at {at} lies outside the completion")
+        out["proof"] = completion[start:end]
+    return out
+
+
+def _checked_index(rec: Any) -> tuple[Key, dict[str, Any]]:
+    """The index entry of a line that reads back whole (a bad ``proof_at`` quarantines it)."""
+    return _index_entry(_full_record(rec))
 
 
 def _index_entry(rec: Any) -> tuple[Key, dict[str, Any]]:
