@@ -289,13 +289,7 @@ class CompareCommand(ConfigCommand, CompareConfig):
     """Shortcut for --policy.model."""
 
     def to_compare_config(self) -> CompareConfig:
-        cmd = self.resolved()
-        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model"):
-            data.pop(key, None)
-        if cmd.model is not None:
-            data.setdefault("policy", {})["model"] = cmd.model
-        return validate(CompareConfig, data, "compare config")
+        return self.build_config(CompareConfig, "compare config", {"model": ("policy", "model")})
 
     def cli_cmd(self) -> None:
         report = run_compare(self.to_compare_config())

@@ -93,3 +93,28 @@ class ConfigCommand(BaseModel):
             return self
         typed = self.model_dump(exclude_unset=True)
         return merge(type(self), path, typed)
+
+    def build_config(
+        self,
+        cls: type[M],
+        what: str,
+        shortcuts: dict[str, tuple[str, ...]],
+        command_only: tuple[str, ...] = (),
+    ) -> M:
+        """The ``cls`` config this command describes: the TOML file under the flags typed, each
+        shortcut flag (e.g. ``model``) written to its nested place (``("policy", "model")``),
+        and the flags that only steer the command (``command_only``, e.g. ``dry_run``) left out.
+        ``what`` names the config in validation errors."""
+        cmd = self.resolved()
+        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
+        for key in ("config", *shortcuts, *command_only):
+            data.pop(key, None)
+        for flag, place in shortcuts.items():
+            value = getattr(cmd, flag)
+            if value is None:
+                continue
+            node = data
+            for key in place[:-1]:
+                node = node.setdefault(key, {})
+            node[place[-1]] = value
+        return validate(cls, data, what)

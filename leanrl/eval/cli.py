@@ -9,11 +9,11 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from leanrl.config import ConfigCommand, validate
+from leanrl.config import ConfigCommand
 from leanrl.eval.config import EvalConfig
 
 __all__ = ["EvalCommand"]
@@ -53,34 +53,18 @@ class EvalCommand(ConfigCommand, EvalConfig):
 
     def to_eval_config(self) -> EvalConfig:
         """The EvalConfig this command describes (TOML file < flags, shortcuts applied)."""
-        cmd = self.resolved()
-        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in (
-            "config",
-            "model",
-            "backend",
-            "harness",
-            "runtime",
-            "limit",
-            "print_json",
-            "dry_run",
-        ):
-            data.pop(key, None)
-        shortcuts = {
-            ("policy", "model"): cmd.model,
-            ("policy", "backend"): cmd.backend,
-            ("env", "harness", "name"): cmd.harness,
-            ("env", "runtime", "name"): cmd.runtime,
-            ("env", "taskset", "limit"): cmd.limit,
-        }
-        for path, value in shortcuts.items():
-            if value is None:
-                continue
-            node = data
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = value
-        return validate(EvalConfig, data, "eval config")
+        return self.build_config(
+            EvalConfig,
+            "eval config",
+            {
+                "model": ("policy", "model"),
+                "backend": ("policy", "backend"),
+                "harness": ("env", "harness", "name"),
+                "runtime": ("env", "runtime", "name"),
+                "limit": ("env", "taskset", "limit"),
+            },
+            command_only=("print_json", "dry_run"),
+        )
 
     def cli_cmd(self) -> None:
         from leanrl.eval.runner import run_eval

@@ -6,9 +6,9 @@ Imports nothing heavy at module level (the CLI lists every command at start-up).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from leanrl.config import ConfigCommand, validate
+from leanrl.config import ConfigCommand
 from leanrl.train.common import print_run_summary
 from leanrl.train.expert_iteration import ExpertIterationConfig
 
@@ -34,16 +34,11 @@ class ExpertIterationCommand(ConfigCommand, ExpertIterationConfig):
 
     def to_config(self) -> ExpertIterationConfig:
         """The ExpertIterationConfig this command describes (TOML file < flags, shortcuts)."""
-        cmd = self.resolved()
-        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model", "backend"):
-            data.pop(key, None)
-        policy = data.setdefault("policy", {})
-        if cmd.model is not None:
-            policy["model"] = cmd.model
-        if cmd.backend is not None:
-            policy["backend"] = cmd.backend
-        return validate(ExpertIterationConfig, data, "expert-iteration config")
+        return self.build_config(
+            ExpertIterationConfig,
+            "expert-iteration config",
+            {"model": ("policy", "model"), "backend": ("policy", "backend")},
+        )
 
     def cli_cmd(self) -> None:
         from leanrl.train.expert_iteration import ExpertIteration

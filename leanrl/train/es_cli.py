@@ -6,9 +6,9 @@ transformers load only once the config has been checked.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from leanrl.config import ConfigCommand, validate
+from leanrl.config import ConfigCommand
 from leanrl.launch.cli import launched
 from leanrl.train.common import check_model_path, print_run_summary
 from leanrl.train.es import ESConfig
@@ -41,13 +41,9 @@ class ESCommand(ConfigCommand, ESConfig):
 
     def to_es_config(self) -> ESConfig:
         """The ESConfig this command describes (TOML file < flags, ``--model`` applied)."""
-        cmd = self.resolved()
-        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model", "dry_run"):
-            data.pop(key, None)
-        if cmd.model is not None:
-            data.setdefault("policy", {})["model"] = cmd.model
-        config = validate(ESConfig, data, "ES config")
+        config = self.build_config(
+            ESConfig, "ES config", {"model": ("policy", "model")}, command_only=("dry_run",)
+        )
         check_model_path(config.policy.model)  # before any model is loaded
         return config
 

@@ -6,11 +6,11 @@ transformers load only once the config has been checked.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import model_validator
 
-from leanrl.config import ConfigCommand, validate
+from leanrl.config import ConfigCommand
 from leanrl.launch.cli import launched
 from leanrl.train.common import print_run_summary
 from leanrl.train.grpo import GRPOConfig
@@ -50,16 +50,12 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
 
     def to_grpo_config(self) -> GRPOConfig:
         """The GRPOConfig this command describes (TOML file < flags, shortcuts applied)."""
-        cmd = self.resolved()
-        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model", "backend", "dry_run"):
-            data.pop(key, None)
-        policy = data.setdefault("policy", {})
-        if cmd.model is not None:
-            policy["model"] = cmd.model
-        if cmd.backend is not None:
-            policy["backend"] = cmd.backend
-        return validate(GRPOConfig, data, "GRPO config")
+        return self.build_config(
+            GRPOConfig,
+            "GRPO config",
+            {"model": ("policy", "model"), "backend": ("policy", "backend")},
+            command_only=("dry_run",),
+        )
 
     def cli_cmd(self) -> None:
         from leanrl.train.grpo import GRPOTrainer

@@ -5,9 +5,7 @@ Imports nothing heavy at module level (the CLI lists every command at start-up).
 
 from __future__ import annotations
 
-from typing import Any
-
-from leanrl.config import ConfigCommand, validate
+from leanrl.config import ConfigCommand
 from leanrl.train.common import print_run_summary
 from leanrl.train.sft import SFTConfig
 
@@ -30,13 +28,7 @@ class SFTCommand(ConfigCommand, SFTConfig):
 
     def to_sft_config(self) -> SFTConfig:
         """The SFTConfig this command describes (TOML file < flags, ``--model`` applied)."""
-        cmd = self.resolved()
-        data: dict[str, Any] = cmd.model_dump(exclude_unset=True)
-        for key in ("config", "model"):
-            data.pop(key, None)
-        if cmd.model is not None:
-            data.setdefault("policy", {})["model"] = cmd.model
-        return validate(SFTConfig, data, "SFT config")
+        return self.build_config(SFTConfig, "SFT config", {"model": ("policy", "model")})
 
     def cli_cmd(self) -> None:
         from leanrl.train.sft import SFTTrainer
