@@ -10,7 +10,8 @@ history, checkpoints, resume, plot); it is not a Lean result, and no Lean runs.
 
 The same run from the command line, once the tiny model exists:
 
-    PYTHONPATH=examples leanrl train es --config examples/train-es-cpu.toml --model runs/tiny-model
+    PYTHONPATH=examples leanrl train es --config examples/train-es-cpu.toml \
+        --model runs/tiny-model-es
 """
 
 from __future__ import annotations
@@ -122,7 +123,10 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/es-cpu", help="run folder (rerun to resume)")
-    ap.add_argument("--model-dir", default="runs/tiny-model", help="where the tiny model goes")
+    # Its own folder: the README's first run leaves another tiny model in runs/tiny-model.
+    ap.add_argument(
+        "--model-dir", default="runs/tiny-model-es", help="its tiny model (made on the first run)"
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))  # so `train_es_cpu:TargetEnv` resolves (also in workers)
     model = Path(args.model_dir)

@@ -12,7 +12,7 @@ Lean runs.
 The same run from the command line, once the tiny model exists:
 
     PYTHONPATH=examples leanrl train grpo --config examples/train-grpo-cpu.toml \
-        --model runs/tiny-model
+        --model runs/tiny-model-grpo
 """
 
 from __future__ import annotations
@@ -114,7 +114,10 @@ class DigitsEnv(Environment):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/grpo-cpu", help="run folder")
-    ap.add_argument("--model-dir", default="runs/tiny-model", help="where the tiny model goes")
+    # Its own folder: the README's first run leaves another tiny model in runs/tiny-model.
+    ap.add_argument(
+        "--model-dir", default="runs/tiny-model-grpo", help="its tiny model (made on the first run)"
+    )
     args = ap.parse_args()
 
     from leanrl.config import merge

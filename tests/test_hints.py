@@ -4,6 +4,7 @@ no "no running event loop" traceback in front of the real error."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,13 +86,11 @@ async def test_a_sandbox_that_dies_while_starting_is_reported_with_its_cause() -
 
 
 def test_run_sync_shows_only_the_real_error(tmp_path: Path) -> None:
-    """The README's first example without Lean: one traceback, the LeanNotFoundError."""
-    code = (
-        "import leanrl\n"
-        "env = leanrl.load_environment('core', limit=1)\n"
-        "t = env.tasks()[0]\n"
-        "env.runtime.check_sync([leanrl.Attempt(name=t.name, header=t.header,\n"
-        "    formal_statement=t.formal_statement, proof='omega')])\n"
+    """The README's Python example, as written, without Lean: one traceback, the
+    LeanNotFoundError (after it printed the task it picked)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    code = next(
+        b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "check_sync" in b
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
@@ -99,6 +98,7 @@ def test_run_sync_shows_only_the_real_error(tmp_path: Path) -> None:
         timeout=120,
     )  # fmt: skip
     assert out.returncode == 1
+    assert out.stdout.startswith("amc12a_2021_p3 leanprover/lean4:")  # the task it names exists
     assert "LeanNotFoundError" in out.stderr
     assert "no running event loop" not in out.stderr
     assert "During handling of the above exception" not in out.stderr
