@@ -72,7 +72,9 @@ class PolicyConfig(BaseModel):
     max_retries: int = Field(default=5, ge=0)
     """``openai`` backend: retries with exponential backoff on transient failures."""
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
-    """``vllm`` backend: fraction of GPU memory the engine may take."""
+    """``vllm`` backend: fraction of GPU memory the engine may take. When it is not set, GRPO's
+    in-process engine takes 0.3 (it shares the GPU with training), and ES's vLLM scorer the
+    largest share up to this that leaves room for its fp32 master and noise buffers."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the backend (``from_pretrained`` / ``LLM(...)``)."""
 

@@ -303,6 +303,11 @@ def test_dry_run_plans_the_reference_es_loop(capsys: pytest.CaptureFixture[str])
     assert "batches of 64: 2 per member, 60 per iteration" in out
     assert "es_member x10 containers on H100" in out
     assert "estimated per iteration" in out and "$" in out
+    # the sandboxes' Lean is the taskset's when none is pinned (it printed `None` once)
+    from leanrl.environment import EnvironmentConfig, load_environment
+
+    want = load_environment(EnvironmentConfig(id="minif2f")).taskset.lean_toolchain
+    assert want and f"lean (sandboxes: {want})" in out
 
 
 def test_plan_estimates_scale_with_the_work() -> None:

@@ -40,7 +40,7 @@ class EvalCommand(ConfigCommand, EvalConfig):
     """Shortcut for --policy.backend (hf: transformers, openai: an OpenAI-compatible server,
     vllm: in-process vLLM)."""
     harness: str | None = None
-    """Shortcut for --env.harness.name (whole-proof or tactic-loop)."""
+    """Shortcut for --env.harness.name (whole-proof, tactic-loop or self-correction)."""
     runtime: str | None = None
     """Shortcut for --env.runtime.name (local, docker, modal)."""
     limit: int | None = Field(default=None, ge=1)

@@ -77,7 +77,7 @@ def plan_for(kind: str, config: Any) -> Plan:
     if launcher.name == "modal":
         add(
             f"  images: gpu (torch, transformers, {', '.join(m.gpu_packages) or 'no vLLM'}), "
-            f"orchestrator (CPU torch), lean (sandboxes: {config.env.runtime.modal.lean_toolchain})"
+            f"orchestrator (CPU torch), lean (sandboxes: {_sandbox_lean(config)})"
         )
         add(f"  volume {m.volume!r} at {m.volume_mount} (run folders, checkpoints, HF cache)"
             + (f"; secret {m.secret!r}" if m.secret else ""))  # fmt: skip
@@ -164,3 +164,18 @@ def plan_for(kind: str, config: Any) -> Plan:
     if kind == "grpo":
         plan.estimate["usd_run"] = usd * config.steps
     return plan
+
+
+def _sandbox_lean(config: Any) -> str:
+    """The Lean the sandboxes get: the one set for the Modal runtime, else the taskset's own
+    (what the image is built for when none is set)."""
+    pinned: str | None = config.env.runtime.modal.lean_toolchain
+    if pinned:
+        return pinned
+    from leanrl.environment import load_environment
+
+    try:
+        toolchain = load_environment(config.env).taskset.lean_toolchain
+    except Exception:  # a plan is printed for an environment that cannot load here either
+        toolchain = None
+    return toolchain or "the taskset's Lean (it declares none)"

@@ -5,8 +5,8 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
 1. **Tasks.** ``batch_for_step(tasks, step, tasks_per_step, seed)``: B tasks, the same batches
    whatever happens (resume included).
 2. **Rollouts.** ``env.rollout(tasks, policy, sampling(n=G))``: G attempts per task through the
-   harness (whole-proof or tactic-loop), verified by the runtime, rewarded by the taskset. Each
-   rollout carries the token ids of the prompt, of the model's turns (loss mask 1) and of the
+   harness (whole-proof, tactic-loop, self-correction), verified by the runtime, rewarded by the
+   taskset. Each rollout carries the token ids of the prompt, of the model's turns (loss mask 1) and of the
    environment's feedback (loss mask 0), and the behaviour policy's log-prob of every model token.
 3. **Advantages.** Per group i of rewards r_i1..r_iG: ``A_ij = (r_ij - mean_i) / (std_i + 1e-4)``
    (``scale_rewards = "group"``; ``"batch"`` uses the std of every reward sampled this step,

@@ -14,6 +14,13 @@ from leanrl.policy import SamplingConfig
 __all__ = ["InRunEvalConfig"]
 
 
+class EvalSamplingConfig(SamplingConfig):
+    """Sampling for held-out evaluation: greedy unless a temperature is set."""
+
+    temperature: float = Field(default=0.0, ge=0.0)
+    """Softmax temperature; 0 (the default here) means greedy decoding."""
+
+
 class InRunEvalConfig(BaseModel):
     """Held-out evaluation while training: pass@k on a named environment every ``every`` steps,
     with the weights being trained, logged to ``metrics.jsonl`` (keys ``eval/pass@k``) and
@@ -33,7 +40,7 @@ class InRunEvalConfig(BaseModel):
     """Attempts per task (the n of pass@k)."""
     k: list[int] | None = None
     """The k values logged (``1,8``). Default: 1 and ``samples``."""
-    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
     """Sampling for the evaluation (default: greedy; set a temperature for ``samples > 1``)."""
     at_start: bool = False
     """Also evaluate the starting weights (logged as step 0), for a baseline on the plot."""
