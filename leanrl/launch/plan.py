@@ -173,9 +173,10 @@ def _sandbox_lean(config: Any) -> str:
     if pinned:
         return pinned
     from leanrl.environment import load_environment
+    from leanrl.errors import LeanrlError
 
     try:
         toolchain = load_environment(config.env).taskset.lean_toolchain
-    except Exception:  # a plan is printed for an environment that cannot load here either
+    except (LeanrlError, ImportError):  # a plan is printed for one that cannot load here too
         toolchain = None
     return toolchain or "the taskset's Lean (it declares none)"
