@@ -45,6 +45,14 @@ class InRunEvalConfig(BaseModel):
     at_start: bool = False
     """Also evaluate the starting weights (logged as step 0), for a baseline on the plot."""
 
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _plain_sampling(cls, v: Any) -> Any:
+        # A SamplingConfig given in Python (or copied from another config) is taken as it is.
+        if isinstance(v, SamplingConfig) and not isinstance(v, EvalSamplingConfig):
+            return v.model_dump()
+        return v
+
     @field_validator("k", mode="before")
     @classmethod
     def _parse_k(cls, v: Any) -> Any:
