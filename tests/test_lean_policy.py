@@ -392,7 +392,7 @@ def test_native_auxiliary_axioms_reported_by_the_checker_are_native() -> None:
     # Recent `native_decide` leaves an auxiliary axiom of the proof's own; the checker reports
     # it in `native` (by its shape), and the policy treats it like Lean.ofReduceBool.
     aux = "t._native.native_decide.ax_1_1"
-    rep = report(axioms=["propext", aux], native=[aux])
+    rep = report(axioms=["propext", aux], new_axioms=[aux], native=[aux])
     v = judge(attempt("exact h.symm"), check=rep)
     assert v.reason is Reason.NATIVE and aux in v.detail
     ok = judge(
@@ -405,8 +405,37 @@ def test_an_axiom_merely_named_like_a_native_one_is_an_axiom() -> None:
     # The name alone proves nothing: only what the checker classified as native counts.
     fake = "t._native.native_decide.ax_1_1"
     pol = VerificationPolicy(allow_native_decide=True)
-    v = judge(attempt("exact h.symm", policy=pol), check=report(axioms=[fake], native=[]))
-    assert v.reason is Reason.AXIOM and fake in v.detail
+    v = judge(
+        attempt("exact h.symm", policy=pol),
+        check=report(axioms=[fake], new_axioms=[fake], native=[]),
+    )
+    assert v.reason is Reason.AXIOM and fake in v.detail and "declares its own" in v.detail
+
+
+@pytest.mark.parametrize("name", ["propext", "Classical.choice", "Quot.sound", "sorryAx"])
+def test_an_axiom_the_attempt_declares_is_refused_whatever_its_name(name: str) -> None:
+    # A file can hold a `Name` spelled `propext` whose stored hash is wrong: the checker rebuilds
+    # every name (so the clean environment's lookup is honest) and reports an axiom it did not
+    # find there as declared by the attempt. Its spelling must not let it through the allow-list.
+    rep = report(axioms=[name], new_axioms=[name])
+    for pol in (VerificationPolicy(), VerificationPolicy(allow_native_decide=True)):
+        v = judge(attempt("exact h.symm", policy=pol), check=rep)
+        assert not v.accepted
+        assert v.reason in (Reason.AXIOM, Reason.SORRY)
+        if name != "sorryAx":
+            assert v.reason is Reason.AXIOM and "declares its own axiom" in v.detail
+
+
+def test_a_taskset_cannot_allow_an_axiom_the_proof_declares() -> None:
+    # `allowed_axioms` names axioms of the clean environment (the header's, the taskset's); the
+    # same name declared by the proof is a different axiom, and is refused.
+    pol = VerificationPolicy(allowed_axioms=("propext", "Classical.choice", "Quot.sound", "myAx"))
+    v = judge(
+        attempt("exact h.symm", policy=pol), check=report(axioms=["myAx"], new_axioms=["myAx"])
+    )
+    assert v.reason is Reason.AXIOM and "myAx" in v.detail
+    ok = judge(attempt("exact h.symm", policy=pol), check=report(axioms=["myAx"]))
+    assert ok.accepted, ok.detail
 
 
 def test_replay_needing_compiled_code_is_native_not_tampering() -> None:
@@ -582,3 +611,27 @@ def test_every_benchmark_row_splits_and_assembles(data_roots: list[Path]) -> Non
 def test_a_comment_after_an_import_is_not_a_module() -> None:
     imports, rest = split_header("import Mathlib -- everything\nimport Aesop\nopen Real\n")
     assert imports == ["import Lean", "import Mathlib", "import Aesop"] and rest == "open Real"
+
+
+def test_the_checker_reports_every_field_the_policy_reads() -> None:
+    # Lean and Python must agree on the report's keys: a field the checker never writes would
+    # silently keep its default (an empty `new_axioms` would let a declared `propext` through).
+    import re
+
+    from leanrl.lean.trust.report import CheckReport, checker_source
+
+    obj = checker_source()[checker_source().index("Json.mkObj [") :]
+    written = set(re.findall(r'\("([a-z_]+)", ', obj[: obj.index("logInfo")]))
+    assert written == set(CheckReport.model_fields) - {"extra"}
+
+
+def test_the_checker_rebuilds_the_file_before_reading_it() -> None:
+    # Cached hashes and flags in the attempt's file are forged data: `run` must rebuild every
+    # constant before its first lookup (the lean-marked test forges one for real).
+    from leanrl.lean.trust.report import checker_source
+
+    src = checker_source()
+    body = src[src.index("def run (") :]
+    assert "rebuild (← if olean then readOlean path else readReplPickle path)" in body
+    assert body.index("rebuild (") < min(body.index("byName"), body.index("env.find?"))
+    assert "partial def walk" not in src  # an explicit stack: no recursion depth to exhaust

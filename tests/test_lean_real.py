@@ -259,6 +259,42 @@ async def test_restated_statement_is_judged_by_its_elaborated_type(
     assert changed.reason is Reason.STATEMENT_CHANGED, changed.detail
 
 
+async def test_forged_name_hashes_in_the_attempts_file_do_not_fool_the_checker(
+    lean_runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt's process writes the file the judge reads, so it can store any bytes there.
+    Here the hand-off copy is patched the way such a process could: the axiom `propexu : False`
+    is respelled `propext` while its stored name hash stays that of `propexu`. Read naively, the
+    name is not found in the clean environment, counts as new, and prints as an allowed axiom;
+    the checker rebuilds every name first, so it is the real `propext`, declared differently."""
+    import leanrl.lean.oneshot as oneshot
+    import leanrl.lean.pool as pool
+    from leanrl.lean.trust.judge import take_pickle
+
+    def forging(src, handoff, max_bytes):  # type: ignore[no-untyped-def]
+        out = take_pickle(src, handoff, max_bytes)
+        if not isinstance(out, str):
+            data = out.read_bytes()
+            assert b"propexu" in data
+            out.chmod(0o600)
+            out.write_bytes(data.replace(b"propexu", b"propext"))
+        return out
+
+    monkeypatch.setattr(pool, "take_pickle", forging)
+    monkeypatch.setattr(oneshot, "take_pickle", forging)
+    cheat = Attempt(
+        name="t",
+        header="",
+        formal_statement=FALSE,
+        preamble="axiom propexu : False",
+        proof="exact propexu.elim",
+        policy=NO_SCAN,
+    )
+    (v,) = await lean_runtime.check([cheat])
+    assert not v.accepted
+    assert v.reason in (Reason.STATEMENT_CHANGED, Reason.AXIOM), (v.reason, v.detail)
+
+
 async def test_tactic_session_real_lean() -> None:
     rt = await _runtime("repl")
     try:

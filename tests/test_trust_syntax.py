@@ -448,7 +448,7 @@ CONTROLS: list[tuple[str, str, str]] = [
     (
         "strings with every trigger word",
         "",
-        'have hs : ("sorry native_decide #eval macro axiom import /- -- unsafe" : String).length > 0'
+        'have hs : ("sorry native_decide /- -- admit" : String).length > 0'
         " := by decide\n  exact h.symm",
     ),
     (
@@ -638,6 +638,113 @@ def test_a_tactic_configuration_that_runs_the_proofs_own_code_is_refused() -> No
     assert f.reason is Reason.FORBIDDEN and "leanrl_steps" in f.token
     literal = "theorem h : 1 + 1 = 2 := by\n  simp (config := { maxSteps := 100000 })"
     assert scan(literal, VerificationPolicy()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "token"),
+    [
+        # configuration items after the tactic (Lean's `optConfig` syntax)
+        ("def f : Nat := 5\nexample : True := by\n  simp (maxSteps := f)", "f"),
+        ("def b : Bool := true\nexample : 2 = 2 := by decide (kernel := b)", "b"),
+        ("example : True := by simp +contextual (maxSteps := Foo.steps x)", "Foo.steps"),
+        # names a word list of the proof's definitions would miss
+        (
+            "def g : Nat := 1\n  where steps : Nat := 5\n"
+            "example : True := by simp (config := { maxSteps := steps })",
+            "steps",
+        ),
+        (
+            "namespace A\ndef c : Nat := 1\nend A\nopen A in\nexample : True := by "
+            "simp (config := { maxSteps := A.c })",
+            "A.c",
+        ),
+        (
+            "instance : Inhabited Simp.Config := ⟨{}⟩\nexample : True := by simp (config := default)",
+            "default",
+        ),
+        ("example : True := by simp (config := Simp.Config.mk 1)", "Simp.Config.mk"),
+        ("example : True := by simp (config := ⟨1⟩)", "⟨"),
+        ("example : True := by simp (config := { contextual })", "contextual"),
+        (
+            "example : True := by simp (config := { Simp.neutralConfig with zeta := true })",
+            "Simp.neutralConfig",
+        ),
+        ("example : True := by omega (config := .evil)", "evil"),
+        # attribute arguments and other tactics' items
+        ("@[simps (config := cfg)] def p : Nat × Nat := (1, 2)", "cfg"),
+        ("example : True := by aesop (simp_config := { maxSteps := n })", "n"),
+        # a field that is a program: linarith's `discharger : TacticM Unit`
+        ("example : 1 < 2 := by linarith (config := { discharger := do pure () })", "do"),
+        ("example : 1 < 2 := by linarith (discharger := evalTacticAt stx g)", "evalTacticAt"),
+        ("example : 1 < 2 := by linarith (config := { preprocessors := [f] })", "f"),
+    ],
+)
+def test_a_configuration_value_must_be_a_literal(text: str, token: str) -> None:
+    """Lean compiles and runs a configuration value, so anything but a literal in it is code the
+    proof controls (its own definitions, `where` helpers, instances, program-valued fields)."""
+    found = [f for f in scan(text, VerificationPolicy()) if "config" in f.why.lower()]
+    assert found, scan(text, VerificationPolicy())
+    assert any(token in f.token for f in found), found
+    assert all(f.reason is Reason.FORBIDDEN for f in found)
+
+
+@pytest.mark.parametrize(
+    ("text", "token"),
+    [
+        ('example : True := ) "\n#eval evil\n--"\ntheorem t : True := trivial', "#eval"),
+        ('example : True := ) "x #eval 1 --"', "#eval"),
+        ('def s : String := "xdef f : Nat := by native_decide --"', "def"),
+        ('def s : String := "@[simp] theorem"', "@["),
+        ('def s : String := r"set_option debug.skipKernelTC true in"', "set_option"),
+        ("def «x\nrun_cmd evil --» : Nat := 1", "run_cmd"),
+        ("exact «h elab_rules : tactic | _ => evil»", "elab_rules"),
+        ("/-- A helper.\n#eval evil\n-/\ntheorem t : True := trivial", "#eval"),
+        ("/-- A helper.\n  macro x : term => `(1)\n-/\ntheorem t : True := trivial", "macro"),
+    ],
+)
+def test_a_command_hidden_in_a_string_or_name_is_refused(text: str, token: str) -> None:
+    """After a parse error Lean tries every later position for a command, inside strings and
+    `«»` names too: `) "#eval evil --"` runs `#eval evil`."""
+    found = scan(text, VerificationPolicy())
+    hidden = [f for f in found if "inside a string" in f.why]
+    assert hidden and hidden[0].token.startswith(token), found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'def s : String := "hello, world: 2 + 2 = 4"',
+        "theorem «my theorem» : True := trivial",
+        'def s : String := "undefined, reopened, examples"',
+        "/-- The axiom of choice, for example; open and end.\nSee the theorem below. -/\n"
+        "theorem t : True := trivial",
+    ],
+)
+def test_strings_names_and_doc_comments_without_commands_pass(text: str) -> None:
+    assert scan(text, VerificationPolicy()) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "example : True := by simp (config := { decide := true, maxSteps := 10 }) [foo]",
+        "example : True := by simp_all (config := {decide := true})",
+        "example : True := by simp (config := { contextual := true, zeta := false }) at h ⊢",
+        "example : True := by simp (config := {})",
+        "example : True := by simp (config := { transparency := .reducible, etaStruct := .none })",
+        "example : True := by simp? +contextual (maxSteps := 5)",
+        "example : True := by decide (kernel := true)",
+        "example : True := by rw (occs := .pos [1, 2]) [h]",
+        "example : True := by simp (disch := positivity) [h]",
+        "example : True := by field_simp (disch := norm_num) [h]",
+        "example : True := by exact foo (n := bar) (h := baz)",
+        "example : True := by exact padicValNat_factorial (p := (2 : ℕ))",
+        "example : True := by omega (config := { splitDisjunctions := false })",
+        "example : True := by simp (config := { transparency := Lean.Meta.TransparencyMode.all })",
+    ],
+)
+def test_literal_configurations_and_named_arguments_pass(text: str) -> None:
+    assert scan(text, VerificationPolicy()) == []
 
 
 @pytest.mark.parametrize(

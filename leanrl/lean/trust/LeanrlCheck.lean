@@ -34,6 +34,115 @@ def readOlean (path : String) : IO (Array (Name × ConstantInfo)) := do
   let (m, _) ← readModuleData (System.FilePath.mk path)
   return m.constNames.zip m.constants
 
+/-! ## Rebuilding the attempt's data
+
+The file was written by the attempt's own process, so every object in it is hostile data. Lean
+computes a `Name`'s hash, a `Level`'s and an `Expr`'s hash and flags (loose bound variable range,
+has free variables, ...) once, when the object is built, and then trusts the stored value: a
+`Name` spelled `propext` with a wrong stored hash is not found by `env.find?` and would pass for a
+new constant, and an `Expr` whose flags claim no loose bound variables is skipped by
+`instantiate`. So every constant is rebuilt through the constructors, which recompute each hash
+and flag from the structure, before anything looks at it. Shared nodes are rebuilt once: the memo
+is keyed by the address of the file's object, which forged data cannot influence (the file's
+objects are never freed while the process lives). The layout itself (constructor tags, sizes,
+UTF-8) is still read as the runtime finds it; see docs/verification.md.
+-/
+
+structure Rebuilt where
+  names : PersistentHashMap USize Name := {}
+  levels : PersistentHashMap USize Level := {}
+  exprs : PersistentHashMap USize Expr := {}
+
+abbrev RebuildM := StateM Rebuilt
+
+unsafe def rbName (n : Name) : RebuildM Name := do
+  match n with
+  | .anonymous => return .anonymous
+  | _ =>
+    if let some r := (← get).names.find? (ptrAddrUnsafe n) then return r
+    let r ← match n with
+      | .str p s => do pure (Name.str (← rbName p) s)
+      | .num p i => do pure (Name.num (← rbName p) i)
+      | .anonymous => pure .anonymous
+    modify fun st => { st with names := st.names.insert (ptrAddrUnsafe n) r }
+    return r
+
+unsafe def rbLevel (l : Level) : RebuildM Level := do
+  if let some r := (← get).levels.find? (ptrAddrUnsafe l) then return r
+  let r ← match l with
+    | .zero => pure .zero
+    | .succ a => do pure (.succ (← rbLevel a))
+    | .max a b => do pure (.max (← rbLevel a) (← rbLevel b))
+    | .imax a b => do pure (.imax (← rbLevel a) (← rbLevel b))
+    | .param n => do pure (.param (← rbName n))
+    | .mvar m => do pure (.mvar ⟨← rbName m.name⟩)
+  modify fun st => { st with levels := st.levels.insert (ptrAddrUnsafe l) r }
+  return r
+
+/-- A string copied character by character: its cached length is recomputed too. -/
+def rbString (s : String) : String := String.foldl String.push "" s
+
+unsafe def rbExpr (e : Expr) : RebuildM Expr := do
+  if let some r := (← get).exprs.find? (ptrAddrUnsafe e) then return r
+  let r ← match e with
+    | .bvar i => pure (.bvar i)
+    | .fvar f => do pure (.fvar ⟨← rbName f.name⟩)
+    | .mvar m => do pure (.mvar ⟨← rbName m.name⟩)
+    | .sort l => do pure (.sort (← rbLevel l))
+    | .const n ls => do pure (.const (← rbName n) (← ls.mapM rbLevel))
+    | .app f a => do pure (.app (← rbExpr f) (← rbExpr a))
+    | .lam n t b bi => do pure (.lam (← rbName n) (← rbExpr t) (← rbExpr b) bi)
+    | .forallE n t b bi => do pure (.forallE (← rbName n) (← rbExpr t) (← rbExpr b) bi)
+    | .letE n t v b nd => do
+      pure (.letE (← rbName n) (← rbExpr t) (← rbExpr v) (← rbExpr b) nd)
+    | .lit (.natVal k) => pure (.lit (.natVal k))
+    | .lit (.strVal s) => pure (.lit (.strVal (rbString s)))
+    | .mdata m b => do
+      let entries ← m.entries.mapM fun (k, v) => do
+        let v' ← match v with
+          | .ofName x => do pure (DataValue.ofName (← rbName x))
+          | other => pure other
+        return (← rbName k, v')
+      pure (.mdata ⟨entries⟩ (← rbExpr b))
+    | .proj s i b => do pure (.proj (← rbName s) i (← rbExpr b))
+  modify fun st => { st with exprs := st.exprs.insert (ptrAddrUnsafe e) r }
+  return r
+
+unsafe def rbConst (ci : ConstantInfo) : RebuildM ConstantInfo := do
+  let nm ← rbName ci.name
+  let lps ← ci.levelParams.mapM rbName
+  let ty ← rbExpr ci.type
+  match ci with
+  | .axiomInfo v => return .axiomInfo { v with name := nm, levelParams := lps, type := ty }
+  | .defnInfo v =>
+    return .defnInfo { v with name := nm, levelParams := lps, type := ty,
+                              value := (← rbExpr v.value), all := (← v.all.mapM rbName) }
+  | .thmInfo v =>
+    return .thmInfo { v with name := nm, levelParams := lps, type := ty,
+                             value := (← rbExpr v.value), all := (← v.all.mapM rbName) }
+  | .opaqueInfo v =>
+    return .opaqueInfo { v with name := nm, levelParams := lps, type := ty,
+                                value := (← rbExpr v.value), all := (← v.all.mapM rbName) }
+  | .quotInfo v => return .quotInfo { v with name := nm, levelParams := lps, type := ty }
+  | .inductInfo v =>
+    return .inductInfo { v with name := nm, levelParams := lps, type := ty,
+                                all := (← v.all.mapM rbName), ctors := (← v.ctors.mapM rbName) }
+  | .ctorInfo v =>
+    return .ctorInfo { v with name := nm, levelParams := lps, type := ty,
+                              induct := (← rbName v.induct) }
+  | .recInfo v =>
+    let rules ← v.rules.mapM fun r => do
+      return { r with ctor := (← rbName r.ctor), rhs := (← rbExpr r.rhs) }
+    return .recInfo { v with name := nm, levelParams := lps, type := ty,
+                             all := (← v.all.mapM rbName), rules := rules }
+
+unsafe def rebuildImpl (cs : Array (Name × ConstantInfo)) : Array (Name × ConstantInfo) :=
+  Id.run <| (cs.mapM fun (n, ci) => do return (← rbName n, ← rbConst ci)).run' {}
+
+/-- `cs` with every `Name`, `Level` and `Expr` rebuilt from its structure (see above). -/
+@[implemented_by rebuildImpl]
+opaque rebuild (cs : Array (Name × ConstantInfo)) : Array (Name × ConstantInfo)
+
 def kindOf : ConstantInfo → String
   | .axiomInfo _ => "axiom"
   | .defnInfo _ => "def"
@@ -81,30 +190,44 @@ structure Walk where
   missing : Array Name := #[]
   order : Array Name := #[]
 
-/-- Depth-first walk over everything `n` depends on: collects axioms, missing constants, and a
-dependency order (dependencies first). Bodies of `typeOnly` constants are not entered. -/
-partial def walk (look : Name → Option ConstantInfo) (typeOnly : Name → Bool) (n : Name) :
-    StateM Walk Unit := do
-  if (← get).seen.contains n then return
-  modify fun s => { s with seen := s.seen.insert n }
-  match look n with
-  | none => modify fun s => { s with missing := s.missing.push n }
-  | some ci =>
-    if kindOf ci == "axiom" then
-      modify fun s => { s with axioms := s.axioms.push n }
-    for d in depsOf ci (!typeOnly n) do
-      walk look typeOnly d
-    -- The kernel checks an inductive block together with its constructors, so what their types
-    -- mention must come first in `order`, also when the walk reached the block from a constructor
-    -- (whose own frame has not finished yet: `node : T → D → T` would put `T` before `D`).
-    if let .inductInfo v := ci then
-      for i in v.all do
-        if let some (.inductInfo iv) := look i then
-          for c in iv.ctors do
-            if let some cc := look c then
-              for d in cc.type.getUsedConstants do
-                walk look typeOnly d
-    modify fun s => { s with order := s.order.push n }
+/-- A step of `walk`'s explicit stack: visit a constant, or record it once its dependencies are. -/
+inductive Step where
+  | enter (n : Name)
+  | exit (n : Name)
+
+/-- Depth-first walk over everything `roots` depend on: collects axioms, missing constants, and a
+dependency order (dependencies first). Bodies of `typeOnly` constants are not entered. The stack
+is explicit, so a dependency chain as long as the attempt likes cannot overflow the judge's. -/
+def walk (look : Name → Option ConstantInfo) (typeOnly : Name → Bool) (roots : Array Name) :
+    Walk := Id.run do
+  let mut s : Walk := {}
+  let mut stack : Array Step := roots.reverse.map Step.enter
+  -- Each constant is entered once and pushes at most its dependencies, so this terminates.
+  repeat
+    let some top := stack.back? | break
+    stack := stack.pop
+    match top with
+    | .exit n => s := { s with order := s.order.push n }
+    | .enter n =>
+      if s.seen.contains n then continue
+      s := { s with seen := s.seen.insert n }
+      match look n with
+      | none => s := { s with missing := s.missing.push n }
+      | some ci =>
+        if kindOf ci == "axiom" then s := { s with axioms := s.axioms.push n }
+        -- Visited in this order: the dependencies, then (for an inductive type) what its block's
+        -- constructor types mention -- the kernel checks a block together with its
+        -- constructors, so those must come first in `order` also when the walk reached the block
+        -- from a constructor (`node : T → D → T` would otherwise put `T` before `D`).
+        let mut next : Array Name := depsOf ci (!typeOnly n)
+        if let .inductInfo v := ci then
+          for i in v.all do
+            if let some (.inductInfo iv) := look i then
+              for c in iv.ctors do
+                if let some cc := look c then next := next ++ cc.type.getUsedConstants
+        stack := stack.push (.exit n)
+        stack := stack ++ next.reverse.map Step.enter
+  return s
 
 /-- `e` with every reference to `target` pointing at `fresh` instead. The judge's environment
 holds the reference statement under `target` (proved with `sorry`); an attempt's constant that
@@ -196,7 +319,8 @@ would be lost; a `CommandElabM` action logs into the command's own messages in e
 def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit := do
   let tgt := target.toName
   let env ← getEnv
-  let consts ← if olean then readOlean path else readReplPickle path
+  -- Nothing of the file is looked at before it is rebuilt (see `rebuild`).
+  let consts := rebuild (← if olean then readOlean path else readReplPickle path)
   let byName : PersistentHashMap Name ConstantInfo :=
     consts.foldl (fun m (n, ci) => m.insert n ci) {}
   let lookNew : Name → Option ConstantInfo := fun n => byName.find? n
@@ -248,12 +372,10 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
       -- constant of the attempt that refers back to the target is a missing dependency (the
       -- only constant of that name here is the reference, proved with `sorry`).
       let lookW : Name → Option ConstantInfo := fun n => if n == tgt then none else look n
-      let rootWalk : StateM Walk Unit := do
-        -- Only answer placeholders (`abbrev ..._solution := sorry`) are walked by type alone:
-        -- every other constant's body is entered, shared with the reference or not.
-        for d in depsOf ci true do walk lookW (fun n => placeholders.contains n) d
-        modify fun (s : Walk) => { s with order := s.order.push tgt }
-      w := (Id.run (rootWalk.run {})).2
+      -- Only answer placeholders (`abbrev ..._solution := sorry`) are walked by type alone:
+      -- every other constant's body is entered, shared with the reference or not.
+      w := walk lookW (fun n => placeholders.contains n) (depsOf ci true)
+      w := { w with order := w.order.push tgt }
       if status == "ok" then
         if kind != refKind then
           status := "wrong_kind"
@@ -281,15 +403,19 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
         if msg != "" then
           status := "replay_failed"
           detail := msg
-  let native := w.axioms.filter fun n => match lookNew n with
-    | some ci => isNativeAxiom ci && !trusted.contains n
+  -- Axioms the attempt declares itself (not ones it shares, identically, with the clean
+  -- environment). Python refuses every one of them whatever its name, except `native` ones
+  -- under `allow_native_decide`: a name is only a spelling.
+  let declared := w.axioms.filter fun n => (lookNew n).isSome && !trusted.contains n
+  let native := declared.filter fun n => match lookNew n with
+    | some ci => isNativeAxiom ci
     | none => false
   let j := Json.mkObj [
     ("nonce", Json.str nonce), ("status", Json.str status), ("detail", Json.str detail),
     ("kind", Json.str kind), ("ref_kind", Json.str refKind), ("axioms", strs w.axioms),
     -- `Lean.reduceBool`/`reduceNat` (one backtick: lean4#14953 removed them) make the kernel run
     -- compiled code, which it cannot do here: such a replay fails, and Python says why.
-    ("native", strs native), ("uses_reduce", Json.bool (w.seen.contains `Lean.reduceBool ||
+    ("new_axioms", strs declared), ("native", strs native), ("uses_reduce", Json.bool (w.seen.contains `Lean.reduceBool ||
       w.seen.contains `Lean.reduceNat)), ("inductives", strs inductives),
     ("constants", strs (consts.map (·.1))), ("replayed", Json.bool (kernelReplay && status == "ok"))]
   logInfo m!"LEANRL-CHECK {j.compress}"

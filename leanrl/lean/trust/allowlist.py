@@ -20,6 +20,10 @@ __all__ = [
     "ALLOWED_OPTION_PREFIXES",
     "CODE_ATTRIBUTES",
     "COMMANDS",
+    "CONFIG_CONSTANTS",
+    "CONFIG_QUALIFIED",
+    "CONFIG_TACTICS",
+    "DISCHARGER_TACTICS",
     "HASH_COMMANDS",
     "METAPROGRAM_NAMES",
     "NATIVE_NAMES",
@@ -111,10 +115,18 @@ WHY: dict[str, str] = {
         "it runs arbitrary code inside the Lean process (`run_tac`, `by_elab` run a "
         "meta-program, `eval%` evaluates its term); use ordinary tactics"
     ),
+    "hidden_command": (
+        "a command inside a string literal or a `«»` name runs if anything before it fails to "
+        "parse: Lean then looks for the next command at every following position, inside such "
+        "tokens too; keep command words and `#`/`@[` out of strings and names"
+    ),
     "config_code": (
-        "a tactic configuration is evaluated as code when the tactic runs, so a configuration "
-        "that uses a definition of the proof's own runs that definition; write the value "
-        "literally (`(config := { maxSteps := 100000 })`)"
+        "a tactic configuration is compiled and run as code when the tactic runs (a name in it "
+        "can be a definition of the proof's own, a `default` instance it declares, or a field "
+        "such as linarith's `discharger` that is a tactic program), so its values must be "
+        "literals: numbers, `true`/`false`, strings, `.reducible`-style constants and "
+        "`{ field := literal }` (`(config := { maxSteps := 100000 })`, `(maxSteps := 100000)`, "
+        "`+contextual`)"
     ),
     "plausible": (
         "it compiles and runs the statement's decidability code on random inputs (arbitrary code "
@@ -334,4 +346,53 @@ METAPROGRAM_NAMES: frozenset[str] = frozenset(
     runFrontend processCommands elabCommand elabCommandTopLevel runCommandElabM saveModuleData
     readModuleData importModules withImportModules mkEmptyEnvironment finalizeImport
     """.split()
+)
+
+
+# -- tactic configurations --------------------------------------------------------------------------
+
+#: Tactics that take configuration items right after their name (`simp (maxSteps := 10)`,
+#: `decide (kernel := true)`, `aesop (simp_config := {...})`): an item `(field := value)` there is
+#: a configuration value, evaluated as code, where elsewhere it would be a named argument.
+#: `(config := value)` is a configuration wherever it appears. Trailing `?`/`!` are ignored.
+CONFIG_TACTICS: frozenset[str] = frozenset(
+    """
+    simp simp_all dsimp simpa simp_arith simp_all_arith simp_wf norm_num norm_num1 decide omega
+    linarith nlinarith positivity polyrith aesop field_simp ring_nf ring1 abel_nf abel noncomm_ring
+    bound gcongr rw rwa erw rewrite rw_mod_cast nth_rewrite nth_rw unfold delta exact apply refine
+    refine' hint grind bv_decide bv_omega split split_ifs congr convert ext funext fun_prop
+    continuity measurability apply_rules solve_by_elim tauto cases induction rcases obtain
+    constructor intro intros norm_cast push_cast exact_mod_cast apply_mod_cast
+    assumption_mod_cast subst_vars fin_cases interval_cases mod_cases zify qify lift push_neg
+    contrapose by_contra use exists trans calc conv compute_degree monicity linear_combination
+    """.split()
+)
+
+#: Tactics whose `(disch := tac)`/`(discharger := tac)` item is tactic syntax, not a value: the
+#: tactic is read by the other rules like any other. Elsewhere such a field is a value
+#: (linarith's `discharger : TacticM Unit` is a program) and must be literal like every other.
+DISCHARGER_TACTICS: frozenset[str] = frozenset(
+    "simp simp_all simpa simp_arith simp_all_arith field_simp norm_num use".split()
+)
+
+#: Constants a configuration value may name: constructors of the enumerations that tactic
+#: configurations use (`TransparencyMode`, `EtaStructMode`, `Occurrences`, simps' presets),
+#: written `.reducible` or in full. They already exist, so a proof cannot redefine them.
+CONFIG_CONSTANTS: frozenset[str] = frozenset(
+    """
+    all default reducible instances notClasses none pos neg asFn lemmasOnly
+    """.split()
+)
+_CONFIG_NAMESPACES = (
+    "TransparencyMode",
+    "Lean.Meta.TransparencyMode",
+    "EtaStructMode",
+    "Lean.Meta.EtaStructMode",
+    "Occurrences",
+    "Lean.Meta.Occurrences",
+    "Simps.Config",
+)
+#: The same constants written with their namespace (`Lean.Meta.TransparencyMode.reducible`).
+CONFIG_QUALIFIED: frozenset[str] = frozenset(
+    f"{ns}.{c}" for ns in _CONFIG_NAMESPACES for c in CONFIG_CONSTANTS
 )

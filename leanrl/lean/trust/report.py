@@ -83,11 +83,17 @@ class CheckReport(BaseModel):
     """Kind of the reference declaration."""
     axioms: tuple[str, ...] = ()
     """Axioms the attempt's declaration depends on (transitively)."""
+    new_axioms: tuple[str, ...] = ()
+    """Those of ``axioms`` that the attempt declares itself (constants of its file that the clean
+    environment does not hold identically). The policy refuses each of them whatever it is
+    called -- a name is only a spelling -- except ``native`` ones under ``allow_native_decide``."""
     native: tuple[str, ...] = ()
-    """Those of ``axioms`` that stand for a compiled-code evaluation: ``Lean.ofReduceBool``,
-    ``Lean.ofReduceNat``, ``Lean.trustCompiler``, and the auxiliary axioms recent Lean versions
-    make for ``native_decide`` -- recognised by their shape (``aux = true`` for a definition
-    ``aux : Bool`` of the attempt), not by their name."""
+    """Those of ``new_axioms`` that stand for a compiled-code evaluation: the auxiliary axioms
+    that ``native_decide`` and ``bv_decide`` leave on recent Lean, recognised by their shape
+    (type ``@Eq Bool e true`` and a ``_native`` name part), not by their name alone. The core
+    axioms ``Lean.ofReduceBool``/``Lean.ofReduceNat``/``Lean.trustCompiler`` are in ``axioms``
+    and recognised by name (:data:`~leanrl.lean.trust.rules.NATIVE_AXIOMS`): they exist in the
+    clean environment, which the attempt cannot change."""
     uses_reduce: bool = False
     """The proof mentions ``Lean.reduceBool``/``Lean.reduceNat``: the kernel would have to run
     compiled code to check it."""

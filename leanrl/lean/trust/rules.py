@@ -148,6 +148,18 @@ def judge_report(
             f"trusts compiled code ({', '.join(native)}); the policy does not allow it",
             **kw,
         )
+    # An axiom the attempt declares is refused by what it is, not by its name: the checker
+    # looked it up in the clean environment (with every hash rebuilt) and did not find it there,
+    # so it is new however it is spelled, `propext` included.
+    own = [a for a in report.new_axioms if not (policy.allow_native_decide and a in report.native)]
+    if own:
+        return Verdict.reject(
+            Reason.AXIOM,
+            f"declares its own axiom{'s' if len(own) > 1 else ''} ({', '.join(own)}); a proof may "
+            "only use axioms the clean environment already has "
+            f"(allowed: {', '.join(sorted(policy.allowed_axioms))})",
+            **kw,
+        )
     allowed = set(policy.allowed_axioms) | (set(native) if policy.allow_native_decide else set())
     allowed.discard(SORRY_AXIOM)
     extra = [a for a in axioms if a not in allowed]

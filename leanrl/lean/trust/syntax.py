@@ -32,6 +32,7 @@ tables reads to it as an identifier). See docs/prescan.md.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from leanrl.lean.trust.allowlist import (
@@ -40,6 +41,10 @@ from leanrl.lean.trust.allowlist import (
     ALLOWED_OPTIONS,
     CODE_ATTRIBUTES,
     COMMANDS,
+    CONFIG_CONSTANTS,
+    CONFIG_QUALIFIED,
+    CONFIG_TACTICS,
+    DISCHARGER_TACTICS,
     HASH_COMMANDS,
     METAPROGRAM_NAMES,
     NATIVE_NAMES,
@@ -53,8 +58,6 @@ from leanrl.lean.trust.allowlist import (
 )
 from leanrl.lean.trust.lexer import Kind, Token, bracket_delta, tokenize
 from leanrl.verdict import Reason, VerificationPolicy
-
-_DECLARING = frozenset("def abbrev theorem lemma instance opaque".split())
 
 __all__ = ["Finding", "scan"]
 
@@ -112,7 +115,8 @@ class _Scan:
         self.args: set[int] = set()  # attribute arguments: name rules apply, command rules don't
         self.closer = _closers(tokens)
         self.checked: set[int] = set()  # attribute lists already read (`@[` indices)
-        self._defined: frozenset[str] | None = None
+        self._openers: dict[int, int] | None = None
+        self._bad: int | None = None  # where the last configuration value stopped being literal
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -163,10 +167,16 @@ class _Scan:
                 self.attributes(i + 1, "@[")
             elif t.kind is Kind.SYMBOL and t.text == "#":
                 self.hash_command(i)
+            elif t.kind is Kind.SYMBOL and t.text == "(" and self.is_sym(i + 2, ":="):
+                self.config_item(i)
             elif t.kind in (Kind.IDENT, Kind.NAME) and i not in self.names:
                 if t.kind is Kind.IDENT and not t.escaped and i not in self.args:
                     self.command_word(i, t)
                 self.name_rules(t)
+            if t.kind is Kind.STRING or (t.kind in (Kind.IDENT, Kind.NAME) and "«" in t.text):
+                self.hidden_command(t, anywhere=True)
+            elif t.kind is Kind.DOC:
+                self.hidden_command(t, anywhere=False)
         return self.found
 
     def command_word(self, i: int, t: Token) -> None:
@@ -193,39 +203,142 @@ class _Scan:
             self.add(TACTICS[word], word, t.line)
         if word == "eval" and self.is_sym(i + 1, "%") and not self.toks[i + 1].space_before:
             self.add("run_code", "eval%", t.line)
-        if word == "config" and self.is_sym(i + 1, ":=") and self.is_sym(i - 1, "("):
-            self.config_value(i + 2, t.line)
         if word in NATIVE_TACTICS:
             self.add("native", word, t.line)
         if word == "tactic":
             self.add("aesop_tactic", word, t.line)
 
-    def config_value(self, i: int, line: int) -> None:
-        """``(config := VALUE)``: the value is evaluated as code when the tactic runs (Lean's
-        ``declare_config_elab``), so it must not use a definition of the proof's own."""
-        depth = 0
-        while (t := self.tok(i)) is not None:
-            if t.kind is Kind.SYMBOL:
-                depth += bracket_delta(t)
-                if depth < 0:
-                    return
-            elif t.kind is Kind.IDENT and (t.value in self.defined or t.text in self.defined):
-                self.add("config_code", f"(config := ... {t.text} ...)", line)
-                return
-            i += 1
+    def hidden_command(self, t: Token, *, anywhere: bool) -> None:
+        """A command written inside a string literal or a ``«»`` name. After a parse error Lean
+        looks for the next command at every position that follows, one character at a time, and
+        so also *inside* such a token: ``example : True := ) "#eval evil --"`` runs ``#eval
+        evil`` (the ``--`` comments out the closing quote). The rest of the text is read here as
+        Lean reads it without the error, so such a command would pass unseen: any command word
+        inside the token is refused. A doc comment is consumed whole by the declaration it
+        starts, so for it only a refused command at the start of one of its lines counts."""
+        body = t.text
+        for m in _COMMAND_START.finditer(body):
+            word = m.group(0)
+            if not anywhere:
+                line_start = body.rfind("\n", 0, m.start()) + 1
+                if body[line_start : m.start()].strip() or not _refused_command(word):
+                    continue
+            shown = word if len(t.text) <= 40 else f"{word} (in {t.text[:30]}…)"
+            self.add("hidden_command", shown, t.line)
+            return
 
-    @property
-    def defined(self) -> frozenset[str]:
-        """Names the scanned text declares (``def``, ``abbrev``, ``theorem``, ...), with and
-        without their namespace."""
-        if self._defined is None:
-            out: set[str] = set()
-            for k, t in enumerate(self.toks[:-1]):
-                nxt = self.toks[k + 1]
-                if t.kind is Kind.IDENT and t.text in _DECLARING and nxt.kind is Kind.IDENT:
-                    out.update({nxt.value, nxt.value.rsplit(".", 1)[-1]})
-            self._defined = frozenset(out)
-        return self._defined
+    # -- tactic configurations ----------------------------------------------------------------------
+
+    def config_item(self, i: int) -> None:
+        """``(field := VALUE)`` at ``i``: a configuration when the field is ``config`` (anywhere,
+        attribute arguments included) or the item follows a tactic that takes configuration
+        items (``simp (maxSteps := 10)``); elsewhere it is a named argument. Lean elaborates a
+        configuration and then compiles and runs it (``declare_config_elab``), so a name in it
+        runs whatever the proof made that name mean -- a definition of its own, a ``default``
+        instance it declares, a ``discharger`` field that is a tactic program. Only literal
+        values are allowed."""
+        field = self.tok(i + 1)
+        if field is None or field.kind is not Kind.IDENT or field.escaped:
+            return
+        head = self._tactic_before(i)
+        if field.text in ("disch", "discharger") and head in DISCHARGER_TACTICS:
+            return  # `simp (disch := tac)`: a tactic, read by the other rules like any other
+        if field.text != "config" and head is None:
+            return
+        end = self.closer[i]
+        self._bad = None
+        stop = self._literal(i + 3, end)
+        if stop != end:
+            k = self._bad if stop is None and self._bad is not None else (stop or i + 3)
+            bad = self.tok(k)
+            shown = bad.text if bad is not None else ""
+            self.add("config_code", f"({field.text} := ... {shown} ...)", field.line)
+
+    def _tactic_before(self, i: int) -> str | None:
+        """The configurable tactic whose items include the one opened at ``i``, possibly after
+        other items (``simp +contextual (maxSteps := 5)``), or None."""
+        j = i - 1
+        while (t := self.tok(j)) is not None:
+            if t.kind is Kind.SYMBOL and t.text == ")":
+                o = self._opener(j)
+                if o is None or not self.is_sym(o + 2, ":="):
+                    return None
+                j = o - 1
+            elif t.kind is Kind.IDENT and any(self.is_sym(j - 1, s) for s in "+-"):
+                j -= 2
+            elif t.kind is Kind.IDENT and not t.escaped:
+                word = t.text.rstrip("?!")
+                return word if word in CONFIG_TACTICS else None
+            else:
+                return None
+        return None
+
+    def _opener(self, j: int) -> int | None:
+        if self._openers is None:
+            self._openers = {c: o for o, c in enumerate(self.closer) if c < len(self.toks)}
+        return self._openers.get(j)
+
+    def _literal(self, i: int, end: int) -> int | None:
+        """The index after the literal configuration value at ``i`` (before ``end``), or None.
+
+        literal := number | -number | true | false | string | char | name literal
+                 | .C literal* | Namespace.C      (C in CONFIG_CONSTANTS)
+                 | ( literal ) | [ literal, ... ] | { field := literal, ... }
+        """
+        out = self._literal_at(i, end)
+        if out is None and self._bad is None:
+            self._bad = i  # the innermost token that is not a literal: shown in the finding
+        return out
+
+    def _literal_at(self, i: int, end: int) -> int | None:
+        t = self.tok(i)
+        if t is None or i >= end:
+            return None
+        if t.kind in (Kind.NUMBER, Kind.STRING, Kind.CHAR, Kind.NAME):
+            return i + 1
+        if t.kind is Kind.IDENT:
+            ok = (not t.escaped and t.text in ("true", "false")) or t.value in CONFIG_QUALIFIED
+            return i + 1 if ok else None
+        if t.kind is not Kind.SYMBOL:
+            return None
+        if t.text == "-" and (n := self.tok(i + 1)) is not None and n.kind is Kind.NUMBER:
+            return i + 2
+        if t.text == ".":
+            name = self.tok(i + 1)
+            if name is None or name.kind is not Kind.IDENT or name.space_before:
+                return None
+            if name.escaped or name.text not in CONFIG_CONSTANTS:
+                self._bad = i + 1
+                return None
+            k = i + 2
+            while k < end and (nxt := self._literal(k, end)) is not None:
+                k = nxt  # `.pos [1, 2]`
+            return k
+        if t.text in ("(", "[", "{"):
+            close = self.closer[i]
+            if close >= end:
+                return None
+            k = i + 1
+            while k < close:
+                if t.text == "{":
+                    f = self.tok(k)
+                    if f is None or f.kind is not Kind.IDENT or f.escaped:
+                        self._bad = k
+                        return None
+                    if not self.is_sym(k + 1, ":="):
+                        self._bad = k  # `{ x }` means `{ x := x }`: a name, not a literal
+                        return None
+                    k += 2
+                nxt = self._literal(k, close)
+                if nxt is None:
+                    return None
+                k = nxt
+                if self.is_sym(k, ","):
+                    k += 1
+                elif t.text == "(" and k != close:
+                    return None
+            return close + 1
+        return None
 
     def name_rules(self, t: Token) -> None:
         """Rules on what a name refers to, however it is spelled."""
@@ -358,6 +471,24 @@ class _Scan:
             j += 1
         parts.append((start, b))
         return [(x, y) for x, y in parts if x < y]
+
+
+# A command's first token: a command word, a `#` command, an attribute list, a doc comment.
+# Nothing is asked of what comes before it: recovery tries every position, so `xdef f` holds
+# the command `def f`; what follows must end the word (`defined` is an identifier).
+_COMMAND_START = re.compile(
+    r"#[A-Za-z_]\w*|@\[|/--|/-!|(?:"
+    + "|".join(sorted((re.escape(w) for w in COMMANDS), key=len, reverse=True))
+    + r")(?![\w'!?»])"
+)
+
+
+def _refused_command(word: str) -> bool:
+    if word.startswith("#"):
+        return HASH_COMMANDS.get(word[1:]) != ""
+    if word in ("@[", "/--", "/-!"):
+        return False
+    return bool(COMMANDS.get(word))
 
 
 def _closers(tokens: list[Token]) -> list[int]:
