@@ -45,7 +45,8 @@ new constant, and an `Expr` whose flags claim no loose bound variables is skippe
 and flag from the structure, before anything looks at it. Shared nodes are rebuilt once: the memo
 is keyed by the address of the file's object, which forged data cannot influence (the file's
 objects are never freed while the process lives). The layout itself (constructor tags, sizes,
-UTF-8) is still read as the runtime finds it; see docs/verification.md.
+UTF-8) is still read as the runtime finds it, and a term nested deeper than the stack allows
+crashes the judge (the attempt then fails as a crash); see docs/verification.md.
 -/
 
 structure Rebuilt where
@@ -55,56 +56,58 @@ structure Rebuilt where
 
 abbrev RebuildM := StateM Rebuilt
 
+/-- A string copied character by character: its cached length is recomputed too. -/
+def rbString (s : String) : String := String.foldl String.push "" s
+
 unsafe def rbName (n : Name) : RebuildM Name := do
   match n with
   | .anonymous => return .anonymous
   | _ =>
     if let some r := (← get).names.find? (ptrAddrUnsafe n) then return r
     let r ← match n with
-      | .str p s => do pure (Name.str (← rbName p) s)
+      | .str p s => do pure (Name.str (← rbName p) (rbString s))
       | .num p i => do pure (Name.num (← rbName p) i)
-      | .anonymous => pure .anonymous
+      | .anonymous => pure Name.anonymous
     modify fun st => { st with names := st.names.insert (ptrAddrUnsafe n) r }
     return r
 
 unsafe def rbLevel (l : Level) : RebuildM Level := do
   if let some r := (← get).levels.find? (ptrAddrUnsafe l) then return r
   let r ← match l with
-    | .zero => pure .zero
-    | .succ a => do pure (.succ (← rbLevel a))
-    | .max a b => do pure (.max (← rbLevel a) (← rbLevel b))
-    | .imax a b => do pure (.imax (← rbLevel a) (← rbLevel b))
-    | .param n => do pure (.param (← rbName n))
-    | .mvar m => do pure (.mvar ⟨← rbName m.name⟩)
+    | .zero => pure Level.zero
+    | .succ a => do pure (Level.succ (← rbLevel a))
+    | .max a b => do pure (Level.max (← rbLevel a) (← rbLevel b))
+    | .imax a b => do pure (Level.imax (← rbLevel a) (← rbLevel b))
+    | .param n => do pure (Level.param (← rbName n))
+    | .mvar m => do pure (Level.mvar ⟨← rbName m.name⟩)
   modify fun st => { st with levels := st.levels.insert (ptrAddrUnsafe l) r }
   return r
-
-/-- A string copied character by character: its cached length is recomputed too. -/
-def rbString (s : String) : String := String.foldl String.push "" s
 
 unsafe def rbExpr (e : Expr) : RebuildM Expr := do
   if let some r := (← get).exprs.find? (ptrAddrUnsafe e) then return r
   let r ← match e with
-    | .bvar i => pure (.bvar i)
-    | .fvar f => do pure (.fvar ⟨← rbName f.name⟩)
-    | .mvar m => do pure (.mvar ⟨← rbName m.name⟩)
-    | .sort l => do pure (.sort (← rbLevel l))
-    | .const n ls => do pure (.const (← rbName n) (← ls.mapM rbLevel))
-    | .app f a => do pure (.app (← rbExpr f) (← rbExpr a))
-    | .lam n t b bi => do pure (.lam (← rbName n) (← rbExpr t) (← rbExpr b) bi)
-    | .forallE n t b bi => do pure (.forallE (← rbName n) (← rbExpr t) (← rbExpr b) bi)
+    | .bvar i => pure (Expr.bvar i)
+    | .fvar f => do pure (Expr.fvar ⟨← rbName f.name⟩)
+    | .mvar m => do pure (Expr.mvar ⟨← rbName m.name⟩)
+    | .sort l => do pure (Expr.sort (← rbLevel l))
+    | .const n ls => do pure (Expr.const (← rbName n) (← ls.mapM rbLevel))
+    | .app f a => do pure (Expr.app (← rbExpr f) (← rbExpr a))
+    | .lam n t b bi => do pure (Expr.lam (← rbName n) (← rbExpr t) (← rbExpr b) bi)
+    | .forallE n t b bi => do
+      pure (Expr.forallE (← rbName n) (← rbExpr t) (← rbExpr b) bi)
     | .letE n t v b nd => do
-      pure (.letE (← rbName n) (← rbExpr t) (← rbExpr v) (← rbExpr b) nd)
-    | .lit (.natVal k) => pure (.lit (.natVal k))
-    | .lit (.strVal s) => pure (.lit (.strVal (rbString s)))
+      pure (Expr.letE (← rbName n) (← rbExpr t) (← rbExpr v) (← rbExpr b) nd)
+    | .lit (.natVal k) => pure (Expr.lit (.natVal k))
+    | .lit (.strVal s) => pure (Expr.lit (.strVal (rbString s)))
     | .mdata m b => do
       let entries ← m.entries.mapM fun (k, v) => do
         let v' ← match v with
           | .ofName x => do pure (DataValue.ofName (← rbName x))
           | other => pure other
-        return (← rbName k, v')
-      pure (.mdata ⟨entries⟩ (← rbExpr b))
-    | .proj s i b => do pure (.proj (← rbName s) i (← rbExpr b))
+        let k' ← rbName k
+        return (k', v')
+      pure (Expr.mdata ⟨entries⟩ (← rbExpr b))
+    | .proj s i b => do pure (Expr.proj (← rbName s) i (← rbExpr b))
   modify fun st => { st with exprs := st.exprs.insert (ptrAddrUnsafe e) r }
   return r
 
@@ -137,7 +140,11 @@ unsafe def rbConst (ci : ConstantInfo) : RebuildM ConstantInfo := do
                              all := (← v.all.mapM rbName), rules := rules }
 
 unsafe def rebuildImpl (cs : Array (Name × ConstantInfo)) : Array (Name × ConstantInfo) :=
-  Id.run <| (cs.mapM fun (n, ci) => do return (← rbName n, ← rbConst ci)).run' {}
+  let act : RebuildM (Array (Name × ConstantInfo)) := cs.mapM fun (n, ci) => do
+    let n' ← rbName n
+    let ci' ← rbConst ci
+    return (n', ci')
+  Id.run (StateT.run' act {})
 
 /-- `cs` with every `Name`, `Level` and `Expr` rebuilt from its structure (see above). -/
 @[implemented_by rebuildImpl]
@@ -394,9 +401,11 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
         let fresh := Name.mkStr tgt ("_leanrl_replay_" ++ nonce)
         -- The kernel's own limits come from options: no heartbeat limit (the attempt may have
         -- elaborated under `maxHeartbeats 0`), synchronous checking, and never skipped.
+        -- `insert` with a `DataValue`, not `setNat`: Lean made `Options` its own structure
+        -- (lean4#12001) and kept only part of the `KVMap` API on it; `insert` is in every version.
         let opts (o : Options) : Options :=
-          ((((o.setBool `debug.skipKernelTC false).setBool `Elab.async false).setNat
-            `maxHeartbeats 0).setNat `maxRecDepth 16384)
+          (((o.setBool `debug.skipKernelTC false).setBool `Elab.async false).insert
+            `maxHeartbeats (DataValue.ofNat 0)).insert `maxRecDepth (DataValue.ofNat 16384)
         let msg ← withoutModifyingEnv <| withTheReader Core.Context
           (fun c => { c with options := opts c.options, maxHeartbeats := 0 })
           (replay look isNew w.order tgt fresh)
