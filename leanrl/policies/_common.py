@@ -9,7 +9,7 @@ from pathlib import Path
 
 from leanrl._hub import hub_offline, hub_reachable
 from leanrl.errors import ConfigError, PolicyError
-from leanrl.integrity import checkpoint_problem
+from leanrl.integrity import checkpoint_problem, json_problem
 from leanrl.policy import Prompt
 
 __all__ = [
@@ -72,6 +72,8 @@ def resolve_model(model: str) -> str:
                 "config.json and the weights, or a Hugging Face id such as "
                 "'AI-MO/Kimina-Prover-Distill-1.7B'."
             )
+        if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
+            return merged_adapters(path)
         if not (path / "config.json").is_file():
             raise ConfigError(
                 f"{path} is not a model folder (no config.json in it). Point --model at the "
@@ -100,6 +102,69 @@ def resolve_model(model: str) -> str:
             f"unreachable (no internet?). {fix}"
         )
     return model
+
+
+def merged_adapters(ckpt: Path) -> str:
+    """A LoRA checkpoint (peft adapters, no ``config.json``) as a loadable model folder: its
+    ``merged/`` sub-folder, made once on first use (``W + (alpha/r)·B·A`` over the base model the
+    adapters record) and reused after. Every backend can then load it as it loads any model,
+    vLLM included. Where the checkpoint folder is read-only the merge goes to leanrl's cache."""
+    import hashlib
+    import json
+    import os
+    import shutil
+    import sys
+
+    from leanrl.train.lora import MERGED_DIR
+
+    done = ckpt / MERGED_DIR
+    if (done / "config.json").is_file() and checkpoint_problem(done, torch_files=False) is None:
+        return str(done)
+    adapter = ckpt / "adapter_config.json"
+    why = json_problem(adapter)
+    if why:
+        raise PolicyError(f"cannot load the LoRA checkpoint {ckpt}: {why}")
+    recorded = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not recorded:
+        raise PolicyError(
+            f"{adapter} names no base model (base_model_name_or_path), so the adapters in {ckpt} "
+            "cannot be applied. Merge them yourself with "
+            "leanrl.train.lora.merge_checkpoint(ckpt, out, base_model=...) and pass --model out."
+        )
+    base = os.environ.get("LEANRL_LORA_BASE") or recorded
+    try:
+        base = resolve_model(base)
+    except (ConfigError, PolicyError) as e:
+        raise PolicyError(
+            f"{ckpt} holds LoRA adapters for the base model {recorded!r}, which cannot be loaded "
+            f"here: {e} If the base model has moved, set LEANRL_LORA_BASE to its folder or id."
+        ) from e
+    key = hashlib.sha256(f"{ckpt.resolve()}|{base}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "leanrl" / "merged"
+    if (cache / key / "config.json").is_file() and checkpoint_problem(cache / key) is None:
+        return str(cache / key)
+    # Into the checkpoint where it may be written, else (a read-only Volume or mount) the cache.
+    targets = ([done] if os.access(ckpt, os.W_OK) else []) + [cache / key]
+    from leanrl.train.lora import merge_checkpoint
+
+    for target in targets:
+        print(
+            f"leanrl: {ckpt} holds LoRA adapters; merging them into {base} once, into {target}",
+            file=sys.stderr,
+        )
+        # Written beside, then renamed: a merge cut short never passes for a model folder.
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            merge_checkpoint(ckpt, tmp, base_model=base)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            return str(target)
+        except OSError as e:
+            failed = e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    raise PolicyError(f"cannot write the merged model of {ckpt} ({failed}); free disk space")
 
 
 def _cached(repo_id: str) -> bool:

@@ -226,7 +226,7 @@ def merge_checkpoint(
     folder at ``out`` (loadable by transformers and vLLM). ``base_model``: the base model's path
     or id when the one recorded in ``adapter_config.json`` has moved."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     peft = _peft()
     ckpt = Path(checkpoint)
@@ -236,8 +236,15 @@ def merge_checkpoint(
     base_path = base_model or info.get("base_model_name_or_path")
     if not base_path:
         raise ConfigError(f"{ckpt}/adapter_config.json names no base model: pass base_model")
+    # Merged in fp32, saved in the base model's own dtype (a bf16 model stays bf16 on disk).
+    saved = AutoConfig.from_pretrained(base_path)
+    stored = getattr(saved, "torch_dtype", None) or getattr(saved, "dtype", None)
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     merged = peft.PeftModel.from_pretrained(base, str(ckpt)).merge_and_unload()
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    if isinstance(stored, torch.dtype) and stored != torch.float32:
+        merged = merged.to(stored)
     dest = Path(out)
     merged.save_pretrained(dest)
     AutoTokenizer.from_pretrained(
