@@ -32,13 +32,24 @@ __all__ = ["CompareCommand", "CompareConfig", "run_compare"]
 METHODS = ("es", "grpo")
 
 
+class CompareSamplingConfig(SamplingConfig):
+    """Decoding for both methods' runs: SamplingConfig with a 256-token default, kept when other
+    fields are set (``--sampling.temperature 0.7``). Only the fields given here are passed on, so
+    each trainer keeps its own defaults for the rest (GRPO: top-p 1.0)."""
+
+    max_tokens: int = Field(default=256, ge=1)
+    """Most tokens per completion, in training and in the held-out evaluation."""
+
+
 class CompareConfig(BaseModel):
     """ES against GRPO on equal terms (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     env: EnvironmentConfig = Field(default_factory=lambda: EnvironmentConfig(id="countdown"))
-    """The training environment (default: Countdown, which needs no Lean)."""
+    """The training environment (default: Countdown, which needs no Lean). Its split is
+    ``train`` unless ``--env.taskset.split`` names another; the runs refuse to start when it
+    shares tasks with the held-out set."""
     eval_env: EnvironmentConfig | None = None
     """The held-out environment (default: ``env`` with ``taskset.split = "test"``)."""
     eval_limit: int | None = Field(default=50, ge=1)
@@ -47,7 +58,7 @@ class CompareConfig(BaseModel):
     """Evaluate every this many steps of each trainer (and at the start and the end)."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     """The model both methods start from."""
-    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(max_tokens=256))
+    sampling: CompareSamplingConfig = Field(default_factory=CompareSamplingConfig)
     """Decoding settings both use (ES decodes greedily unless ``es.greedy = false``; GRPO
     samples with its temperature)."""
     budget: BudgetConfig = Field(default_factory=lambda: BudgetConfig(tokens=200_000))
@@ -66,6 +77,13 @@ class CompareConfig(BaseModel):
     """Prices (and GPU type) the runs' cost is reported in."""
     out: Path = Path("runs/compare")
     """The report folder; each run goes to ``OUT/<method>-seed<N>/``."""
+
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _plain_sampling(cls, v: Any) -> Any:
+        if isinstance(v, SamplingConfig) and not isinstance(v, CompareSamplingConfig):
+            return v.model_dump(exclude_unset=True)
+        return v
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -93,12 +111,24 @@ class CompareConfig(BaseModel):
             env = env.model_copy(update={"taskset": ts})
         return env
 
+    def train_env(self) -> EnvironmentConfig:
+        """The training environment: ``env``, on its ``train`` split unless one was named."""
+        if "split" in self.env.taskset.model_fields_set:
+            return self.env
+        ts = self.env.taskset.model_copy(update={"split": "train"})
+        ts.model_fields_set.add("split")
+        return self.env.model_copy(update={"taskset": ts})
+
     def run_config(self, method: str, seed: int) -> Any:
         """The ESConfig or GRPOConfig of one run."""
         base: dict[str, Any] = {
-            "env": self.env.model_dump(mode="json"),
+            "env": self.train_env().model_dump(mode="json", exclude_unset=False),
             "policy": self.policy.model_dump(mode="json"),
-            "sampling": self.sampling.model_dump(mode="json"),
+            # the fields given, and always the length limit: each trainer's defaults for the rest
+            "sampling": {
+                **self.sampling.model_dump(mode="json", exclude_unset=True),
+                "max_tokens": self.sampling.max_tokens,
+            },
             "out": str(self.out / f"{method}-seed{seed}"),
             "seed": seed,
             "steps": self.max_steps,
@@ -110,6 +140,8 @@ class CompareConfig(BaseModel):
                 "every": self.eval_every,
                 "env": self.held_out().model_dump(mode="json"),
                 "at_start": True,
+                # greedy, with the runs' own length limit (not the evaluation's 2,048 tokens)
+                "sampling": {"max_tokens": self.sampling.max_tokens, "seed": self.sampling.seed},
             },
         }
         if method == "es":

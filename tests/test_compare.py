@@ -74,3 +74,68 @@ def test_compare_needs_a_budget_and_grpo_needs_sampling(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="temperature"):
         cfg.run_config("grpo", 0)
     assert CompareConfig.model_validate({"seeds": "0,3"}).seeds == [0, 3]
+
+
+def test_compare_trains_on_train_and_evaluates_on_test_with_its_own_length(
+    tmp_path: Path,
+) -> None:
+    # As documented (`leanrl compare --env countdown`): no split given -> train on `train`,
+    # evaluate on `test`, and the held-out evaluation generates at most sampling.max_tokens.
+    cfg = CompareConfig.model_validate(
+        {"policy": {"model": "m"}, "budget": {"tokens": 10}, "out": str(tmp_path),
+         "sampling": {"max_tokens": 64}}
+    )  # fmt: skip
+    for method in ("es", "grpo"):
+        run = cfg.run_config(method, 0)
+        assert run.env.taskset.split == "train"
+        assert run.eval.env.taskset.split == "test"
+        assert run.eval.sampling.max_tokens == 64 and run.eval.sampling.temperature == 0.0
+        assert run.sampling.max_tokens == 64
+    grpo = cfg.run_config("grpo", 0)
+    assert grpo.sampling.top_p == 1.0  # GRPO's own default, not SamplingConfig's 0.95
+    # another sampling field given: the 256-token default stays
+    cfg2 = CompareConfig.model_validate(
+        {"policy": {"model": "m"}, "budget": {"tokens": 10}, "sampling": {"temperature": 0.7}}
+    )
+    assert cfg2.sampling.max_tokens == 256
+    assert cfg2.run_config("grpo", 0).sampling.temperature == 0.7
+    # a split named on purpose is kept; the trainers then refuse the overlap (tested there)
+    cfg3 = _config(Path("m"), tmp_path, env={"id": "countdown", "taskset": {"split": "test"}})
+    assert cfg3.run_config("es", 0).env.taskset.split == "test"
+
+
+def test_a_held_out_set_that_overlaps_training_is_refused(
+    own_tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from leanrl.environment import load_environment
+    from leanrl.train.inrun_eval_config import InRunEvalConfig
+
+    env = {"id": "countdown", "taskset": {"split": "test", "limit": 5}}
+    train = [
+        t.name for t in load_environment(CompareConfig(budget={"tokens": 1}, env=env).env).tasks()
+    ]  # type: ignore[arg-type]
+    ev = InRunEvalConfig(every=1, env=env)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"shares 5 of its 5 tasks.*allow-overlap"):
+        ev.check_held_out(train)
+    InRunEvalConfig(every=1, env=env, allow_overlap=True).check_held_out(train)  # type: ignore[arg-type]
+    other = InRunEvalConfig(
+        every=1, env={"id": "countdown", "taskset": {"split": "train", "limit": 5}}
+    )  # type: ignore[arg-type]
+    other.check_held_out(train)  # disjoint splits: fine
+    # and a trainer stops before loading any model
+    import transformers
+
+    from leanrl.train.es import ESConfig, ESTrainer
+
+    def no_load(*a: object, **k: object) -> None:
+        raise AssertionError("the model was loaded before the overlap was refused")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    cfg = ESConfig(
+        env=env,  # type: ignore[arg-type]
+        policy={"model": str(own_tiny_model)},  # type: ignore[arg-type]
+        out=tmp_path / "es",
+        eval={"every": 1, "env": env},  # type: ignore[arg-type]
+    )
+    with pytest.raises(ConfigError, match="shares"):
+        ESTrainer(cfg).train_sync()

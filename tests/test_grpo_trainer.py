@@ -415,3 +415,20 @@ def test_cli_module_imports_without_torch() -> None:
     """`leanrl` lists every command at start-up: the GRPO command must not pull in torch."""
     code = "import sys, leanrl.train.grpo_cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_grpo_sampling_keeps_its_defaults_when_one_field_is_set() -> None:
+    # `--sampling.max-tokens 512` must not bring back SamplingConfig's top-p 0.95.
+    from leanrl.policy import SamplingConfig
+    from leanrl.train.grpo import GRPOConfig
+
+    assert GRPOConfig().sampling.top_p == 1.0
+    cli = GRPOConfig.model_validate({"sampling": {"max_tokens": 512}})
+    assert (cli.sampling.top_p, cli.sampling.temperature, cli.sampling.max_tokens) == (
+        1.0,
+        1.0,
+        512,
+    )
+    py = GRPOConfig(sampling=SamplingConfig(max_tokens=64))
+    assert py.sampling.top_p == 1.0 and py.sampling.max_tokens == 64
+    assert GRPOConfig(sampling=SamplingConfig(top_p=0.9)).sampling.top_p == 0.9

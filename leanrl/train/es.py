@@ -327,6 +327,7 @@ class ESTrainer:
         if world.is_main:
             save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
+        cfg.eval.check_held_out(t.name for t in self.tasks)
         self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
         source = self._source()
         if self._remote:

@@ -132,6 +132,7 @@ class ExpertIteration:
         tasks = await asyncio.to_thread(env.tasks)
         if not tasks:
             raise ConfigError("the training taskset is empty: check split, names and limit")
+        cfg.eval.check_held_out(t.name for t in tasks)
         self.run.bind_config(cfg, ignore=self.RESUMABLE)
         done = max((int(r["step"]) for r in self.run.metrics()), default=0)
         self.run.truncate_metrics(done)

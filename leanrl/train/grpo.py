@@ -236,6 +236,7 @@ class GRPOTrainer:
             # The tasks load before the model: a bad taskset fails in seconds, not after a load.
             tasks = await asyncio.to_thread(env.tasks)
             batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
+            self.config.eval.check_held_out(t.name for t in tasks)
             env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before the load
             resumed = False
             if world.is_main:

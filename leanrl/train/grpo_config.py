@@ -26,9 +26,14 @@ LossAgg = Literal["grpo", "dr_grpo", "dapo"]
 RewardScale = Literal["group", "batch", "none"]
 
 
-def _grpo_sampling() -> SamplingConfig:
-    # DAPO samples with temperature 1.0 and top-p 1.0; top-p < 1 would bias the ratio (see above).
-    return SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=2048)
+class GRPOSamplingConfig(SamplingConfig):
+    """Sampling for GRPO rollouts: SamplingConfig with DAPO's defaults (temperature 1.0, top-p
+    1.0), which stay in force for the fields a run does not set (``--sampling.max-tokens 512``
+    keeps top-p 1.0)."""
+
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; 1.0 (the default here) samples from the whole distribution, which
+    the importance ratio assumes (DAPO, Yu et al. 2025)."""
 
 
 class GRPOConfig(TrainConfig):
@@ -47,7 +52,15 @@ class GRPOConfig(TrainConfig):
     def _trl_names(cls, data: Any) -> Any:
         return translate_trl(data)
 
-    sampling: SamplingConfig = Field(default_factory=_grpo_sampling)
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _plain_sampling(cls, v: Any) -> Any:
+        # A SamplingConfig given in Python: the fields it sets, GRPO's defaults for the rest.
+        if isinstance(v, SamplingConfig) and not isinstance(v, GRPOSamplingConfig):
+            return v.model_dump(exclude_unset=True)
+        return v
+
+    sampling: GRPOSamplingConfig = Field(default_factory=GRPOSamplingConfig)
     """Sampling during training (``n`` is ignored: ``group_size`` is used). Default temperature
     1.0 and top-p 1.0 as in DAPO (Yu et al. 2025): the importance ratio needs the true sampling
     distribution, which top-p would change."""

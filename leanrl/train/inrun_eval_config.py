@@ -4,6 +4,7 @@ configs are imported at CLI start-up, before torch)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -44,6 +45,9 @@ class InRunEvalConfig(BaseModel):
     """Sampling for the evaluation (default: greedy; set a temperature for ``samples > 1``)."""
     at_start: bool = False
     """Also evaluate the starting weights (logged as step 0), for a baseline on the plot."""
+    allow_overlap: bool = False
+    """Let the held-out set share tasks (by name) with the training set. Off: a run whose
+    evaluation would score tasks it trains on stops before loading the model, naming them."""
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -71,6 +75,27 @@ class InRunEvalConfig(BaseModel):
         if bad:
             raise ValueError(f"eval.k {bad} is larger than eval.samples = {self.samples}")
         return self
+
+    def check_held_out(self, train_names: Iterable[str]) -> None:
+        """Refuse (ConfigError) a held-out set that shares tasks with the training set, unless
+        ``allow_overlap``. Loads the held-out environment's task list (no model, no Lean)."""
+        if not self.every or self.env is None or self.allow_overlap:
+            return
+        from leanrl.environment import load_environment
+        from leanrl.errors import ConfigError
+
+        held = {t.name for t in load_environment(self.env).tasks()}
+        shared = sorted(held & set(train_names))
+        if shared:
+            split = self.env.taskset.split if "split" in self.env.taskset.model_fields_set else None
+            where = f"{self.env.id}" + (f" (split {split})" if split else "")
+            raise ConfigError(
+                f"the held-out evaluation on {where} shares {len(shared)} of its {len(held)} "
+                f"tasks with the training set (e.g. {', '.join(shared[:3])}): its pass rate would "
+                "measure memorisation. Train and evaluate on different splits (e.g. "
+                "--env.taskset.split train --eval.env.taskset.split test), or pass "
+                "--eval.allow-overlap true to evaluate on training tasks on purpose."
+            )
 
     @property
     def ks(self) -> list[int]:

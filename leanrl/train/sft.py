@@ -171,6 +171,7 @@ class SFTTrainer:
                 "no training pairs: give proofs files (--data.proofs runs/x/proofs.jsonl) or a "
                 "dataset with a proof column (--data.from_env, --data.proof_column formal_proof)"
             )
+        cfg.eval.check_held_out(p.task.name for p in pairs)
         resumed = self.run.bind_config(cfg, ignore=self.RESUMABLE)
         from leanrl.decontam import save_taskset_report
 
