@@ -274,11 +274,25 @@ def _usage_error(tree: _Tree, args: list[str], message: str) -> str:
         hit = suggest(bad.group(1), node)
         if hit:
             lines.append(f"  did you mean `{where} {hit}`?")
+    switch = re.search(r"argument --([\w.-]+)/--no-[\w.-]+: ignored explicit argument", message)
+    if switch:
+        flag = switch.group(1)
+        lines.append(f"  --{flag} is a switch and takes no value: write --{flag} or --no-{flag}")
     unknown = re.search(r"unrecognized arguments: (.*)", message)
     if unknown and not isinstance(node, dict):
         flags = command_flags(node)
         foreign: dict[str, str] = getattr(node, "foreign_names", {})
         for token in unknown.group(1).split():
+            if token.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+                # `--progress false`: a switch takes no value (argparse's BooleanOptionalAction)
+                before = [a for a in args[: args.index(token)] if a.startswith("--")][-1:]
+                if before and "=" not in before[0]:
+                    flag = before[0][2:].removeprefix("no-")
+                    lines.append(
+                        f"  {before[0]} is a switch and takes no value: write --{flag} or "
+                        f"--no-{flag}"
+                    )
+                continue
             if not token.startswith("--"):
                 continue
             name = token[2:].split("=")[0]

@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from leanrl.decontam_config import BenchmarkRef, DecontaminationConfig
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, DatasetError
 from leanrl.task import Task
 
 __all__ = [
@@ -247,8 +247,19 @@ def _benchmark_tasks(ref: BenchmarkRef, load: object) -> list[Task]:
                 f"a local copy of {ref.env!r} (a JSONL file, or a folder holding it)."
             )
         kw["path"] = ref.path
-    env = load(ref.env, **kw)  # type: ignore[operator]
-    return list(env.tasks())
+    try:
+        env = load(ref.env, **kw)  # type: ignore[operator]
+        return list(env.tasks())
+    except DatasetError as e:
+        if ref.path is not None:
+            raise
+        # The loader's own hint names --env.taskset.path, which is the training set's flag
+        # here: a benchmark's local copy goes into the `against` entry itself.
+        raise DatasetError(
+            f"decontamination benchmark {ref.env!r} cannot be loaded: {e}\nHere, give its local "
+            f"copy in the `against` entry: --against {ref.env}=FILE_OR_FOLDER (in a trainer: "
+            f"--env.taskset.decontaminate.against {ref.env}=FILE_OR_FOLDER)."
+        ) from e
 
 
 def decontaminate(

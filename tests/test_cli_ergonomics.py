@@ -7,6 +7,7 @@ import pytest
 
 from leanrl._cli_help import command_flags, mentioned_flags, short_help
 from leanrl.cli import _COMMANDS, _load, main, parse_command
+from leanrl.errors import ConfigError
 from leanrl.eval.cli import EvalCommand
 
 
@@ -106,6 +107,23 @@ def test_unknown_flag_suggests_the_close_one(capsys: pytest.CaptureFixture[str])
     assert len(err.splitlines()) <= 4
     _, _, err = run(capsys, "eval", "--env.harness.max_turn", "3")
     assert "did you mean --env.harness.max-turns" in err
+
+
+def test_a_value_given_to_a_switch_says_how_to_write_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (["--progress", "false"], ["--progress=false"], ["--no-progress", "true"]):
+        code, _, err = run(capsys, "eval", *argv)
+        assert code == 2, argv
+        assert "is a switch and takes no value: write --progress or --no-progress" in err, err
+
+
+def test_k_below_one_says_so() -> None:
+    from leanrl.eval.config import EvalConfig
+
+    with pytest.raises(ConfigError, match=r"k of at least 1") as e:
+        EvalConfig(env={"id": "countdown"}, k=[0]).check()  # type: ignore[arg-type]
+    assert "Raise --samples" not in str(e.value)
 
 
 def test_unknown_command_suggests_the_close_one(capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,3 +117,18 @@ def test_bad_specs_say_what_to_write(tmp_path: Path) -> None:
     config = DecontaminationConfig(against=[f"minif2f={tmp_path / 'missing.jsonl'}"])
     with pytest.raises(ConfigError, match=r"does not exist.*local copy of 'minif2f'"):
         decontaminate(_train(), config)
+
+
+def test_an_uncached_benchmark_names_the_against_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Offline and not cached: the fix is `--against minif2f=PATH`, not the training set's
+    # --env.taskset.path that the loader's own message suggests.
+    from leanrl.errors import DatasetError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    try:
+        decontaminate(_train(), DecontaminationConfig(against=["minif2f"]))
+    except DatasetError as e:
+        assert "--against minif2f=FILE_OR_FOLDER" in str(e)
+    else:
+        pytest.skip("miniF2F is in this machine's Hugging Face cache: nothing to fail on")

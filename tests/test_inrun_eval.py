@@ -158,3 +158,26 @@ def test_sft_evaluates_every_n_steps(toy_model_dir: Path, tmp_path: Path) -> Non
     # a rerun of the finished run evaluates nothing again
     SFTTrainer(cfg, pairs=[Pair(t, "\n  omega") for t in tasks]).train_sync()
     assert sorted(_eval_rows(run)) == [0, 2, 4]
+
+
+def test_a_held_out_split_alone_means_the_training_environment() -> None:
+    # `--eval.env.taskset.split test` while training on countdown evaluates countdown's test
+    # split with countdown's harness, not EnvironmentConfig's default (miniF2F, Lean).
+    from leanrl.train.grpo import GRPOConfig
+
+    cfg = GRPOConfig.model_validate(
+        {
+            "env": {"id": "countdown", "taskset": {"split": "train"},
+                    "harness": {"options": {"style": "direct"}}},
+            "eval": {"every": 2, "env": {"taskset": {"split": "test", "limit": 5}}},
+        }
+    )  # fmt: skip
+    held = cfg.eval.env
+    assert held is not None and held.id == "countdown"
+    assert held.taskset.split == "test" and held.taskset.limit == 5
+    assert held.harness.options == {"style": "direct"}
+    named = GRPOConfig.model_validate(
+        {"env": {"id": "countdown"}, "eval": {"every": 2, "env": {"id": "minif2f"}}}
+    )
+    assert named.eval.env is not None and named.eval.env.id == "minif2f"
+    assert named.eval.env.harness.name == "whole-proof"

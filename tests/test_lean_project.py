@@ -266,3 +266,18 @@ def test_doctor_smoke_runs_the_checker_through_a_repl(bare: Path, tmp_path: Path
 
 def test_resolve_lake_env_passes_other_commands_through(bare: Path) -> None:
     assert resolve_lake_env(["/opt/repl"], None) == (["/opt/repl"], None)
+
+
+def test_no_lean_at_all_says_install_lean_not_use_oneshot(bare: Path) -> None:
+    # A machine without Lean: one-shot mode would fail next, so it is not offered; the fix is
+    # to install elan and run setup, named with a real command (no `<id>` placeholder).
+    with pytest.raises(LeanNotFoundError) as e:
+        repl_command(None)
+    msg = str(e.value)
+    assert "Lean is not installed here" in msg and "elan" in msg
+    assert "leanrl setup --env minif2f" in msg and "oneshot" not in msg and "<id>" not in msg
+    fake = bare / "lean"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    with pytest.raises(LeanNotFoundError, match=r"no Lean REPL found.*mode oneshot"):
+        repl_command(None)

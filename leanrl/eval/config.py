@@ -98,10 +98,15 @@ class EvalConfig(BaseModel):
     def check(self) -> None:
         """Cross-field checks, with messages that say what to change."""
         ks = self.ks
-        bad = [k for k in ks if k < 1 or k > self.samples]
+        if any(k < 1 for k in ks):
+            raise ConfigError(
+                f"k={[k for k in ks if k < 1]}: pass@k needs k of at least 1 (pass@1 is the "
+                "share of tasks whose first sample is right); give --k 1 or --k 1,8"
+            )
+        bad = [k for k in ks if k > self.samples]
         if bad:
             raise ConfigError(
-                f"k={bad} is larger than samples={self.samples} (or below 1): pass@k needs at "
+                f"k={bad} is larger than samples={self.samples}: pass@k needs at "
                 f"least k samples per task. Raise --samples to {max(ks)} or drop those k."
             )
 

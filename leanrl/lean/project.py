@@ -148,7 +148,7 @@ def find_project(configured: Path | None = None) -> Path | None:
         if not p.is_dir():
             raise LeanNotFoundError(
                 f"the configured Lean project {p} does not exist; fix runtime.lean_project or "
-                "run `leanrl setup --env <id>`"
+                "run `leanrl setup --env ENV` (e.g. `leanrl setup --env minif2f`)"
             )
         return p
     env = os.environ.get("LEANRL_LEAN_PROJECT")
@@ -198,10 +198,24 @@ def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
     """The command line that starts a REPL, and the folder to run it in."""
     repl = find_repl(project)
     if repl is None:
+        if project is None and not any(which(t) for t in ("lean", "lake", "elan")):
+            # Nothing of Lean here: building a REPL or one-shot mode would both fail next.
+            raise LeanNotFoundError(
+                "Lean is not installed here (no `lean`, `lake` or `elan` on PATH). Install the "
+                f"toolchain manager elan: {ELAN_INSTALL} ; open a new shell, then run `leanrl "
+                "setup --env ENV` with the environment you use (e.g. `leanrl setup --env "
+                "minif2f`): it installs the taskset's Lean and builds the REPL. Or point "
+                "LEANRL_LEAN_PROJECT at a Lean project that has one."
+            )
         where = f" in {project}" if project else ""
+        oneshot = (
+            ", or use --env.runtime.mode oneshot (slower, needs only `lean`)"
+            if which("lean") or _is_lake_project(project)
+            else ""
+        )
         raise LeanNotFoundError(
-            f"no Lean REPL found{where}. Run `leanrl setup --env <id>` to build one, or use "
-            "--env.runtime.mode oneshot (slower, needs only `lean`)"
+            f"no Lean REPL found{where}. Run `leanrl setup --env ENV` with the environment you "
+            f"use (e.g. `leanrl setup --env minif2f`) to build one{oneshot}"
         )
     if _is_lake_project(project):
         if which("lake") is None:

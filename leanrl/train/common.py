@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leanrl.environment import EnvironmentConfig
 from leanrl.errors import ConfigError, disk_errors
@@ -88,6 +88,26 @@ class TrainConfig(BaseModel):
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     """Where the run happens (this machine or Modal) and the prices its cost is reported in
     (``cost/...`` in every metrics row, totals in ``summary.json``)."""
+
+    @model_validator(mode="after")
+    def _held_out_defaults(self) -> TrainConfig:
+        # `--eval.env.taskset.split test` alone means "the training environment, that split":
+        # what the held-out config does not name comes from `env`, not from EnvironmentConfig's
+        # own defaults (which would silently evaluate on miniF2F with the Lean harness).
+        held = self.eval.env
+        if held is None or "id" in held.model_fields_set:
+            return self
+        ts = held.taskset
+        src = {k: getattr(self.env.taskset, k) for k in ("path", "hub_id", "revision", "columns")}
+        ts = ts.model_copy(update={k: v for k, v in src.items() if k not in ts.model_fields_set})
+        upd: dict[str, Any] = {"id": self.env.id, "taskset": ts}
+        for part in ("harness", "runtime"):
+            if part not in held.model_fields_set:
+                upd[part] = getattr(self.env, part)
+        new = held.model_copy(update=upd)
+        new.model_fields_set.update(upd)
+        self.eval = self.eval.model_copy(update={"env": new})
+        return self
 
 
 def check_model_path(model: str) -> None:

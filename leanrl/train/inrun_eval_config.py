@@ -36,7 +36,9 @@ class InRunEvalConfig(BaseModel):
     after the last one. 0 (the default) turns it off."""
     env: EnvironmentConfig | None = None
     """The held-out environment (``--eval.env.id minif2f --eval.env.taskset.split valid``).
-    Required when ``every`` is set; keep it disjoint from the training set."""
+    Required when ``every`` is set; keep it disjoint from the training set. Without an ``id``
+    it is the training environment (its id, source, harness and runtime) with the split and
+    filters given here: ``--eval.env.taskset.split test``."""
     samples: int = Field(default=1, ge=1)
     """Attempts per task (the n of pass@k)."""
     k: list[int] | None = None
@@ -68,7 +70,8 @@ class InRunEvalConfig(BaseModel):
     def _check(self) -> InRunEvalConfig:
         if self.every and self.env is None:
             raise ValueError(
-                "eval.every is set but eval.env is not: name the held-out environment, e.g. "
+                "eval.every is set but eval.env is not: name the held-out set, e.g. "
+                "--eval.env.taskset.split test (the training environment's test split) or "
                 "--eval.env.id minif2f --eval.env.taskset.split valid"
             )
         bad = [k for k in self.ks if k > self.samples]
