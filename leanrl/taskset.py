@@ -94,7 +94,8 @@ class TasksetConfig(BaseModel):
     """Hub revision (commit, tag or branch) to load; default: the taskset's pinned revision, if
     it has one. Ignored for local files."""
     split: str | None = "test"
-    """Split to keep (``test``, ``valid``, ...). ``None`` keeps every split. Training corpora
+    """Split to keep (``test``, ``valid``, ...). ``None`` (``all`` on the command line) keeps
+    every split. Training corpora
     (``goedel-pset``, ``lean-workbook``, ...) use ``train`` unless a split is given."""
     limit: int | None = Field(default=None, ge=1)
     """Keep at most this many tasks (after filtering and shuffling)."""
@@ -120,7 +121,10 @@ class TasksetConfig(BaseModel):
     @field_validator("split")
     @classmethod
     def _split_alias(cls, v: str | None) -> str | None:
-        # Hub datasets say "validation", the local files say "valid": accept both.
+        # Hub datasets say "validation", the local files say "valid": accept both. "all" is how
+        # a command line says None (every split).
+        if v == "all":
+            return None
         return "valid" if v == "validation" else v
 
 

@@ -275,3 +275,26 @@ async def test_an_unreachable_server_fails_before_the_runtime_starts(
     with pytest.raises(PolicyError, match="cannot reach the OpenAI-compatible server"):
         await run_eval(cfg, env=env)
     assert env.runtime.started is False  # type: ignore[attr-defined]
+
+
+def test_greedy_with_several_samples_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every greedy sample is the same completion: say so before spending the compute.
+    import logging
+
+    from test_countdown import ScriptedPolicy
+
+    from leanrl.eval.config import EvalConfig
+    from leanrl.eval.runner import run_eval_sync
+
+    cfg = EvalConfig(
+        env={"id": "countdown", "taskset": {"limit": 1}},  # type: ignore[arg-type]
+        samples=2,
+        sampling={"temperature": 0.0},  # type: ignore[arg-type]
+        out=tmp_path / "ev",
+        progress=False,
+    )
+    with caplog.at_level(logging.WARNING, logger="leanrl"):
+        run_eval_sync(cfg, policy=ScriptedPolicy(["<answer>1</answer>"]))
+    assert any("pass@k for k > 1 equals pass@1" in r.getMessage() for r in caplog.records)

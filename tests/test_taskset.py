@@ -229,3 +229,11 @@ def test_group_rewards_binary_and_shortest_bonus() -> None:
     assert leanrl.Taskset().group_rewards(task, group) == [1.0, 1.0, 0.0]
     shaped = leanrl.Taskset(leanrl.TasksetConfig(shortest_proof_bonus=0.25))
     assert shaped.group_rewards(task, group) == [1.25, 1.0, 0.0]
+
+
+def test_split_all_keeps_every_split_of_core() -> None:
+    from leanrl import load_environment
+
+    assert len(load_environment("core").tasks()) == 67  # the default: test
+    assert len(load_environment("core", split="valid").tasks()) == 54
+    assert len(load_environment("core", split="all").tasks()) == 121

@@ -24,7 +24,8 @@ def data_file() -> Path:
 
 class CoreTaskset(Taskset):
     """121 miniF2F statements rewritten for core Lean (``Nat``/``Int``, no imports), shipped with
-    leanrl.
+    leanrl: 67 in the ``test`` split (the default) and 54 in ``valid`` (``--env.taskset.split
+    valid``; ``--env.taskset.split all`` for both).
 
     A syntactic filter: the statements are not known to elaborate or be provable without
     Mathlib; 34 rows marked ``ground`` are closed numeric facts that ``decide``/``omega`` close.
@@ -32,7 +33,9 @@ class CoreTaskset(Taskset):
     """
 
     name = "core"
-    description = "core-Lean arithmetic from miniF2F, no Mathlib needed (121 statements, shipped)"
+    description = (
+        "core-Lean arithmetic from miniF2F, no Mathlib needed (shipped: 67 test + 54 valid)"
+    )
     hub_id = None  # shipped with the package; `path=` still loads another copy
     filename = "core.jsonl"
     lean_toolchain = "leanprover/lean4:v4.24.0"

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import logging
 import shlex
 import sys
 import time
@@ -34,6 +35,8 @@ from leanrl.rollout import Rollout
 from leanrl.runtime import Runtime, TacticSession
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Verdict, VerificationPolicy
+
+log = logging.getLogger(__name__)
 
 __all__ = ["chunk_seed", "run_eval", "run_eval_sync"]
 
@@ -58,6 +61,15 @@ async def run_eval(
     Bad input fails here, before any model or Lean process starts.
     """
     config.check()
+    if config.samples > 1 and config.sampling.temperature == 0:
+        # Greedy decoding gives every sample of a task the same completion: the extra samples
+        # cost generation and checking and add nothing (pass@k = pass@1).
+        log.warning(
+            "samples=%d with temperature 0 (greedy): every sample of a task will be the same "
+            "completion, so pass@k for k > 1 equals pass@1. Set --sampling.temperature (e.g. "
+            "0.6) for pass@k, or --samples 1 for a greedy pass@1.",
+            config.samples,
+        )
     own_policy = policy is None  # close only what this call made; callers own what they pass
     env = env or load_environment(config.env)
     harness, runtime = env.harness, env.runtime  # unknown ids fail here, listing known ones

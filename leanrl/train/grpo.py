@@ -516,8 +516,9 @@ class GRPOTrainer:
             "step": engine.step,
             "reward_mean": _mean(rewards),
             "reward_std": _std(rewards),
-            # a rollout without a Verdict (no proof extracted) counts as not accepted
-            "pass_rate": (sum(v.accepted for v in verdicts) / len(own) if verdicts else None),
+            # a rollout without a Verdict (no proof extracted) counts as not accepted; None only
+            # when no attempt could be judged at all (every one an infrastructure fault), as ES
+            "pass_rate": (sum(v.accepted for v in verdicts) / len(own) if own else None),
             # every attempt sampled in the step (refills included)
             **infra_metrics(sum(r.infra for r in every), len(every)),
             "pass_at_group": (
