@@ -635,3 +635,9 @@ def test_the_checker_rebuilds_the_file_before_reading_it() -> None:
     assert "rebuild (← if olean then readOlean path else readReplPickle path)" in body
     assert body.index("rebuild (") < min(body.index("byName"), body.index("env.find?"))
     assert "partial def walk" not in src  # an explicit stack: no recursion depth to exhaust
+    # every number is canonicalised (a big-number object with a small value proves
+    # `true = false` through the kernel's Nat.beq), and shared constants come from the clean env
+    for use in ("(.natVal (rbNat k))", "Expr.bvar (rbNat i)", "Name.num (← rbName p) (rbNat i)"):
+        assert use in src, use
+    look = body[body.index("let look : Name → Option ConstantInfo") :]
+    assert look.index("env.find? n") < look.index("lookNew n")

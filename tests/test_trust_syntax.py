@@ -677,6 +677,29 @@ def test_a_tactic_configuration_that_runs_the_proofs_own_code_is_refused() -> No
         ("example : 1 < 2 := by linarith (config := { discharger := do pure () })", "do"),
         ("example : 1 < 2 := by linarith (discharger := evalTacticAt stx g)", "evalTacticAt"),
         ("example : 1 < 2 := by linarith (config := { preprocessors := [f] })", "f"),
+        # second red team: escaped field names, heads with `*`/`!`/numbers, more tactics
+        ("example : True := by simp («config» := cfg)", "cfg"),
+        ("example : True := by simp («maxSteps» := f)", "f"),
+        ("@[simps («config» := c)] def x : Nat × Nat := (1, 2)", "c"),
+        ("example : True := by simp_rw (maxSteps := f) [h]", "f"),
+        ("example : True := by solve_by_elim* (maxDepth := f)", "f"),
+        ("example : True := by simpa ! (maxSteps := f)", "f"),
+        ("example : True := by congr! 2 (closePre := f)", "f"),
+        ("example : True := by aesop (options := evil)", "evil"),
+        # literals that are not: the text's own instances and names change what they mean
+        (
+            "instance : OfNat Nat 100000 := ⟨evil⟩\nexample : True := by simp (maxSteps := 100000)",
+            "100000",
+        ),
+        (
+            "namespace Foo\ndef true : Bool := evil\nexample : True := by simp (zeta := true)",
+            "true",
+        ),
+        ("def Nat.asFn : Nat := evil\nexample : True := by simp (maxSteps := .asFn)", "asFn"),
+        (
+            "def g := 1\nwhere\n  true : Bool := evil\nexample : True := by simp (zeta := true)",
+            "true",
+        ),
     ],
 )
 def test_a_configuration_value_must_be_a_literal(text: str, token: str) -> None:
@@ -703,8 +726,8 @@ def test_a_configuration_value_must_be_a_literal(text: str, token: str) -> None:
     ],
 )
 def test_a_command_hidden_in_a_string_or_name_is_refused(text: str, token: str) -> None:
-    """After a parse error Lean tries every later position for a command, inside strings and
-    `«»` names too: `) "#eval evil --"` runs `#eval evil`."""
+    """Defence in depth: where Lean fails to lex a string or `«»` name, its error recovery goes
+    on character by character inside it, and a command there would run."""
     found = scan(text, VerificationPolicy())
     hidden = [f for f in found if "inside a string" in f.why]
     assert hidden and hidden[0].token.startswith(token), found
@@ -764,3 +787,25 @@ def test_literal_configurations_and_named_arguments_pass(text: str) -> None:
 def test_more_ways_to_run_code_or_write_files(text: str, token: str) -> None:
     found = scan(text, VerificationPolicy())
     assert found and any(token in f.token for f in found), found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "⨆'a/-\n#eval IO.println 1\n-/",  # a Mathlib-only token Lean may not have
+        "''a/-\n#eval 1\n-/",  # `''` is Mathlib's; core Lean reads a character literal
+        "∑'\\n/-\n#eval 1\n-/",
+        "x ⁻¹'a-- \n#eval 1",
+        "xé'a/-\n#eval 1\n-/",  # before v4.22 `é` ends the name and `'a/` is a char literal
+    ],
+)
+def test_a_comment_right_after_a_quote_token_is_refused(text: str) -> None:
+    """A failed character literal makes Lean's recovery resume a few characters on; a comment
+    opener there turns what the lexer calls a comment into code."""
+    found = scan(text, VerificationPolicy())
+    assert found and found[0].reason is Reason.FORBIDDEN and "character literal" in found[0].why
+
+
+@pytest.mark.parametrize("text", ["exact h' -- done", "∑' i in s, f i", "f '' s", "xé' = 1"])
+def test_quotes_in_names_and_tokens_without_a_comment_pass(text: str) -> None:
+    assert scan(text, VerificationPolicy()) == []

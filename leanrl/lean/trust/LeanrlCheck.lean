@@ -59,6 +59,12 @@ abbrev RebuildM := StateM Rebuilt
 /-- A string copied character by character: its cached length is recomputed too. -/
 def rbString (s : String) : String := String.foldl String.push "" s
 
+/-- `n` in the runtime's canonical form. A file can hold a big-number object whose value is
+small; the runtime compares such a number unequal to the same small number (`Nat.beq` in the
+kernel included), and subtraction turns it back into the small one, which proves `true = false`.
+Printed and read back, every number is built by arithmetic, which always normalises. -/
+def rbNat (n : Nat) : Nat := (toString n).foldl (fun acc c => acc * 10 + (c.toNat - 48)) 0
+
 unsafe def rbName (n : Name) : RebuildM Name := do
   match n with
   | .anonymous => return .anonymous
@@ -66,7 +72,7 @@ unsafe def rbName (n : Name) : RebuildM Name := do
     if let some r := (← get).names.find? (ptrAddrUnsafe n) then return r
     let r ← match n with
       | .str p s => do pure (Name.str (← rbName p) (rbString s))
-      | .num p i => do pure (Name.num (← rbName p) i)
+      | .num p i => do pure (Name.num (← rbName p) (rbNat i))
       | .anonymous => pure Name.anonymous
     modify fun st => { st with names := st.names.insert (ptrAddrUnsafe n) r }
     return r
@@ -86,7 +92,7 @@ unsafe def rbLevel (l : Level) : RebuildM Level := do
 unsafe def rbExpr (e : Expr) : RebuildM Expr := do
   if let some r := (← get).exprs.find? (ptrAddrUnsafe e) then return r
   let r ← match e with
-    | .bvar i => pure (Expr.bvar i)
+    | .bvar i => pure (Expr.bvar (rbNat i))
     | .fvar f => do pure (Expr.fvar ⟨← rbName f.name⟩)
     | .mvar m => do pure (Expr.mvar ⟨← rbName m.name⟩)
     | .sort l => do pure (Expr.sort (← rbLevel l))
@@ -97,17 +103,18 @@ unsafe def rbExpr (e : Expr) : RebuildM Expr := do
       pure (Expr.forallE (← rbName n) (← rbExpr t) (← rbExpr b) bi)
     | .letE n t v b nd => do
       pure (Expr.letE (← rbName n) (← rbExpr t) (← rbExpr v) (← rbExpr b) nd)
-    | .lit (.natVal k) => pure (Expr.lit (.natVal k))
+    | .lit (.natVal k) => pure (Expr.lit (.natVal (rbNat k)))
     | .lit (.strVal s) => pure (Expr.lit (.strVal (rbString s)))
     | .mdata m b => do
       let entries ← m.entries.mapM fun (k, v) => do
         let v' ← match v with
           | .ofName x => do pure (DataValue.ofName (← rbName x))
+          | .ofNat x => pure (DataValue.ofNat (rbNat x))
           | other => pure other
         let k' ← rbName k
         return (k', v')
       pure (Expr.mdata ⟨entries⟩ (← rbExpr b))
-    | .proj s i b => do pure (Expr.proj (← rbName s) i (← rbExpr b))
+    | .proj s i b => do pure (Expr.proj (← rbName s) (rbNat i) (← rbExpr b))
   modify fun st => { st with exprs := st.exprs.insert (ptrAddrUnsafe e) r }
   return r
 
@@ -129,15 +136,21 @@ unsafe def rbConst (ci : ConstantInfo) : RebuildM ConstantInfo := do
   | .quotInfo v => return .quotInfo { v with name := nm, levelParams := lps, type := ty }
   | .inductInfo v =>
     return .inductInfo { v with name := nm, levelParams := lps, type := ty,
+                                numParams := rbNat v.numParams, numIndices := rbNat v.numIndices,
                                 all := (← v.all.mapM rbName), ctors := (← v.ctors.mapM rbName) }
   | .ctorInfo v =>
     return .ctorInfo { v with name := nm, levelParams := lps, type := ty,
-                              induct := (← rbName v.induct) }
+                              induct := (← rbName v.induct), cidx := rbNat v.cidx,
+                              numParams := rbNat v.numParams, numFields := rbNat v.numFields }
   | .recInfo v =>
     let rules ← v.rules.mapM fun r => do
-      return { r with ctor := (← rbName r.ctor), rhs := (← rbExpr r.rhs) }
+      return { r with ctor := (← rbName r.ctor), nfields := rbNat r.nfields,
+                      rhs := (← rbExpr r.rhs) }
     return .recInfo { v with name := nm, levelParams := lps, type := ty,
-                             all := (← v.all.mapM rbName), rules := rules }
+                             all := (← v.all.mapM rbName), rules := rules,
+                             numParams := rbNat v.numParams, numIndices := rbNat v.numIndices,
+                             numMotives := rbNat v.numMotives,
+                             numMinors := rbNat v.numMinors }
 
 unsafe def rebuildImpl (cs : Array (Name × ConstantInfo)) : Array (Name × ConstantInfo) :=
   let act : RebuildM (Array (Name × ConstantInfo)) := cs.mapM fun (n, ci) => do
@@ -331,10 +344,13 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
   let byName : PersistentHashMap Name ConstantInfo :=
     consts.foldl (fun m (n, ci) => m.insert n ci) {}
   let lookNew : Name → Option ConstantInfo := fun n => byName.find? n
+  -- The clean environment's copy wins: a constant the attempt shares with it is checked to be
+  -- declared the same (`sameDecl`), but for a theorem that compares only its statement, and the
+  -- attempt's body could then hide `sorryAx` or `Classical.choice` from the axiom walk.
   let look : Name → Option ConstantInfo := fun n =>
-    match lookNew n with
+    match env.find? n with
     | some c => some c
-    | none => env.find? n
+    | none => lookNew n
   -- Constants of the attempt that the clean environment also has (the statement's own helper
   -- definitions, the header's declarations) must be identical; they are then not replayed.
   let mut status := "ok"

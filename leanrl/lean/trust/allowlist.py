@@ -116,9 +116,9 @@ WHY: dict[str, str] = {
         "meta-program, `eval%` evaluates its term); use ordinary tactics"
     ),
     "hidden_command": (
-        "a command inside a string literal or a `«»` name runs if anything before it fails to "
-        "parse: Lean then looks for the next command at every following position, inside such "
-        "tokens too; keep command words and `#`/`@[` out of strings and names"
+        "a command inside a string literal or a `«»` name can run when Lean fails to read the "
+        "token (its error recovery then goes on character by character, inside it; defence in "
+        "depth); keep command words and `#`/`@[` out of strings and names"
     ),
     "config_code": (
         "a tactic configuration is compiled and run as code when the tactic runs (a name in it "
@@ -365,6 +365,10 @@ CONFIG_TACTICS: frozenset[str] = frozenset(
     constructor intro intros norm_cast push_cast exact_mod_cast apply_mod_cast
     assumption_mod_cast subst_vars fin_cases interval_cases mod_cases zify qify lift push_neg
     contrapose by_contra use exists trans calc conv compute_degree monicity linear_combination
+    simp_rw extract_lets lift_lets apply_assumption convert_to rel rify cancel_denoms
+    apply_fun filter_upwards peel choose set generalize unfold_let says observe order
+    finiteness rw_search aesop_cat wlog bv_normalize ac_rfl symm injection subst
+    simp_intro decide! norm_num! grind! itauto group clear_value with_reducible
     """.split()
 )
 

@@ -425,7 +425,34 @@ class _Lexer:
         for sym in self.id_symbols if self.text[i] in self.id_firsts else ():
             if self.text.startswith(sym, i, self.n) and len(sym) >= end - i:
                 return self.emit(Kind.SYMBOL, i, i + len(sym), nested).end
+        word = self.text[i:end]
+        if "'" in word and any(_version_letter(c) for c in word):
+            # Before v4.22 these letters end an identifier, and the `'` after them starts a
+            # character literal (see `_quote_then_comment`).
+            for q in (k for k in range(i, end) if self.text[k] == "'"):
+                if self._quote_then_comment(q, nested):
+                    return self.n
         return self._emit_name(Kind.IDENT, i, end, parts, nested)
+
+    def _quote_then_comment(self, q: int, nested: bool) -> bool:
+        """A `'` at ``q`` that this lexer reads inside a longer token, but that a Lean without
+        that token (a header without Mathlib has no `∑'` or `''`; Lean before v4.22 has no `é`
+        in names) reads as the start of a character literal. When that literal fails, Lean's
+        error recovery resumes a few characters on, and if a comment opens there, what this
+        lexer takes for a comment is code to Lean. Reported rather than guessed."""
+        window = self.text[q + 1 : q + 9]  # `'`, an escape of up to 6 characters, one more
+        hit = min((k for k in (window.find("--"), window.find("/-")) if k >= 0), default=-1)
+        if hit < 0:
+            return False
+        self.error(
+            q,
+            q + 1 + hit + 2,
+            "a comment opener right after a `'` that some Lean versions or headers read as the "
+            "start of a character literal, resuming inside the comment (put a space after the "
+            "`'`-token and keep comments away from it)",
+            nested,
+        )
+        return True
 
     def _emit_name(self, kind: Kind, i: int, end: int, parts: list[str], nested: bool) -> int:
         self.emit(kind, i, end, nested, value=".".join(parts), parts=tuple(parts))
@@ -659,8 +686,18 @@ class _Lexer:
         longest = min(self.max_symbol, self.n - i) if t[i] in self.symbol_firsts else 1
         for k in range(longest, 1, -1):
             if t[i : i + k] in self.symbols:
+                if "'" in t[i : i + k]:  # `∑'`, `''`, `⁻¹'`: tokens only where Mathlib is
+                    for q in (j for j in range(i, i + k) if t[j] == "'"):
+                        if self._quote_then_comment(q, nested):
+                            return self.n
                 return self.emit(Kind.SYMBOL, i, i + k, nested).end
         return self.emit(Kind.SYMBOL, i, i + 1, nested).end
+
+
+def _version_letter(c: str) -> bool:
+    """Latin-1 and Latin Extended-A letters: identifier characters from Lean v4.22 on only."""
+    v = ord(c)
+    return (0xC0 <= v <= 0xFF and v not in (0xD7, 0xF7)) or 0x100 <= v <= 0x17F
 
 
 _OPENS = frozenset("([{⟨⦃⟦")

@@ -117,6 +117,8 @@ class _Scan:
         self.checked: set[int] = set()  # attribute lists already read (`@[` indices)
         self._openers: dict[int, int] | None = None
         self._bad: int | None = None  # where the last configuration value stopped being literal
+        self._instance: bool | None = None
+        self._declared: frozenset[str] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -210,12 +212,12 @@ class _Scan:
 
     def hidden_command(self, t: Token, *, anywhere: bool) -> None:
         """A command written inside a string literal or a ``«»`` name. After a parse error Lean
-        looks for the next command at every position that follows, one character at a time, and
-        so also *inside* such a token: ``example : True := ) "#eval evil --"`` runs ``#eval
-        evil`` (the ``--`` comments out the closing quote). The rest of the text is read here as
-        Lean reads it without the error, so such a command would pass unseen: any command word
-        inside the token is refused. A doc comment is consumed whole by the declaration it
-        starts, so for it only a refused command at the start of one of its lines counts."""
+        looks for the next command token by token, and character by character where a token
+        fails to lex: a string Lean fails on (an escape one Lean version lacks) is entered, and
+        ``"\\q #eval evil --"`` would run ``#eval evil`` (the ``--`` comments out the closing
+        quote). Defence in depth: any command word inside such a token is refused. A doc comment
+        is consumed whole by the declaration it starts, so for it only a refused command at the
+        start of one of its lines counts."""
         body = t.text
         for m in _COMMAND_START.finditer(body):
             word = m.group(0)
@@ -238,12 +240,13 @@ class _Scan:
         instance it declares, a ``discharger`` field that is a tactic program. Only literal
         values are allowed."""
         field = self.tok(i + 1)
-        if field is None or field.kind is not Kind.IDENT or field.escaped:
+        if field is None or field.kind is not Kind.IDENT:
             return
+        name = field.value  # `«config»` is `config` to Lean
         head = self._tactic_before(i)
-        if field.text in ("disch", "discharger") and head in DISCHARGER_TACTICS:
+        if name in ("disch", "discharger") and head in DISCHARGER_TACTICS:
             return  # `simp (disch := tac)`: a tactic, read by the other rules like any other
-        if field.text != "config" and head is None:
+        if name != "config" and head is None:
             return
         end = self.closer[i]
         self._bad = None
@@ -252,14 +255,16 @@ class _Scan:
             k = self._bad if stop is None and self._bad is not None else (stop or i + 3)
             bad = self.tok(k)
             shown = bad.text if bad is not None else ""
-            self.add("config_code", f"({field.text} := ... {shown} ...)", field.line)
+            self.add("config_code", f"({name} := ... {shown} ...)", field.line)
 
     def _tactic_before(self, i: int) -> str | None:
         """The configurable tactic whose items include the one opened at ``i``, possibly after
         other items (``simp +contextual (maxSteps := 5)``), or None."""
         j = i - 1
         while (t := self.tok(j)) is not None:
-            if t.kind is Kind.SYMBOL and t.text == ")":
+            if t.kind is Kind.NUMBER or (t.kind is Kind.SYMBOL and t.text in ("*", "!", "?")):
+                j -= 1  # `solve_by_elim* (...)`, `simpa ! (...)`, `congr! 2 (...)`
+            elif t.kind is Kind.SYMBOL and t.text == ")":
                 o = self._opener(j)
                 if o is None or not self.is_sym(o + 2, ":="):
                     return None
@@ -272,6 +277,46 @@ class _Scan:
             else:
                 return None
         return None
+
+    @property
+    def declares_instance(self) -> bool:
+        """The text declares an instance (``instance``, ``@[instance]``, ``attribute
+        [instance]``, ``@[default_instance]``): literals could then elaborate through it."""
+        if self._instance is None:
+            self._instance = any(
+                t.kind is Kind.IDENT
+                and not t.escaped
+                and t.text in ("instance", "default_instance", "renaming")
+                for t in self.toks
+            )
+        return self._instance
+
+    @property
+    def declared(self) -> frozenset[str]:
+        """Last components of the names the text may declare: after a declaring keyword, or
+        the first word of a line that goes on with ``:=`` (``where`` clauses)."""
+        if self._declared is None:
+            out: set[str] = set()
+            toks = self.toks
+            for k, t in enumerate(toks):
+                if t.kind is not Kind.IDENT:
+                    continue
+                prev = toks[k - 1] if k else None
+                after_kw = prev is not None and prev.kind is Kind.IDENT and prev.text in _DECLARING
+                first = (
+                    prev is None
+                    or prev.line != t.line
+                    or (prev.kind is Kind.SYMBOL and prev.text == "|")
+                )
+                if first and not after_kw:
+                    rest = [u for u in toks[k + 1 : k + 40] if u.line == t.line]
+                    first = any(u.kind is Kind.SYMBOL and u.text == ":=" for u in rest) or (
+                        prev is not None and prev.text == "|"
+                    )
+                if after_kw or first:
+                    out.add(t.value.rsplit(".", 1)[-1])
+            self._declared = frozenset(out)
+        return self._declared
 
     def _opener(self, j: int) -> int | None:
         if self._openers is None:
@@ -295,10 +340,13 @@ class _Scan:
         if t is None or i >= end:
             return None
         if t.kind in (Kind.NUMBER, Kind.STRING, Kind.CHAR, Kind.NAME):
-            return i + 1
+            # `100000` is `OfNat.ofNat 100000` and a string can be coerced: an instance the
+            # text declares would make the literal run its code
+            return None if self.declares_instance else i + 1
         if t.kind is Kind.IDENT:
             ok = (not t.escaped and t.text in ("true", "false")) or t.value in CONFIG_QUALIFIED
-            return i + 1 if ok else None
+            # `namespace Foo def true := ...` makes `true` mean `Foo.true` there
+            return i + 1 if ok and t.value.rsplit(".", 1)[-1] not in self.declared else None
         if t.kind is not Kind.SYMBOL:
             return None
         if t.text == "-" and (n := self.tok(i + 1)) is not None and n.kind is Kind.NUMBER:
@@ -307,7 +355,8 @@ class _Scan:
             name = self.tok(i + 1)
             if name is None or name.kind is not Kind.IDENT or name.space_before:
                 return None
-            if name.escaped or name.text not in CONFIG_CONSTANTS:
+            if name.escaped or name.text not in CONFIG_CONSTANTS or name.text in self.declared:
+                # `.asFn` resolves in the field type's namespace: `def Nat.asFn` would be it
                 self._bad = i + 1
                 return None
             k = i + 2
@@ -472,6 +521,10 @@ class _Scan:
         parts.append((start, b))
         return [(x, y) for x, y in parts if x < y]
 
+
+_DECLARING = frozenset(
+    "def abbrev theorem lemma instance opaque structure class inductive axiom".split()
+)
 
 # A command's first token: a command word, a `#` command, an attribute list, a doc comment.
 # Nothing is asked of what comes before it: recovery tries every position, so `xdef f` holds
