@@ -53,6 +53,26 @@ def test_check_answer(answer: str, correct: bool, detail: str) -> None:
     assert detail in c.detail
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [r'"\d" + 1', r"'\q' * 2", "1 is 1", "x is 3", "1if 1 else 2", "0x1for 2", r"b'\d'"],
+)
+def test_hostile_answers_leak_no_warnings_and_judge_alike_under_any_filter(answer: str) -> None:
+    # Python's parser warns on some texts (invalid escapes, `is` with a literal, `1if`):
+    # DeprecationWarning or SyntaxWarning by version, printed on the user's terminal, and
+    # turned into a SyntaxError by `-W error`, which would change the verdict's detail.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shown = check_answer(answer, [1, 2, 3], 6)
+    assert caught == [], [str(w.message) for w in caught]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        strict = check_answer(answer, [1, 2, 3], 6)
+    assert strict == shown and not shown.correct and not shown.parsed
+
+
 def test_statement_round_trip() -> None:
     s = puzzle_statement([44, 19, 35], 98)
     assert s == "countdown: numbers 44 19 35 target 98"
