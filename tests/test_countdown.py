@@ -243,3 +243,18 @@ def test_grpo_learns_countdown_on_cpu(countdown_model: Path, tmp_path: Path) -> 
     # to put the puzzle's numbers into its answer: about twice the reward after 50 steps
     assert last > first + 0.06, rewards
     assert max(rewards[:5]) < last, rewards
+
+
+def test_a_misspelt_option_is_refused_before_anything_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from leanrl.cli import main
+
+    args = ["eval", "--env", "countdown", "--model", str(tmp_path / "no-model"), "--limit", "1"]
+    assert main([*args, "--env.harness.options", '{"stlye": "direct"}']) == 2
+    err = capsys.readouterr().err
+    assert "unknown harness option 'stlye'" in err and "did you mean 'style'?" in err, err
+    assert "it takes reward, style" in err, err
+    env = load_environment("countdown")
+    env.config.harness.options.update(style="direct", reward="dense")
+    assert env.harness.style == "direct"  # type: ignore[attr-defined]

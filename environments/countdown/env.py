@@ -185,6 +185,7 @@ class CountdownHarness(Harness):
 
     name = "countdown"
     description = "Countdown: one turn, the answer in <answer> tags"
+    option_keys = frozenset({"style", "reward"})  # reward: read by the environment
 
     @property
     def style(self) -> Style:
