@@ -59,6 +59,10 @@ class Environment:
 
     # -- hooks ----------------------------------------------------------------------------------
 
+    def check_config(self) -> None:
+        """Refuse settings this environment cannot honour, with what it takes instead (default:
+        none). Cheap, builds nothing; ``--dry-run`` calls it too."""
+
     def make_taskset(self) -> Taskset:
         """Build the taskset (default: ``taskset_class`` with the taskset config)."""
         return self.taskset_class(self.config.taskset)

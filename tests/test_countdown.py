@@ -258,3 +258,26 @@ def test_a_misspelt_option_is_refused_before_anything_loads(
     env = load_environment("countdown")
     env.config.harness.options.update(style="direct", reward="dense")
     assert env.harness.style == "direct"  # type: ignore[attr-defined]
+
+
+def test_another_harness_or_a_runtime_is_refused_saying_what_countdown_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # They used to be accepted and ignored: the run went on with Countdown's own harness and
+    # checker while the config (and the report) named the ones asked for.
+    from leanrl.cli import main
+    from leanrl.errors import ConfigError
+
+    args = ["eval", "--env", "countdown", "--model", str(tmp_path / "no-model"), "--limit", "1"]
+    assert main([*args, "--harness", "tactic-loop"]) == 2
+    err = capsys.readouterr().err
+    assert "harness 'tactic-loop'" in err and "--harness countdown" in err, err
+    assert main([*args, "--runtime", "docker"]) == 2
+    err = capsys.readouterr().err
+    assert "takes no runtime" in err and "'docker'" in err and "no Lean" in err, err
+    # its own names, and the defaults (what an unset field holds), are fine
+    for harness, runtime in [("countdown", "countdown"), ("whole-proof", "local")]:
+        env = load_environment("countdown", harness=harness, runtime=runtime)
+        assert (env.harness.name, env.runtime.name) == ("countdown", "countdown")
+    with pytest.raises(ConfigError, match="takes no runtime"):
+        _ = load_environment("countdown", runtime="modal").runtime

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from leanrl.environment import Environment
-from leanrl.errors import DatasetError
-from leanrl.harness import Harness
+from leanrl.errors import ConfigError, DatasetError
+from leanrl.harness import Harness, HarnessConfig
 from leanrl.policy import Policy, SamplingConfig
 from leanrl.rollout import Rollout, Turn
-from leanrl.runtime import Runtime
+from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.task import Task
 from leanrl.taskset import RawRow, Taskset, TasksetConfig
 from leanrl.verdict import Attempt, Reason, Verdict
@@ -42,6 +42,10 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 
 Style = Literal["think", "direct"]
 RewardMode = Literal["paper", "dense"]
+
+_UNSET_HARNESS: str = HarnessConfig.model_fields["name"].default
+_UNSET_RUNTIME: str = RuntimeConfig.model_fields["name"].default
+"""What ``env.harness.name`` / ``env.runtime.name`` hold when nobody set them."""
 
 _STATEMENT = re.compile(r"^countdown: numbers ((?:-?\d+ )+)target (-?\d+)$")
 
@@ -266,22 +270,44 @@ class CountdownHarness(Harness):
 
 
 class Countdown(Environment):
-    """Countdown with its own harness and pure-Python checker (whatever harness/runtime names
-    the config holds). ``env.harness.options``: ``style`` (``think``/``direct``) and ``reward``
-    (``paper``/``dense``)."""
+    """Countdown with its own harness and pure-Python checker. ``env.harness.options``:
+    ``style`` (``think``/``direct``) and ``reward`` (``paper``/``dense``). Another harness, or
+    any runtime, is refused: nothing else would be used, and the run would name it anyway."""
 
     name = "countdown"
     description = CountdownTaskset.description
     taskset_class: ClassVar[type[Taskset]] = CountdownTaskset
 
+    def check_config(self) -> None:
+        """Refuse a harness other than Countdown's own and any runtime. The names an unset
+        field holds (``whole-proof``, ``local``) pass: configs are copied whole between
+        commands (``compare``, Modal jobs), so an unset name cannot be told from a given one."""
+        harness, runtime = self.config.harness.name, self.config.runtime.name
+        if harness not in (CountdownHarness.name, _UNSET_HARNESS):
+            raise ConfigError(
+                f"environment 'countdown' has its own harness, and harness {harness!r} cannot "
+                "work on it: leave --harness (--env.harness.name) out, or give --harness "
+                "countdown; its settings are --env.harness.options style (think, direct) and "
+                "reward (paper, dense)"
+            )
+        if runtime not in (CountdownChecker.name, _UNSET_RUNTIME):
+            raise ConfigError(
+                f"environment 'countdown' takes no runtime (got {runtime!r}): its answers are "
+                "checked in Python by its own checker, with no Lean, on the machine that runs "
+                "the command. Leave --runtime (--env.runtime.name) out"
+            )
+
     def make_taskset(self) -> Taskset:
+        self.check_config()
         mode = self.config.harness.options.get("reward", "paper")
         if mode not in ("paper", "dense"):
             raise DatasetError(f"harness option reward must be 'paper' or 'dense', got {mode!r}")
         return CountdownTaskset(self.config.taskset, reward=mode)
 
     def make_harness(self) -> Harness:
+        self.check_config()
         return CountdownHarness(self.config.harness)
 
     def make_runtime(self) -> Runtime:
+        self.check_config()
         return CountdownChecker(self.config.runtime)
