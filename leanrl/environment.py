@@ -50,6 +50,9 @@ class Environment:
     """One line for ``leanrl envs``."""
     taskset_class: ClassVar[type[Taskset]] = Taskset
     """The taskset this environment uses."""
+    needs_lean: ClassVar[bool] = True
+    """False for an environment that judges answers without Lean (Countdown): ``leanrl doctor``
+    and ``leanrl setup`` then have nothing to check or set up."""
 
     def __init__(self, config: EnvironmentConfig | None = None) -> None:
         self.config = config or EnvironmentConfig(id=self.name or "minif2f")

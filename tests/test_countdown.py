@@ -212,6 +212,43 @@ def countdown_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_countdown_model(tmp_path_factory.mktemp("cd-model"))
 
 
+def test_generate_only_doctor_and_setup_need_no_lean(
+    countdown_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # All three said Countdown needed Lean: --generate-only refused the harness, doctor listed
+    # a missing Lean toolchain and project, setup asked for a Lean project.
+    from leanrl.cli import main
+    from leanrl.lean.commands import verify_file
+
+    out = tmp_path / "gen"
+    rc = main(
+        [
+            *("eval", "--env", "countdown", "--env.taskset.split", "train", "--limit", "2"),
+            *("--model", str(countdown_model), "--samples", "2", "--sampling.max_tokens", "8"),
+            *("--env.harness.options", '{"style": "direct"}', "--no-progress"),
+            *("--generate-only", "--out", str(out)),
+        ]
+    )
+    said = capsys.readouterr().out
+    assert rc == 0, said
+    assert "Lean" not in said and "leanrl verify" in said, said
+    assert "Lean" not in (out / "report.md").read_text()
+    rows = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    assert all(r["proof"] for r in rows)
+    env_cfg = load_environment("countdown", split="train").config
+    summary = run_sync(verify_file(env_cfg, out / "completions.jsonl", tmp_path / "v.jsonl"))
+    assert summary["rows"] == len(rows) and "infra" not in summary["reasons"]
+
+    assert main(["doctor", "--env", "countdown"]) == 0
+    said = capsys.readouterr().out
+    assert "MISSING" not in said and "needs no Lean" in said, said
+    assert main(["doctor", "--env", "countdown", "--print-json"]) == 0
+    assert all(c["ok"] for c in json.loads(capsys.readouterr().out))
+    assert main(["setup", "--env", "countdown"]) == 0
+    said = capsys.readouterr().out
+    assert "nothing to set up" in said and "needs no Lean" in said, said
+
+
 def test_grpo_learns_countdown_on_cpu(countdown_model: Path, tmp_path: Path) -> None:
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
 

@@ -216,14 +216,12 @@ class CountdownHarness(Harness):
         found = _ANSWER.findall(completion)
         return found[-1].strip() if found and found[-1].strip() else None
 
-    async def run(
-        self,
-        tasks: Sequence[Task],
-        policy: Policy,
-        runtime: Runtime,
-        sampling: SamplingConfig,
-        taskset: Taskset,
+    async def generate(
+        self, tasks: Sequence[Task], policy: Policy, sampling: SamplingConfig
     ) -> list[list[Rollout]]:
+        """Sample and take the answers out, without checking them (``run`` checks them next;
+        ``leanrl eval --generate-only`` stops here): ``verdict`` is None, or the rejection of a
+        completion with no answer."""
         prompts = [self.prompt(t) for t in tasks]
         if not sampling.stop:
             sampling = sampling.model_copy(update={"stop": ["</answer>"]})
@@ -231,7 +229,6 @@ class CountdownHarness(Harness):
         completions = await policy.generate(prompts, sampling)
         gen_s = time.perf_counter() - t0
         groups: list[list[Rollout]] = []
-        pending: list[tuple[Rollout, Attempt]] = []
         for task, prompt, comps in zip(tasks, prompts, completions, strict=True):
             group = []
             for i, c in enumerate(comps):
@@ -247,17 +244,34 @@ class CountdownHarness(Harness):
                 )
                 if ans is None:
                     r.verdict = Verdict.reject(Reason.NO_PROOF, "no <answer> in the completion")
-                else:
-                    a = Attempt(
-                        name=task.name,
-                        header="",
-                        formal_statement=task.formal_statement,
-                        proof=ans,
-                        id=f"{task.id}/{i}",
-                    )
-                    pending.append((r, a))
                 group.append(r)
             groups.append(group)
+        return groups
+
+    async def run(
+        self,
+        tasks: Sequence[Task],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        taskset: Taskset,
+    ) -> list[list[Rollout]]:
+        groups = await self.generate(tasks, policy, sampling)
+        pending: list[tuple[Rollout, Attempt]] = [
+            (
+                r,
+                Attempt(
+                    name=task.name,
+                    header="",
+                    formal_statement=task.formal_statement,
+                    proof=r.proof,
+                    id=f"{task.id}/{r.sample}",
+                ),
+            )
+            for task, group in zip(tasks, groups, strict=True)
+            for r in group
+            if r.verdict is None and r.proof is not None
+        ]
         if pending:
             verdicts = await runtime.check([a for _, a in pending])
             for (r, _), v in zip(pending, verdicts, strict=True):
@@ -277,6 +291,7 @@ class Countdown(Environment):
     name = "countdown"
     description = CountdownTaskset.description
     taskset_class: ClassVar[type[Taskset]] = CountdownTaskset
+    needs_lean = False
 
     def check_config(self) -> None:
         """Refuse a harness other than Countdown's own and any runtime. The names an unset

@@ -257,16 +257,17 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
 def _generate_only_lines(s: Mapping[str, Any]) -> list[str]:
     cfg, res = s["config"], s["results"]
     unchecked = res["reasons"].get("unchecked", 0)
+    lean = s.get("lean", True)  # summaries from before the key were all Lean's
     return [
-        "Completions only (`--generate-only`): nothing was checked by Lean, so there is no "
-        "pass@k yet.",
+        f"Completions only (`--generate-only`): nothing was checked{' by Lean' if lean else ''}, "
+        "so there is no pass@k yet.",
         "",
         f"- tasks: {res['tasks']}, samples per task: {cfg['samples']}, completions: "
-        f"{res['attempts']}, with a proof to check: {unchecked}",
-        f"- check them where Lean is installed: `leanrl verify {s.get('completions')} "
-        f"--env {cfg['env']['id']}`",
+        f"{res['attempts']}, with {'a proof' if lean else 'an answer'} to check: {unchecked}",
+        f"- check them{' where Lean is installed' if lean else ''}: `leanrl verify "
+        f"{s.get('completions')} --env {cfg['env']['id']}`",
         "",
-        "| before Lean | attempts |",
+        f"| {'before Lean' if lean else 'unchecked'} | attempts |",
         "|---|---:|",
         *(f"| {k} | {v} |" for k, v in res["reasons"].items()),
     ]

@@ -185,6 +185,7 @@ async def run_eval(
             config.ks,
         ),
         "runtime": {"name": runtime.name or type(runtime).__name__, "metrics": runtime_metrics},
+        "lean": env.needs_lean,  # False: answers are judged without Lean (Countdown)
         "cost": _cost(config, runtime_metrics, wall),
         "timing": {
             "wall_s": wall,
