@@ -190,6 +190,30 @@ def test_eval_runner_reports_pass_at_k(tmp_path: Path) -> None:
     assert summary["cost"]["usd"] == 0.0 and "gpu_s" in summary["cost"]
 
 
+def test_the_report_names_countdowns_harness_and_checker_and_no_lean(tmp_path: Path) -> None:
+    # It named the config's defaults, a Lean harness and runtime ("whole-proof", "local") that
+    # Countdown does not use, and a Lean version ("Lean: None, Mathlib: None").
+    from leanrl.eval.config import EvalConfig
+    from leanrl.eval.report import plot_title
+    from leanrl.eval.runner import run_eval_sync
+
+    cfg = EvalConfig(
+        env={"id": "countdown", "taskset": {"split": "train", "limit": 2}},
+        policy={"model": "scripted"},
+        out=tmp_path / "ev",
+        progress=False,
+    )
+    summary = run_eval_sync(cfg, policy=ScriptedPolicy(["<answer>1</answer>"]))
+    assert summary["harness"]["name"] == "countdown" and summary["runtime"]["name"] == "countdown"
+    assert summary["lean"] is False
+    assert not [k for k in summary["versions"] if k.startswith(("lean_", "mathlib"))], summary
+    report = (tmp_path / "ev" / "report.md").read_text()
+    assert "harness: `countdown`" in report and "checker: `countdown`" in report, report
+    for lean_word in ("whole-proof", "`local`", "Lean", "Mathlib", "deepseek"):
+        assert lean_word not in report, (lean_word, report)
+    assert "whole-proof" not in plot_title(summary) and "deepseek" not in plot_title(summary)
+
+
 # -- learning on a tiny CPU model -----------------------------------------------------------------
 
 
