@@ -52,8 +52,8 @@ class Environment:
     """The taskset this environment uses."""
     needs_lean: ClassVar[bool] = True
     """False for an environment that judges answers without Lean (Countdown): ``leanrl doctor``
-    and ``leanrl setup`` then have nothing to check or set up, and the eval summary and report
-    name no Lean runtime or version."""
+    and ``leanrl setup`` then have nothing to check or set up, the eval summary and report name
+    no Lean runtime or version, and ``--dry-run`` plans no Lean checking."""
 
     def __init__(self, config: EnvironmentConfig | None = None) -> None:
         self.config = config or EnvironmentConfig(id=self.name or "minif2f")
