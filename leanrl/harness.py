@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from leanrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from leanrl.policy import Policy, SamplingConfig
+    from leanrl.policy import Policy, Prompt, SamplingConfig
     from leanrl.rollout import Rollout
     from leanrl.runtime import Runtime
     from leanrl.task import Task
     from leanrl.taskset import Taskset
+    from leanrl.train.sft_data import Pair
 
 __all__ = ["Harness", "HarnessConfig"]
 
@@ -131,6 +132,14 @@ class Harness(abc.ABC):
         Rewards come from ``taskset.group_rewards``. A bad or missing proof is a Rollout with a
         rejecting Verdict, never an exception.
         """
+
+    def sft_example(self, pair: Pair, target: str = "proof") -> tuple[Prompt, str] | None:
+        """What supervised fine-tuning (``leanrl train sft``, expert iteration) trains on for
+        ``pair``: the first prompt this harness gives the task and the text the model should
+        answer it with (``target = "completion"``: the model's own text kept with the proof,
+        where there is one). None: the ``whole-proof`` layout (its prompt format, the proof in
+        the Lean code block), which the Lean harnesses' first turns share."""
+        return None
 
     async def generate(
         self, tasks: Sequence[Task], policy: Policy, sampling: SamplingConfig

@@ -273,6 +273,89 @@ def test_generate_only_doctor_and_setup_need_no_lean(
     assert "nothing to set up" in said and "needs no Lean" in said, said
 
 
+@pytest.mark.parametrize(
+    ("style", "answer"),
+    [("direct", "{sol}</answer>"), ("think", "</think>\n<answer> {sol} </answer>")],
+)
+def test_sft_trains_on_countdowns_own_prompt(
+    countdown_model: Path, style: str, answer: str
+) -> None:
+    # SFT built every example with the Lean whole-proof prompt ("Complete the following Lean 4
+    # code", the puzzle as a theorem) and a Lean code block as the answer.
+    from transformers import AutoTokenizer
+
+    from leanrl.train.sft_data import IGNORE, Pair, encode_pairs
+
+    tok = AutoTokenizer.from_pretrained(countdown_model)
+    env = load_environment("countdown", split="train")
+    env.config.harness.options.update(style=style)
+    task = env.tasks()[0]
+    sol = task.extra["solution"]
+    [ex] = encode_pairs([Pair(task, "\n" + sol)], env.harness, tok)  # as --data.from_env gives it
+    n_prompt = ex["labels"].count(IGNORE)
+    prompt = env.harness.prompt(task)  # type: ignore[attr-defined]
+    assert tok.decode(ex["input_ids"][:n_prompt]) == prompt
+    assert tok.decode(ex["input_ids"][n_prompt:]) == answer.format(sol=sol) + tok.eos_token
+    # the model's own text (kept by expert iteration), closed the way generation stopped
+    [mine] = encode_pairs(
+        [Pair(task, sol, completion=f" {sol}")], env.harness, tok, target="completion"
+    )
+    assert tok.decode(mine["input_ids"][n_prompt:]) == f" {sol}</answer>" + tok.eos_token
+
+
+class SolvingPolicy(Policy):
+    """Answers every Countdown prompt with the puzzle's known solution."""
+
+    name = "solving"
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        super().__init__(PolicyConfig(model="solving"))
+        self.answers = answers
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        return [[Completion(text=self.answers[str(p)])] * sampling.n for p in prompts]
+
+
+def test_expert_iteration_on_countdown_fine_tunes_on_its_own_prompt(
+    countdown_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Expert iteration needs no Lean: the environment's checker keeps the right answers. Its SFT
+    # phase trained them under the Lean whole-proof prompt, a prompt it never samples with.
+    import leanrl.eval.runner as runner
+    import leanrl.train.sft_data as sft_data
+    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+
+    env_cfg = {"id": "countdown", "taskset": {"split": "train", "limit": 3}}
+    env_cfg["harness"] = {"options": {"style": "direct"}}
+    env = load_environment(ExpertIterationConfig(env=env_cfg).env)
+    harness = env.harness
+    answers = {harness.prompt(t): f"{t.extra['solution']}" for t in env.tasks()}  # type: ignore[attr-defined]
+    monkeypatch.setattr(runner, "_make_policy", lambda config: SolvingPolicy(answers))
+    seen: list[str] = []
+    encode = sft_data.encode_pairs
+
+    def spy(pairs: Any, h: Any, tok: Any, **kw: Any) -> Any:
+        out = encode(pairs, h, tok, **kw)
+        seen.extend(tok.decode(e["input_ids"][: e["labels"].count(sft_data.IGNORE)]) for e in out)
+        return out
+
+    monkeypatch.setattr(sft_data, "encode_pairs", spy)
+    cfg = ExpertIterationConfig(
+        env=env_cfg,
+        policy=PolicyConfig(model=str(countdown_model)),
+        out=tmp_path / "ei",
+        rounds=1,
+        samples=1,
+        sampling=SamplingConfig(max_tokens=8, seed=0),
+        sft={"epochs": 1, "batch_size": 3, "micro_batch_size": 3},
+    )
+    [row] = ExpertIteration(cfg).train_sync()
+    assert row["solved_total"] == 3 and row["sft_pairs"] == 3, row
+    assert sorted(seen) == sorted(answers), seen
+
+
 def test_grpo_learns_countdown_on_cpu(countdown_model: Path, tmp_path: Path) -> None:
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
 

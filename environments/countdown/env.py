@@ -14,12 +14,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from leanrl.environment import Environment
 from leanrl.errors import ConfigError, DatasetError
 from leanrl.harness import Harness, HarnessConfig
-from leanrl.policy import Policy, SamplingConfig
+from leanrl.policy import Policy, Prompt, SamplingConfig
 from leanrl.rollout import Rollout, Turn
 from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.task import Task
@@ -27,6 +27,9 @@ from leanrl.taskset import RawRow, Taskset, TasksetConfig
 from leanrl.verdict import Attempt, Reason, Verdict
 
 from .arith import check_answer
+
+if TYPE_CHECKING:
+    from leanrl.train.sft_data import Pair
 
 __all__ = [
     "Countdown",
@@ -207,6 +210,20 @@ class CountdownHarness(Harness):
             "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.\n"
             "Let me solve this step by step.\n<think>"
         )
+
+    def sft_example(self, pair: Pair, target: str = "proof") -> tuple[Prompt, str]:
+        """This harness's prompt and the answer to train on: ``direct``: the expression and the
+        closing tag; ``think``: the expression in ``<answer>`` tags after an empty ``<think>``
+        (a bare solution has no reasoning to train on). ``target = "completion"``: the model's
+        own text, closed with the ``</answer>`` generation stopped at."""
+        prompt = self.prompt(pair.task)
+        if target == "completion" and pair.completion.strip():
+            text = pair.completion
+            return prompt, text if text.rstrip().endswith("</answer>") else text + "</answer>"
+        expr = pair.proof.strip()  # a dataset's proof comes with a Lean body's leading newline
+        if self.style == "direct":
+            return prompt, f"{expr}</answer>"
+        return prompt, f"</think>\n<answer> {expr} </answer>"
 
     def answer(self, completion: str) -> str | None:
         """The expression in the completion, or None when there is none."""
