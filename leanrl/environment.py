@@ -65,7 +65,8 @@ class Environment:
 
     def check_config(self) -> None:
         """Refuse settings this environment cannot honour, with what it takes instead (default:
-        none). Cheap, builds nothing; ``--dry-run`` calls it too."""
+        none). Called before the first part is made (and by ``--dry-run`` for an environment
+        without Lean); cheap, builds nothing."""
 
     def make_taskset(self) -> Taskset:
         """Build the taskset (default: ``taskset_class`` with the taskset config)."""
@@ -89,18 +90,21 @@ class Environment:
     @property
     def taskset(self) -> Taskset:
         if self._taskset is None:
+            self.check_config()
             self._taskset = self.make_taskset()
         return self._taskset
 
     @property
     def harness(self) -> Harness:
         if self._harness is None:
+            self.check_config()
             self._harness = self.make_harness()
         return self._harness
 
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
+            self.check_config()
             self._runtime = self.make_runtime()
         return self._runtime
 

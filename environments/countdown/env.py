@@ -330,16 +330,13 @@ class Countdown(Environment):
             )
 
     def make_taskset(self) -> Taskset:
-        self.check_config()
         mode = self.config.harness.options.get("reward", "paper")
         if mode not in ("paper", "dense"):
             raise DatasetError(f"harness option reward must be 'paper' or 'dense', got {mode!r}")
         return CountdownTaskset(self.config.taskset, reward=mode)
 
     def make_harness(self) -> Harness:
-        self.check_config()
         return CountdownHarness(self.config.harness)
 
     def make_runtime(self) -> Runtime:
-        self.check_config()
         return CountdownChecker(self.config.runtime)

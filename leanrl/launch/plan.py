@@ -3,9 +3,9 @@ starts.
 
 The plan lists the Functions (image, GPU, how many containers), the Lean sandboxes (cores,
 memory, batch size, batches per iteration; none for an environment that checks without Lean,
-such as Countdown) and the work per iteration, then estimates one
-iteration's wall time, GPU-seconds, sandbox core-seconds and dollars from ``launcher.estimate``
-(per-attempt GPU and Lean time) and ``launcher.prices``. The estimate is arithmetic on stated
+such as Countdown) and the work per iteration, then estimates one iteration's wall time,
+GPU-seconds, sandbox core-seconds and dollars from ``launcher.estimate`` (per-attempt GPU and
+Lean time) and ``launcher.prices``. The estimate is arithmetic on stated
 assumptions, printed with them; the metrics of a real run (``cost/...``) are what to trust.
 """
 
