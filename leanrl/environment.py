@@ -50,6 +50,10 @@ class Environment:
     """One line for ``leanrl envs``."""
     taskset_class: ClassVar[type[Taskset]] = Taskset
     """The taskset this environment uses."""
+    needs_lean: ClassVar[bool] = True
+    """False for an environment that judges answers without Lean (Countdown): ``leanrl doctor``
+    and ``leanrl setup`` then have nothing to check or set up, the eval summary and report name
+    no Lean runtime or version, and ``--dry-run`` plans no Lean checking."""
 
     def __init__(self, config: EnvironmentConfig | None = None) -> None:
         self.config = config or EnvironmentConfig(id=self.name or "minif2f")
@@ -58,6 +62,11 @@ class Environment:
         self._runtime: Runtime | None = None
 
     # -- hooks ----------------------------------------------------------------------------------
+
+    def check_config(self) -> None:
+        """Refuse settings this environment cannot honour, with what it takes instead (default:
+        none). Called before the first part is made (and by ``--dry-run`` for an environment
+        without Lean); cheap, builds nothing."""
 
     def make_taskset(self) -> Taskset:
         """Build the taskset (default: ``taskset_class`` with the taskset config)."""
@@ -81,18 +90,21 @@ class Environment:
     @property
     def taskset(self) -> Taskset:
         if self._taskset is None:
+            self.check_config()
             self._taskset = self.make_taskset()
         return self._taskset
 
     @property
     def harness(self) -> Harness:
         if self._harness is None:
+            self.check_config()
             self._harness = self.make_harness()
         return self._harness
 
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
+            self.check_config()
             self._runtime = self.make_runtime()
         return self._runtime
 

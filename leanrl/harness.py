@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from leanrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from leanrl.policy import Policy, SamplingConfig
+    from leanrl.policy import Policy, Prompt, SamplingConfig
     from leanrl.rollout import Rollout
     from leanrl.runtime import Runtime
     from leanrl.task import Task
     from leanrl.taskset import Taskset
+    from leanrl.train.sft_data import Pair
 
 __all__ = ["Harness", "HarnessConfig"]
 
@@ -67,11 +68,15 @@ class HarnessConfig(BaseModel):
     """Examples per prompt (DeepSeek-Prover-V1.5 uses 3), drawn per task with a fixed seed
     from ``few_shot``, never the task itself."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Free-form settings for third-party harnesses."""
+    """Settings of the harness's own: ``tactic-loop``: ``max_sessions``; the ``countdown``
+    environment: ``style`` and ``reward``; ``whole-proof`` and ``self-correction`` take none;
+    third-party harnesses: theirs. A key the harness does not know is refused (a harness that
+    declares no ``option_keys`` takes any)."""
 
 
 class Harness(abc.ABC):
-    """Base class of every harness. ``__init__`` stores the config and does nothing else."""
+    """Base class of every harness. ``__init__`` stores the config, refuses option keys the
+    harness does not know (:attr:`option_keys`), and does nothing else."""
 
     name: ClassVar[str] = ""
     """Registry id of the harness."""
@@ -80,9 +85,38 @@ class Harness(abc.ABC):
     needs_tactic_sessions: ClassVar[bool] = False
     """True when the harness talks to Lean between turns (``Runtime.tactic_session``); a
     runtime without tactic mode is then refused before anything starts."""
+    option_keys: ClassVar[frozenset[str] | None] = None
+    """The ``config.options`` keys the harness reads; any other key is refused when the harness
+    is made, since a misspelt one would otherwise be ignored and the run go on with the default.
+    None (the default): options are not checked."""
 
     def __init__(self, config: HarnessConfig | None = None) -> None:
         self.config = config or HarnessConfig(name=self.name or "whole-proof")
+        self.check_options()
+
+    def check_options(self) -> None:
+        """Refuse ``config.options`` keys not in :attr:`option_keys`, naming the known ones."""
+        known = self.option_keys
+        if known is None:
+            return
+        unknown = sorted(k for k in self.config.options if k not in known)
+        if not unknown:
+            return
+        from leanrl._cli_help import suggest
+
+        bad = unknown[0]
+        close = suggest(bad, known)
+        takes = (
+            f"it takes {', '.join(sorted(known))} (--env.harness.options)"
+            if known
+            else "it takes no options: leave --env.harness.options out"
+        )
+        raise ConfigError(
+            f"unknown harness option {bad!r} for harness {self.name!r}"
+            + (f" (did you mean {close!r}?)" if close else "")
+            + (f" (also unknown: {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else "")
+            + f"; {takes}"
+        )
 
     @abc.abstractmethod
     async def run(
@@ -98,6 +132,14 @@ class Harness(abc.ABC):
         Rewards come from ``taskset.group_rewards``. A bad or missing proof is a Rollout with a
         rejecting Verdict, never an exception.
         """
+
+    def sft_example(self, pair: Pair, target: str = "proof") -> tuple[Prompt, str] | None:
+        """What supervised fine-tuning (``leanrl train sft``, expert iteration) trains on for
+        ``pair``: the first prompt this harness gives the task and the text the model should
+        answer it with (``target = "completion"``: the model's own text kept with the proof,
+        where there is one). None: the ``whole-proof`` layout (its prompt format, the proof in
+        the Lean code block), which the Lean harnesses' first turns share."""
+        return None
 
     async def generate(
         self, tasks: Sequence[Task], policy: Policy, sampling: SamplingConfig

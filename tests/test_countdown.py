@@ -53,6 +53,26 @@ def test_check_answer(answer: str, correct: bool, detail: str) -> None:
     assert detail in c.detail
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [r'"\d" + 1', r"'\q' * 2", "1 is 1", "x is 3", "1if 1 else 2", "0x1for 2", r"b'\d'"],
+)
+def test_hostile_answers_leak_no_warnings_and_judge_alike_under_any_filter(answer: str) -> None:
+    # Python's parser warns on some texts (invalid escapes, `is` with a literal, `1if`):
+    # DeprecationWarning or SyntaxWarning by version, printed on the user's terminal, and
+    # turned into a SyntaxError by `-W error`, which would change the verdict's detail.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shown = check_answer(answer, [1, 2, 3], 6)
+    assert caught == [], [str(w.message) for w in caught]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        strict = check_answer(answer, [1, 2, 3], 6)
+    assert strict == shown and not shown.correct and not shown.parsed
+
+
 def test_statement_round_trip() -> None:
     s = puzzle_statement([44, 19, 35], 98)
     assert s == "countdown: numbers 44 19 35 target 98"
@@ -170,6 +190,30 @@ def test_eval_runner_reports_pass_at_k(tmp_path: Path) -> None:
     assert summary["cost"]["usd"] == 0.0 and "gpu_s" in summary["cost"]
 
 
+def test_the_report_names_countdowns_harness_and_checker_and_no_lean(tmp_path: Path) -> None:
+    # It named the config's defaults, a Lean harness and runtime ("whole-proof", "local") that
+    # Countdown does not use, and a Lean version ("Lean: None, Mathlib: None").
+    from leanrl.eval.config import EvalConfig
+    from leanrl.eval.report import plot_title
+    from leanrl.eval.runner import run_eval_sync
+
+    cfg = EvalConfig(
+        env={"id": "countdown", "taskset": {"split": "train", "limit": 2}},
+        policy={"model": "scripted"},
+        out=tmp_path / "ev",
+        progress=False,
+    )
+    summary = run_eval_sync(cfg, policy=ScriptedPolicy(["<answer>1</answer>"]))
+    assert summary["harness"]["name"] == "countdown" and summary["runtime"]["name"] == "countdown"
+    assert summary["lean"] is False
+    assert not [k for k in summary["versions"] if k.startswith(("lean_", "mathlib"))], summary
+    report = (tmp_path / "ev" / "report.md").read_text()
+    assert "harness: `countdown`" in report and "checker: `countdown`" in report, report
+    for lean_word in ("whole-proof", "`local`", "Lean", "Mathlib", "deepseek"):
+        assert lean_word not in report, (lean_word, report)
+    assert "whole-proof" not in plot_title(summary) and "deepseek" not in plot_title(summary)
+
+
 # -- learning on a tiny CPU model -----------------------------------------------------------------
 
 
@@ -190,6 +234,126 @@ def make_countdown_model(out: Path) -> Path:
 @pytest.fixture(scope="module")
 def countdown_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_countdown_model(tmp_path_factory.mktemp("cd-model"))
+
+
+def test_generate_only_doctor_and_setup_need_no_lean(
+    countdown_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # All three said Countdown needed Lean: --generate-only refused the harness, doctor listed
+    # a missing Lean toolchain and project, setup asked for a Lean project.
+    from leanrl.cli import main
+    from leanrl.lean.commands import verify_file
+
+    out = tmp_path / "gen"
+    rc = main(
+        [
+            *("eval", "--env", "countdown", "--env.taskset.split", "train", "--limit", "2"),
+            *("--model", str(countdown_model), "--samples", "2", "--sampling.max_tokens", "8"),
+            *("--env.harness.options", '{"style": "direct"}', "--no-progress"),
+            *("--generate-only", "--out", str(out)),
+        ]
+    )
+    said = capsys.readouterr().out
+    assert rc == 0, said
+    assert "Lean" not in said and "leanrl verify" in said, said
+    assert "Lean" not in (out / "report.md").read_text()
+    rows = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    assert all(r["proof"] for r in rows)
+    env_cfg = load_environment("countdown", split="train").config
+    summary = run_sync(verify_file(env_cfg, out / "completions.jsonl", tmp_path / "v.jsonl"))
+    assert summary["rows"] == len(rows) and "infra" not in summary["reasons"]
+
+    assert main(["doctor", "--env", "countdown"]) == 0
+    said = capsys.readouterr().out
+    assert "MISSING" not in said and "needs no Lean" in said, said
+    assert main(["doctor", "--env", "countdown", "--print-json"]) == 0
+    assert all(c["ok"] for c in json.loads(capsys.readouterr().out))
+    assert main(["setup", "--env", "countdown"]) == 0
+    said = capsys.readouterr().out
+    assert "nothing to set up" in said and "needs no Lean" in said, said
+
+
+@pytest.mark.parametrize(
+    ("style", "answer"),
+    [("direct", "{sol}</answer>"), ("think", "</think>\n<answer> {sol} </answer>")],
+)
+def test_sft_trains_on_countdowns_own_prompt(
+    countdown_model: Path, style: str, answer: str
+) -> None:
+    # SFT built every example with the Lean whole-proof prompt ("Complete the following Lean 4
+    # code", the puzzle as a theorem) and a Lean code block as the answer.
+    from transformers import AutoTokenizer
+
+    from leanrl.train.sft_data import IGNORE, Pair, encode_pairs
+
+    tok = AutoTokenizer.from_pretrained(countdown_model)
+    env = load_environment("countdown", split="train")
+    env.config.harness.options.update(style=style)
+    task = env.tasks()[0]
+    sol = task.extra["solution"]
+    [ex] = encode_pairs([Pair(task, "\n" + sol)], env.harness, tok)  # as --data.from_env gives it
+    n_prompt = ex["labels"].count(IGNORE)
+    prompt = env.harness.prompt(task)  # type: ignore[attr-defined]
+    assert tok.decode(ex["input_ids"][:n_prompt]) == prompt
+    assert tok.decode(ex["input_ids"][n_prompt:]) == answer.format(sol=sol) + tok.eos_token
+    # the model's own text (kept by expert iteration), closed the way generation stopped
+    [mine] = encode_pairs(
+        [Pair(task, sol, completion=f" {sol}")], env.harness, tok, target="completion"
+    )
+    assert tok.decode(mine["input_ids"][n_prompt:]) == f" {sol}</answer>" + tok.eos_token
+
+
+class SolvingPolicy(Policy):
+    """Answers every Countdown prompt with the puzzle's known solution."""
+
+    name = "solving"
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        super().__init__(PolicyConfig(model="solving"))
+        self.answers = answers
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        return [[Completion(text=self.answers[str(p)])] * sampling.n for p in prompts]
+
+
+def test_expert_iteration_on_countdown_fine_tunes_on_its_own_prompt(
+    countdown_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Expert iteration needs no Lean: the environment's checker keeps the right answers. Its SFT
+    # phase trained them under the Lean whole-proof prompt, a prompt it never samples with.
+    import leanrl.eval.runner as runner
+    import leanrl.train.sft_data as sft_data
+    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+
+    env_cfg = {"id": "countdown", "taskset": {"split": "train", "limit": 3}}
+    env_cfg["harness"] = {"options": {"style": "direct"}}
+    env = load_environment(ExpertIterationConfig(env=env_cfg).env)
+    harness = env.harness
+    answers = {harness.prompt(t): f"{t.extra['solution']}" for t in env.tasks()}  # type: ignore[attr-defined]
+    monkeypatch.setattr(runner, "_make_policy", lambda config: SolvingPolicy(answers))
+    seen: list[str] = []
+    encode = sft_data.encode_pairs
+
+    def spy(pairs: Any, h: Any, tok: Any, **kw: Any) -> Any:
+        out = encode(pairs, h, tok, **kw)
+        seen.extend(tok.decode(e["input_ids"][: e["labels"].count(sft_data.IGNORE)]) for e in out)
+        return out
+
+    monkeypatch.setattr(sft_data, "encode_pairs", spy)
+    cfg = ExpertIterationConfig(
+        env=env_cfg,
+        policy=PolicyConfig(model=str(countdown_model)),
+        out=tmp_path / "ei",
+        rounds=1,
+        samples=1,
+        sampling=SamplingConfig(max_tokens=8, seed=0),
+        sft={"epochs": 1, "batch_size": 3, "micro_batch_size": 3},
+    )
+    [row] = ExpertIteration(cfg).train_sync()
+    assert row["solved_total"] == 3 and row["sft_pairs"] == 3, row
+    assert sorted(seen) == sorted(answers), seen
 
 
 def test_grpo_learns_countdown_on_cpu(countdown_model: Path, tmp_path: Path) -> None:
@@ -223,3 +387,41 @@ def test_grpo_learns_countdown_on_cpu(countdown_model: Path, tmp_path: Path) -> 
     # to put the puzzle's numbers into its answer: about twice the reward after 50 steps
     assert last > first + 0.06, rewards
     assert max(rewards[:5]) < last, rewards
+
+
+def test_a_misspelt_option_is_refused_before_anything_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from leanrl.cli import main
+
+    args = ["eval", "--env", "countdown", "--model", str(tmp_path / "no-model"), "--limit", "1"]
+    assert main([*args, "--env.harness.options", '{"stlye": "direct"}']) == 2
+    err = capsys.readouterr().err
+    assert "unknown harness option 'stlye'" in err and "did you mean 'style'?" in err, err
+    assert "it takes reward, style" in err, err
+    env = load_environment("countdown")
+    env.config.harness.options.update(style="direct", reward="dense")
+    assert env.harness.style == "direct"  # type: ignore[attr-defined]
+
+
+def test_another_harness_or_a_runtime_is_refused_saying_what_countdown_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # They used to be accepted and ignored: the run went on with Countdown's own harness and
+    # checker while the config (and the report) named the ones asked for.
+    from leanrl.cli import main
+    from leanrl.errors import ConfigError
+
+    args = ["eval", "--env", "countdown", "--model", str(tmp_path / "no-model"), "--limit", "1"]
+    assert main([*args, "--harness", "tactic-loop"]) == 2
+    err = capsys.readouterr().err
+    assert "harness 'tactic-loop'" in err and "--harness countdown" in err, err
+    assert main([*args, "--runtime", "docker"]) == 2
+    err = capsys.readouterr().err
+    assert "takes no runtime" in err and "'docker'" in err and "no Lean" in err, err
+    # its own names, and the defaults (what an unset field holds), are fine
+    for harness, runtime in [("countdown", "countdown"), ("whole-proof", "local")]:
+        env = load_environment("countdown", harness=harness, runtime=runtime)
+        assert (env.harness.name, env.runtime.name) == ("countdown", "countdown")
+    with pytest.raises(ConfigError, match="takes no runtime"):
+        _ = load_environment("countdown", runtime="modal").runtime

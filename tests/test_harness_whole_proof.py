@@ -491,3 +491,28 @@ async def test_the_harness_sends_the_restated_statement(tmp_path: Path) -> None:
     assert a.formal_statement == task.formal_statement and a.proof == "\n  omega"
     assert a.restated_statement.endswith("∧ True := by")
     assert a.restated_statement.startswith(f"theorem {task.name}")
+
+
+# -- options ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("harness", "options", "hint"),
+    [
+        ("whole-proof", {"prompt_fromat": "kimina"}, "takes no options"),
+        ("self-correction", {"max_revisons": 3}, "takes no options"),
+        ("tactic-loop", {"max_sesions": 4}, "did you mean 'max_sessions'?"),
+    ],
+)
+def test_an_unknown_harness_option_is_refused_with_the_known_ones(
+    harness: str, options: dict[str, object], hint: str
+) -> None:
+    # A typo in a free-form options table used to be ignored: the run went on with defaults.
+    from leanrl import load_environment
+
+    env = load_environment("minif2f", harness=HarnessConfig(name=harness, options=options))
+    with pytest.raises(ConfigError, match="unknown harness option") as e:
+        _ = env.harness
+    assert hint in str(e.value) and repr(next(iter(options))) in str(e.value)
+    known = HarnessConfig(name="tactic-loop", options={"max_sessions": 4})
+    assert load_environment("minif2f", harness=known).harness.wave_size == 4  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -374,3 +375,29 @@ def test_eval_and_grpo_run_as_jobs_with_the_volume_as_their_folder(
     assert summary["results"]["pass_at_k"]["all"]["tasks"] == 4
     assert (vol / "runs/eval-grpo/results.jsonl").is_file()
     assert "usd" in summary["cost"]
+
+
+def test_dry_run_of_countdown_plans_no_lean(capsys: pytest.CaptureFixture[str]) -> None:
+    # It planned Lean checking that Countdown does not do: an ES "lean: local runtime" line, 4
+    # sandbox core-s per attempt in the assumptions and the wall time, "Lean 0 sandbox core-s".
+    from leanrl.cli import main
+    from leanrl.train.es import ESConfig
+
+    for cmd in (["train", "es"], ["train", "grpo"], ["eval", "--limit", "8"]):
+        assert main([*cmd, "--env", "countdown", "--model", "m", "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert not re.search(r"\blean\b", out, re.I) and "sandbox" not in out, out
+        assert "checked in Python" in out, out
+    modal_es = ["train", "es", "--env", "countdown", "--model", "m", "--launcher.name", "modal"]
+    assert main([*modal_es, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"\blean\b", out, re.I) and "sandbox" not in out, out
+    es = ESConfig(env={"id": "countdown"}, policy={"model": "m"})
+    est, assume = plan_for("es", es).estimate, es.launcher.estimate
+    attempts = es.population * es.tasks_per_step * es.samples_per_task
+    assert est["sandbox_core_s"] == 0.0
+    assert est["wall_s"] == pytest.approx(attempts * assume.gpu_s_per_attempt)  # no check time
+    # a runtime Countdown cannot use is refused, as the run itself would refuse it
+    args = ["train", "grpo", "--env", "countdown", "--model", "m", "--dry-run"]
+    assert main([*args, "--env.runtime.name", "modal"]) == 2
+    assert "takes no runtime" in capsys.readouterr().err

@@ -8,6 +8,7 @@ Pure Python and exact: the expression is parsed with :mod:`ast` (only integer li
 from __future__ import annotations
 
 import ast
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +35,14 @@ def evaluate(text: str) -> tuple[Fraction, list[int]]:
     if len(text) > _MAX_CHARS:
         raise NotAnAnswer(f"longer than {_MAX_CHARS} characters")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        # Answers are model output: the parser warns on some of them (an invalid escape in a
+        # string, `1if`), a DeprecationWarning or SyntaxWarning that would land on the user's
+        # terminal, and that `-W error` would turn into a SyntaxError with another verdict
+        # detail. Ignored here, whatever the caller's filters, so the verdict depends on the
+        # text alone (such answers are refused below anyway: strings and names are not numbers).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise NotAnAnswer(f"not an expression ({e.msg})") from None
     used: list[int] = []

@@ -14,19 +14,22 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from leanrl.environment import Environment
-from leanrl.errors import DatasetError
-from leanrl.harness import Harness
-from leanrl.policy import Policy, SamplingConfig
+from leanrl.errors import ConfigError, DatasetError
+from leanrl.harness import Harness, HarnessConfig
+from leanrl.policy import Policy, Prompt, SamplingConfig
 from leanrl.rollout import Rollout, Turn
-from leanrl.runtime import Runtime
+from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.task import Task
 from leanrl.taskset import RawRow, Taskset, TasksetConfig
 from leanrl.verdict import Attempt, Reason, Verdict
 
 from .arith import check_answer
+
+if TYPE_CHECKING:
+    from leanrl.train.sft_data import Pair
 
 __all__ = [
     "Countdown",
@@ -42,6 +45,10 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 
 Style = Literal["think", "direct"]
 RewardMode = Literal["paper", "dense"]
+
+_UNSET_HARNESS: str = HarnessConfig.model_fields["name"].default
+_UNSET_RUNTIME: str = RuntimeConfig.model_fields["name"].default
+"""What ``env.harness.name`` / ``env.runtime.name`` hold when nobody set them."""
 
 _STATEMENT = re.compile(r"^countdown: numbers ((?:-?\d+ )+)target (-?\d+)$")
 
@@ -185,6 +192,7 @@ class CountdownHarness(Harness):
 
     name = "countdown"
     description = "Countdown: one turn, the answer in <answer> tags"
+    option_keys = frozenset({"style", "reward"})  # reward: read by the environment
 
     @property
     def style(self) -> Style:
@@ -203,6 +211,20 @@ class CountdownHarness(Harness):
             "Let me solve this step by step.\n<think>"
         )
 
+    def sft_example(self, pair: Pair, target: str = "proof") -> tuple[Prompt, str]:
+        """This harness's prompt and the answer to train on: ``direct``: the expression and the
+        closing tag; ``think``: the expression in ``<answer>`` tags after an empty ``<think>``
+        (a bare solution has no reasoning to train on). ``target = "completion"``: the model's
+        own text, closed with the ``</answer>`` generation stopped at."""
+        prompt = self.prompt(pair.task)
+        if target == "completion" and pair.completion.strip():
+            text = pair.completion
+            return prompt, text if text.rstrip().endswith("</answer>") else text + "</answer>"
+        expr = pair.proof.strip()  # a dataset's proof comes with a Lean body's leading newline
+        if self.style == "direct":
+            return prompt, f"{expr}</answer>"
+        return prompt, f"</think>\n<answer> {expr} </answer>"
+
     def answer(self, completion: str) -> str | None:
         """The expression in the completion, or None when there is none."""
         if self.style == "direct":
@@ -211,14 +233,12 @@ class CountdownHarness(Harness):
         found = _ANSWER.findall(completion)
         return found[-1].strip() if found and found[-1].strip() else None
 
-    async def run(
-        self,
-        tasks: Sequence[Task],
-        policy: Policy,
-        runtime: Runtime,
-        sampling: SamplingConfig,
-        taskset: Taskset,
+    async def generate(
+        self, tasks: Sequence[Task], policy: Policy, sampling: SamplingConfig
     ) -> list[list[Rollout]]:
+        """Sample and take the answers out, without checking them (``run`` checks them next;
+        ``leanrl eval --generate-only`` stops here): ``verdict`` is None, or the rejection of a
+        completion with no answer."""
         prompts = [self.prompt(t) for t in tasks]
         if not sampling.stop:
             sampling = sampling.model_copy(update={"stop": ["</answer>"]})
@@ -226,7 +246,6 @@ class CountdownHarness(Harness):
         completions = await policy.generate(prompts, sampling)
         gen_s = time.perf_counter() - t0
         groups: list[list[Rollout]] = []
-        pending: list[tuple[Rollout, Attempt]] = []
         for task, prompt, comps in zip(tasks, prompts, completions, strict=True):
             group = []
             for i, c in enumerate(comps):
@@ -242,17 +261,34 @@ class CountdownHarness(Harness):
                 )
                 if ans is None:
                     r.verdict = Verdict.reject(Reason.NO_PROOF, "no <answer> in the completion")
-                else:
-                    a = Attempt(
-                        name=task.name,
-                        header="",
-                        formal_statement=task.formal_statement,
-                        proof=ans,
-                        id=f"{task.id}/{i}",
-                    )
-                    pending.append((r, a))
                 group.append(r)
             groups.append(group)
+        return groups
+
+    async def run(
+        self,
+        tasks: Sequence[Task],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        taskset: Taskset,
+    ) -> list[list[Rollout]]:
+        groups = await self.generate(tasks, policy, sampling)
+        pending: list[tuple[Rollout, Attempt]] = [
+            (
+                r,
+                Attempt(
+                    name=task.name,
+                    header="",
+                    formal_statement=task.formal_statement,
+                    proof=r.proof,
+                    id=f"{task.id}/{r.sample}",
+                ),
+            )
+            for task, group in zip(tasks, groups, strict=True)
+            for r in group
+            if r.verdict is None and r.proof is not None
+        ]
         if pending:
             verdicts = await runtime.check([a for _, a in pending])
             for (r, _), v in zip(pending, verdicts, strict=True):
@@ -265,13 +301,33 @@ class CountdownHarness(Harness):
 
 
 class Countdown(Environment):
-    """Countdown with its own harness and pure-Python checker (whatever harness/runtime names
-    the config holds). ``env.harness.options``: ``style`` (``think``/``direct``) and ``reward``
-    (``paper``/``dense``)."""
+    """Countdown with its own harness and pure-Python checker. ``env.harness.options``:
+    ``style`` (``think``/``direct``) and ``reward`` (``paper``/``dense``). Another harness, or
+    any runtime, is refused: nothing else would be used, and the run would name it anyway."""
 
     name = "countdown"
     description = CountdownTaskset.description
     taskset_class: ClassVar[type[Taskset]] = CountdownTaskset
+    needs_lean = False
+
+    def check_config(self) -> None:
+        """Refuse a harness other than Countdown's own and any runtime. The names an unset
+        field holds (``whole-proof``, ``local``) pass: configs are copied whole between
+        commands (``compare``, Modal jobs), so an unset name cannot be told from a given one."""
+        harness, runtime = self.config.harness.name, self.config.runtime.name
+        if harness not in (CountdownHarness.name, _UNSET_HARNESS):
+            raise ConfigError(
+                f"environment 'countdown' has its own harness, and harness {harness!r} cannot "
+                "work on it: leave --harness (--env.harness.name) out, or give --harness "
+                "countdown; its settings are --env.harness.options style (think, direct) and "
+                "reward (paper, dense)"
+            )
+        if runtime not in (CountdownChecker.name, _UNSET_RUNTIME):
+            raise ConfigError(
+                f"environment 'countdown' takes no runtime (got {runtime!r}): its answers are "
+                "checked in Python by its own checker, with no Lean, on the machine that runs "
+                "the command. Leave --runtime (--env.runtime.name) out"
+            )
 
     def make_taskset(self) -> Taskset:
         mode = self.config.harness.options.get("reward", "paper")

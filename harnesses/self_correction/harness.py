@@ -78,6 +78,7 @@ class SelfCorrectionHarness(Harness):
 
     name = "self-correction"
     description = "a whole proof, then revisions shown Lean's errors (Goedel-Prover-V2 style)"
+    option_keys = frozenset()
 
     @property
     def chat(self) -> bool:

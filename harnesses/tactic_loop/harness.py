@@ -92,6 +92,7 @@ class TacticLoopHarness(Harness):
     name = "tactic-loop"
     needs_tactic_sessions = True
     description = "many turns: send tactics, see goals and errors, continue (REPL tactic mode)"
+    option_keys = frozenset({"max_sessions"})
 
     @property
     def chat(self) -> bool:

@@ -25,6 +25,7 @@ class WholeProofHarness(Harness):
 
     name = "whole-proof"
     description = "one turn: the model writes the whole proof (completion or chat prompts)"
+    option_keys = frozenset()
 
     def prompt(self, task: Task) -> Prompt:
         """The prompt for ``task`` in the configured format."""

@@ -81,10 +81,11 @@ class EvalCommand(ConfigCommand, EvalConfig):
             return
         if summary.get("generate_only"):
             res = summary["results"]
+            where = "where Lean is installed" if summary.get("lean", True) else "to check them"
             print(
                 f"{res['attempts']} completions ({res['reasons'].get('unchecked', 0)} with a proof)"
-                f" in {summary['completions']}\nnothing was checked (--generate-only); where Lean "
-                f"is installed: leanrl verify {summary['completions']} --env {config.env.id}"
+                f" in {summary['completions']}\nnothing was checked (--generate-only); {where}: "
+                f"leanrl verify {summary['completions']} --env {config.env.id}"
             )
             return
         table = summary["results"]["pass_at_k"]

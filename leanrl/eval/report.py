@@ -14,6 +14,7 @@ from leanrl.errors import disk_errors
 from leanrl.eval.passk import pass_at_k_table
 
 __all__ = [
+    "harness_name",
     "model_name",
     "package_versions",
     "pass_at_k_figure",
@@ -135,13 +136,20 @@ def model_name(summary: Mapping[str, Any]) -> str:
     return str(summary["versions"].get("model") or summary["config"]["policy"]["model"] or "?")
 
 
+def harness_name(summary: Mapping[str, Any]) -> str:
+    """The harness that ran (summaries from before it was recorded: the configured one)."""
+    ran = summary.get("harness", {}).get("name")
+    return str(ran or summary["config"]["env"]["harness"]["name"])
+
+
 def plot_title(summary: Mapping[str, Any]) -> str:
     """What the pass@k figure shows: taskset, model, harness and samples per task."""
     cfg = summary["config"]
+    # the prompt format is a Lean harnesses' setting; an environment without Lean has its own
+    fmt = f" ({cfg['env']['harness']['prompt_format']})" if summary.get("lean", True) else ""
     return (
         f"{cfg['env']['id']}: {model_name(summary)}\n"
-        f"{cfg['env']['harness']['name']} ({cfg['env']['harness']['prompt_format']}), "
-        f"n = {cfg['samples']} samples per task"
+        f"{harness_name(summary)}{fmt}, n = {cfg['samples']} samples per task"
     )
 
 
@@ -206,23 +214,41 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
     lines += [f"> **Warning:** {w}\n" for w in s.get("warnings", [])]
     if s.get("generate_only"):
         return "\n".join([*lines, *_generate_only_lines(s)]) + "\n"
+    if s.get("lean", True):  # summaries from before the key were all Lean's
+        parts = (
+            f"- harness: `{cfg['env']['harness']['name']}` (prompt format "
+            f"`{cfg['env']['harness']['prompt_format']}`), runtime: `{cfg['env']['runtime']['name']}`"
+        )
+    else:  # the environment's own harness and checker (no prompt format, no Lean runtime)
+        options = cfg["env"]["harness"].get("options") or {}
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(options.items()))
+        parts = (
+            f"- harness: `{harness_name(s)}`{f' ({shown})' if shown else ''}, checker: "
+            f"`{s.get('runtime', {}).get('name')}` (answers checked in Python)"
+        )
     lines += [
-        f"- harness: `{cfg['env']['harness']['name']}` (prompt format "
-        f"`{cfg['env']['harness']['prompt_format']}`), runtime: `{cfg['env']['runtime']['name']}`",
+        parts,
         f"- backend: `{cfg['policy']['backend']}`, samples per task: {cfg['samples']}, "
         f"temperature {cfg['sampling']['temperature']}, top_p {cfg['sampling']['top_p']}, "
         f"max_tokens {cfg['sampling']['max_tokens']}, seed {cfg['sampling']['seed']}",
         f"- tasks: {res['tasks']} ({res['tasks_complete']} complete), attempts: "
         f"{res['attempts']}, accepted: {res['accepted']}, solved tasks: {res['solved']}",
-        f"- Lean that ran: {ver.get('lean_ran') or 'not reported by the runtime'}"
-        + ("" if "lean_ran" in ver else " (nothing was checked in the last invocation)"),
-        f"- Lean: {ver.get('lean_toolchain')}, Mathlib: {ver.get('mathlib_rev')} (the taskset's)"
-        + (
-            f"; Lean project used: {ver.get('lean_project')} (toolchain "
-            f"{ver.get('lean_project_toolchain')}, Mathlib {ver.get('lean_project_mathlib_rev')})"
-            if ver.get("lean_project")
-            else ""
-        ),
+    ]
+    if s.get("lean", True):
+        lines += [
+            f"- Lean that ran: {ver.get('lean_ran') or 'not reported by the runtime'}"
+            + ("" if "lean_ran" in ver else " (nothing was checked in the last invocation)"),
+            f"- Lean: {ver.get('lean_toolchain')}, Mathlib: {ver.get('mathlib_rev')} (the "
+            "taskset's)"
+            + (
+                f"; Lean project used: {ver.get('lean_project')} (toolchain "
+                f"{ver.get('lean_project_toolchain')}, Mathlib "
+                f"{ver.get('lean_project_mathlib_rev')})"
+                if ver.get("lean_project")
+                else ""
+            ),
+        ]
+    lines += [
         f"- leanrl {ver.get('leanrl')}, model revision: {ver.get('model_revision')}",
         "",
         "## pass@k",
@@ -257,16 +283,17 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
 def _generate_only_lines(s: Mapping[str, Any]) -> list[str]:
     cfg, res = s["config"], s["results"]
     unchecked = res["reasons"].get("unchecked", 0)
+    lean = s.get("lean", True)  # summaries from before the key were all Lean's
     return [
-        "Completions only (`--generate-only`): nothing was checked by Lean, so there is no "
-        "pass@k yet.",
+        f"Completions only (`--generate-only`): nothing was checked{' by Lean' if lean else ''}, "
+        "so there is no pass@k yet.",
         "",
         f"- tasks: {res['tasks']}, samples per task: {cfg['samples']}, completions: "
-        f"{res['attempts']}, with a proof to check: {unchecked}",
-        f"- check them where Lean is installed: `leanrl verify {s.get('completions')} "
-        f"--env {cfg['env']['id']}`",
+        f"{res['attempts']}, with {'a proof' if lean else 'an answer'} to check: {unchecked}",
+        f"- check them{' where Lean is installed' if lean else ''}: `leanrl verify "
+        f"{s.get('completions')} --env {cfg['env']['id']}`",
         "",
-        "| before Lean | attempts |",
+        f"| {'before Lean' if lean else 'unchecked'} | attempts |",
         "|---|---:|",
         *(f"| {k} | {v} |" for k, v in res["reasons"].items()),
     ]

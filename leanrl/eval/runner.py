@@ -196,7 +196,11 @@ async def run_eval(
             n,
             config.ks,
         ),
+        # the harness and runtime that ran, which an environment may choose itself (Countdown's
+        # are its own whatever the config names)
+        "harness": {"name": harness.name or type(harness).__name__},
         "runtime": {"name": runtime.name or type(runtime).__name__, "metrics": runtime_metrics},
+        "lean": env.needs_lean,  # False: answers are judged without Lean (Countdown)
         "cost": _cost(config, runtime_metrics, wall),
         "timing": {
             "wall_s": wall,
@@ -373,6 +377,10 @@ async def _versions(
 ) -> dict[str, Any]:
     out: dict[str, Any] = dict(package_versions())
     ts = env.taskset
+    if not env.needs_lean:  # no Lean version, taskset pin or Lean project applies
+        out["model"] = model
+        out["model_revision"] = _model_revision(model)
+        return out
     if ran_lean:  # what really ran, from the runtime; None when it cannot tell
         try:
             out["lean_ran"] = await runtime.lean_version()

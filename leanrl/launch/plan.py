@@ -2,9 +2,10 @@
 starts.
 
 The plan lists the Functions (image, GPU, how many containers), the Lean sandboxes (cores,
-memory, batch size, batches per iteration) and the work per iteration, then estimates one
-iteration's wall time, GPU-seconds, sandbox core-seconds and dollars from ``launcher.estimate``
-(per-attempt GPU and Lean time) and ``launcher.prices``. The estimate is arithmetic on stated
+memory, batch size, batches per iteration; none for an environment that checks without Lean,
+such as Countdown) and the work per iteration, then estimates one iteration's wall time,
+GPU-seconds, sandbox core-seconds and dollars from ``launcher.estimate`` (per-attempt GPU and
+Lean time) and ``launcher.prices``. The estimate is arithmetic on stated
 assumptions, printed with them; the metrics of a real run (``cost/...``) are what to trust.
 """
 
@@ -28,13 +29,16 @@ class Plan:
     estimate: dict[str, float] = field(default_factory=dict)
     """Per iteration (ES), step (GRPO) or run (eval): ``wall_s``, ``gpu_s``,
     ``sandbox_core_s``, ``usd``."""
+    lean: bool = True
+    """Whether the environment checks with Lean (False: Countdown; no Lean figures shown)."""
 
     def render(self) -> str:
         est = self.estimate
         unit = {"es": "iteration", "grpo": "step (generation only)", "eval": "run"}[self.kind]
+        lean = f"Lean {est['sandbox_core_s']:.0f} sandbox core-s, " if self.lean else ""
         tail = [
             f"estimated per {unit}: wall {est['wall_s']:.0f} s, GPU {est['gpu_s']:.0f} GPU-s, "
-            f"Lean {est['sandbox_core_s']:.0f} sandbox core-s, ${est['usd']:.2f}",
+            f"{lean}${est['usd']:.2f}",
         ]
         if "usd_run" in est:
             tail.append(f"estimated for the whole run: ${est['usd_run']:.2f}")
@@ -51,6 +55,24 @@ def _sandbox(config: Any) -> tuple[str, float, float, int]:
     return rt.name, 0.0, 0.0, 0
 
 
+def _checks_with_lean(config: Any) -> bool:
+    """Whether the environment checks answers with Lean. One that does not (Countdown) is
+    loaded here and its settings checked as the run would check them: a plan of a run that
+    would be refused (``--runtime modal`` on Countdown) is no plan."""
+    from leanrl import registry
+    from leanrl.environment import load_environment
+    from leanrl.errors import LeanrlError
+
+    try:
+        cls = registry.resolve("environments", config.env.id)
+    except (LeanrlError, ImportError):  # a plan is printed for one that cannot load here too
+        return True
+    if getattr(cls, "needs_lean", True):
+        return True
+    load_environment(config.env).check_config()
+    return False
+
+
 def _prices(launcher: LauncherConfig) -> tuple[str | None, float]:
     if launcher.name == "modal":
         return launcher.modal.gpu, launcher.prices.gpu(launcher.modal.gpu)
@@ -62,10 +84,13 @@ def plan_for(kind: str, config: Any) -> Plan:
     """The plan of ``leanrl train es|grpo`` or ``leanrl eval`` with ``config``."""
     launcher: LauncherConfig = config.launcher
     m, est, prices = launcher.modal, launcher.estimate, launcher.prices
-    plan = Plan(kind)
+    lean = _checks_with_lean(config)
+    plan = Plan(kind, lean=lean)
     add = plan.lines.append
     gpu_kind, gpu_price = _prices(launcher)
-    rt, cores, gib, batch = _sandbox(config)
+    # no Lean: the environment's own checker runs where the answers are, costing nothing here
+    rt, cores, gib, batch = _sandbox(config) if lean else ("", 0.0, 0.0, 0)
+    own_checker = f"  checking: {config.env.id}'s answers are checked in Python where they are made"
     where = (
         f"Modal app {m.app_name!r} ({m.backend} backend)"
         if launcher.name == "modal"
@@ -77,7 +102,8 @@ def plan_for(kind: str, config: Any) -> Plan:
     if launcher.name == "modal":
         add(
             f"  images: gpu (torch, transformers, {', '.join(m.gpu_packages) or 'no vLLM'}), "
-            f"orchestrator (CPU torch), lean (sandboxes: {_sandbox_lean(config)})"
+            "orchestrator (CPU torch)"
+            + (f", lean (sandboxes: {_sandbox_lean(config)})" if lean else "")
         )
         add(f"  volume {m.volume!r} at {m.volume_mount} (run folders, checkpoints, HF cache)"
             + (f"; secret {m.secret!r}" if m.secret else ""))  # fmt: skip
@@ -109,9 +135,12 @@ def plan_for(kind: str, config: Any) -> Plan:
             check = min(batch, per_member) * est.sandbox_core_s_per_attempt / max(cores, 1e-9)
             add(f"  lean: {rt} sandboxes of {cores:g} cores / {gib:g} GiB, batches of {batch}: "
                 f"{batches} per member, {batches * pop} per iteration")  # fmt: skip
-        else:
+        elif lean:
             check = per_member * est.sandbox_core_s_per_attempt / 8  # a local pool: no sandboxes
             add(f"  lean: {rt} runtime on the machine that scores (no sandboxes billed)")
+        else:
+            check = 0.0  # microseconds an answer: nothing next to generation
+            add(own_checker)
         per_container = math.ceil(pop / containers)
         if depth > 1:
             wall = per_container * max(gen, check / (depth - 1)) + min(gen, check)
@@ -125,9 +154,9 @@ def plan_for(kind: str, config: Any) -> Plan:
         if launcher.name == "modal" and m.orchestrator == "function":
             usd += wall * (m.orchestrator_cpu * prices.cpu_core_per_s
                            + m.orchestrator_memory_mb / 1024 * prices.memory_gib_per_s)  # fmt: skip
-        add(f"  assumptions: {est.gpu_s_per_attempt:.4f} GPU-s and "
-            f"{est.sandbox_core_s_per_attempt:g} sandbox core-s per attempt; GPU {gpu_kind or 'none'} "
-            f"at ${gpu_price:.6f}/s")  # fmt: skip
+        checking = f" and {est.sandbox_core_s_per_attempt:g} sandbox core-s" if lean else ""
+        add(f"  assumptions: {est.gpu_s_per_attempt:.4f} GPU-s{checking} per attempt; GPU "
+            f"{gpu_kind or 'none'} at ${gpu_price:.6f}/s")  # fmt: skip
         plan.estimate = {
             "wall_s": wall
             + (est.container_start_s if launcher.name == "modal" else 0.0) / config.steps,
@@ -159,6 +188,8 @@ def plan_for(kind: str, config: Any) -> Plan:
     if batch:
         add(f"  lean: {rt} sandboxes of {cores:g} cores, batches of {batch}: "
             f"{math.ceil(attempts / batch) if attempts else '?'} batches")  # fmt: skip
+    if not lean:
+        add(own_checker)
     usd = gen * gpus * gpu_price + core_s * prices.sandbox_cpu_core_per_s
     plan.estimate = {"wall_s": gen, "gpu_s": gen * gpus, "sandbox_core_s": core_s, "usd": usd}
     if kind == "grpo":

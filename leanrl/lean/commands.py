@@ -145,9 +145,19 @@ def _taskset_pins(env_id: str) -> tuple[str | None, str | None, str]:
     return ts.lean_toolchain, ts.mathlib_rev, ts.mathlib_repo
 
 
+def _no_lean(env_id: str) -> str | None:
+    """Why environment ``env_id`` needs no Lean (it judges answers itself), or None when it
+    does."""
+    env = load_environment(EnvironmentConfig(id=env_id))
+    if env.needs_lean:
+        return None
+    return f"environment {env_id!r} needs no Lean (it checks its answers in Python)"
+
+
 class SetupCommand(BaseModel):
     """Create (or reuse) a Lean project with the toolchain and Mathlib an environment needs,
-    fetch Mathlib's build cache and build the Lean REPL at the matching version.
+    fetch Mathlib's build cache and build the Lean REPL at the matching version (an environment
+    that needs no Lean, such as countdown, has nothing to set up).
 
     Needs the internet; installs elan (the Lean toolchain manager) first if it is missing.
     Example: leanrl setup --env minif2f
@@ -166,6 +176,10 @@ class SetupCommand(BaseModel):
     def cli_cmd(self) -> None:
         from leanrl.lean.project import setup_project
 
+        no_lean = _no_lean(self.env.id)
+        if no_lean is not None:
+            print(f"{no_lean}: nothing to set up; `leanrl eval --env {self.env.id}` runs as it is")
+            return
         toolchain, rev, repo = _taskset_pins(self.env.id)
         if toolchain is None:
             raise LeanNotFoundError(
@@ -180,7 +194,8 @@ class SetupCommand(BaseModel):
 
 class DoctorCommand(BaseModel):
     """Report what leanrl finds (elan, lake, lean, the project, Mathlib, the REPL, versions) and
-    the command that fixes whatever is missing."""
+    the command that fixes whatever is missing (for an environment that needs no Lean, such as
+    countdown: that it needs none)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -193,10 +208,14 @@ class DoctorCommand(BaseModel):
     proof and on a cheat (proves the checker works with this Lean version)."""
 
     def cli_cmd(self) -> None:
-        from leanrl.lean.project import doctor
+        from leanrl.lean.project import Check, doctor
 
-        toolchain, rev, _ = _taskset_pins(self.env.id)
-        checks = doctor(self.env.runtime.lean_project, toolchain, rev, self.env.id, self.smoke)
+        no_lean = _no_lean(self.env.id)
+        if no_lean is not None:  # what it needs is leanrl itself, which is running
+            checks = [Check(name="lean", ok=True, found=f"{no_lean}: nothing to install")]
+        else:
+            toolchain, rev, _ = _taskset_pins(self.env.id)
+            checks = doctor(self.env.runtime.lean_project, toolchain, rev, self.env.id, self.smoke)
         if self.print_json:
             print(json.dumps([c.model_dump() for c in checks], indent=2))
             if not all(c.ok for c in checks):

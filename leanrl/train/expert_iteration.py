@@ -2,7 +2,9 @@
 
 The recipe every strong open prover used before or alongside RL (DeepSeek-Prover V1/V1.5,
 Goedel-Prover, Kimina): the model attempts the training theorems, Lean keeps what is right, the
-model is fine-tuned on its own verified proofs, and the next round starts from the result. One
+model is fine-tuned on its own verified proofs, and the next round starts from the result.
+Nothing here needs Lean itself: the environment's checker decides what is kept and the SFT phase
+trains in the environment's harness layout, so an environment without Lean (Countdown) works. One
 round R (1-based) of :class:`ExpertIteration`:
 
 1. **Sample and verify.** ``samples`` attempts at each training task (by default only those no
@@ -15,7 +17,7 @@ round R (1-based) of :class:`ExpertIteration`:
 3. **SFT.** The model is fine-tuned on the proofs first found this round (``train_on = "new"``)
    or on every kept proof (``"all"``), at most ``max_proofs_per_task`` per task, starting from
    the current model (``start_from = "previous"``) or the base model (``"base"``), in the
-   harness's prompt format with loss on the proof only (``RUN/round-R/sft/``, an ordinary SFT
+   harness's layout (``Harness.sft_example``; else its prompt format) with loss on the proof only (``RUN/round-R/sft/``, an ordinary SFT
    run folder that resumes from its checkpoints). The result is published as
    ``RUN/checkpoint-R/`` (with ``lora.rank > 0``: the round's adapters merged into the model
    it started from, a plain model folder). A round that found nothing new trains nothing.

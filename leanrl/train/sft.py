@@ -182,7 +182,7 @@ class SFTTrainer:
 
         examples = encode_pairs(
             pairs,
-            cfg.env.harness,
+            env.harness,  # the prompt the model is sampled with (Countdown's is its own)
             self.tokenizer,
             chat=cfg.policy.chat,
             target=cfg.data.target,

@@ -1,8 +1,10 @@
 """SFT data: (statement, proof) pairs turned into token ids in the harnesses' own prompt formats.
 
-Each example is the prompt the ``whole-proof`` harness would give the task (the configured
-``prompt_format``, few-shot examples included when configured), tokenized exactly as ``leanrl
-eval``'s ``hf`` policy tokenizes it, followed by the answer the harness expects from the model:
+A harness with a layout of its own (``Harness.sft_example``: Countdown's) gives the prompt and
+the answer. Otherwise (the Lean harnesses) each example is the prompt the ``whole-proof``
+harness would give the task (the configured ``prompt_format``, few-shot examples included when
+configured), followed by the answer the harness expects from the model; either way the prompt
+is tokenized exactly as ``leanrl eval``'s ``hf`` policy tokenizes it:
 
 - completion formats (``deepseek``, ``deepseek-cot``, completion ``custom``): the proof body,
   continuing the open code block the prompt ends in, the closing fence, then end-of-sequence.
@@ -26,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from leanrl.errors import ConfigError
-from leanrl.harness import HarnessConfig
+from leanrl.harness import Harness, HarnessConfig
 from leanrl.policy import Prompt
 from leanrl.proofs import proof_digest, read_proofs
 from leanrl.task import Task
@@ -227,7 +229,7 @@ def _answer_ids(tokenizer: Any, prompt: Prompt, answer: str, chat: bool | None) 
 
 def encode_pairs(
     pairs: Sequence[Pair],
-    harness: HarnessConfig,
+    harness: Harness | HarnessConfig,
     tokenizer: Any,
     *,
     chat: bool | None = None,
@@ -235,15 +237,22 @@ def encode_pairs(
     max_length: int = 4096,
 ) -> list[dict[str, list[int]]]:
     """Examples ``{"input_ids", "labels"}`` (labels ``IGNORE`` on the prompt); pairs longer
-    than ``max_length`` tokens are left out (with a warning)."""
+    than ``max_length`` tokens are left out (with a warning). ``harness``: the environment's
+    harness (``env.harness``), whose own layout is used when it has one; a bare config means
+    the ``whole-proof`` layout."""
     from leanrl.harnesses.whole_proof.prompts import build_prompt
 
+    config = harness.config if isinstance(harness, Harness) else harness
     out: list[dict[str, list[int]]] = []
     too_long = 0
     for pair in pairs:
-        prompt = build_prompt(pair.task, harness)
+        own = harness.sft_example(pair, target) if isinstance(harness, Harness) else None
+        if own is not None:
+            prompt, answer = own
+        else:
+            prompt, answer = build_prompt(pair.task, config), target_text(pair, config, target)
         p_ids = prompt_token_ids(tokenizer, prompt, chat)
-        a_ids = _answer_ids(tokenizer, prompt, target_text(pair, harness, target), chat)
+        a_ids = _answer_ids(tokenizer, prompt, answer, chat)
         if len(p_ids) + len(a_ids) > max_length:
             too_long += 1
             continue
