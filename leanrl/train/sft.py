@@ -9,8 +9,10 @@ save/resume). It writes the run folder every leanrl trainer writes: ``config.jso
 in-run evaluation's ``eval/pass@k`` when it ran), ``checkpoint-N/`` Hugging Face model folders
 (``leanrl eval --model`` loads them; the Trainer's optimizer, scheduler and RNG state sit next to
 the weights, with its own ``trainer_state.json``; with ``lora.rank > 0`` the adapters in the peft
-layout, and the merged model in ``merged/`` with ``lora.save_merged``), and ``loss_curve.png``. Rerunning the same
-command resumes from the newest complete checkpoint, with the same data order.
+layout, and the merged model in ``merged/`` with ``lora.save_merged``), and ``loss_curve.png``.
+Rerunning the same command resumes from the newest complete checkpoint, with the same data
+order: a run resumed in the middle of an epoch ends with the weights of one that never stopped
+(bit for bit on the CPU).
 
 Examples are batched by length (``group_by_length``) to spend less compute on padding; the
 benchmark ``benchmarks/sft_vs_trl.py`` compares the throughput with TRL's ``SFTTrainer``.
@@ -81,7 +83,8 @@ class SFTOptions(BaseModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower)."""
     group_by_length: bool = True
-    """Batch examples of similar length together (less padding; the order is still seeded)."""
+    """Batch examples of similar length together (less padding; the order is still shuffled,
+    from the seed and the epoch alone, so a resumed run sees the batches it would have seen)."""
 
     @model_validator(mode="after")
     def _batches(self) -> SFTOptions:
@@ -293,6 +296,20 @@ class SFTTrainer:
                 counter.tokens += int(inputs["attention_mask"].sum())
                 return super().training_step(model, inputs, *a, **kw)
 
+            def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+                # transformers' LengthGroupedSampler shuffles with the global torch RNG, whose
+                # state a resume mid-epoch does not restore until after the epoch's order is
+                # drawn: the rest of that epoch came in another order (weights ~1e-4 off).
+                if cfg.group_by_length:
+                    batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+                    return _length_sampler(examples, batch, cfg.seed)
+                return super()._get_train_sampler(train_dataset)
+
+            def _issue_warnings_after_load(self, load_result: Any) -> None:
+                # A tied lm_head is not saved (it is the embedding), so a resume reports it
+                # "missing" although loading the embedding loaded it.
+                super()._issue_warnings_after_load(_without_tied(self.model, load_result))
+
         pad = int(self.tokenizer.pad_token_id)
         trainer = CountingTrainer(
             model=self.model,
@@ -319,6 +336,41 @@ class _TokenCounter:
 
     def __init__(self) -> None:
         self.tokens = 0
+
+
+def _length_sampler(examples: Sequence[dict[str, list[int]]], batch: int, seed: int) -> Any:
+    """transformers' length-grouped order (batches of similar length, shuffled), drawn from
+    (seed, epoch) alone: the Trainer calls ``set_epoch`` before every epoch, also the epoch a
+    resume starts in the middle of, so a resumed run sees the batches an uninterrupted one saw
+    (and in-run evaluations, which draw from the global RNG, do not change the order)."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+
+    class EpochSeededSampler(LengthGroupedSampler):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(batch, lengths=[len(e["input_ids"]) for e in examples])
+            self.epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self) -> Any:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + self.epoch)
+            return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=gen))
+
+    return EpochSeededSampler()
+
+
+def _without_tied(model: Any, load_result: Any) -> Any:
+    """``load_result`` (missing and unexpected keys of a ``load_state_dict``) without the missing
+    keys that name the same tensor as a key that was loaded (a tied ``lm_head.weight``)."""
+    params: dict[str, Any] = dict(model.named_parameters(remove_duplicate=False))
+    missing = set(load_result.missing_keys)
+    loaded_ids = {id(p) for name, p in params.items() if name not in missing}
+    keep = [
+        k for k in load_result.missing_keys if k not in params or id(params[k]) not in loaded_ids
+    ]
+    return load_result._replace(missing_keys=keep)
 
 
 def _collate(features: Sequence[dict[str, list[int]]], pad: int) -> dict[str, Any]:
