@@ -287,6 +287,34 @@ def test_errors_before_anything_loads(toy_model_dir: Path, tmp_path: Path) -> No
         _config(toy_model_dir, tmp_path / "z", batch_size=5)
 
 
+def test_steps_given_alone_wins_and_with_epochs_is_refused(
+    toy_model_dir: Path, tmp_path: Path
+) -> None:
+    """`leanrl train sft --steps 3` trains 3 optimizer steps (it used to be ignored for the
+    default of 1 epoch); `--epochs` and `--steps` together are refused, naming both; neither
+    is one epoch."""
+    from leanrl.train.sft import SFTTrainer
+    from leanrl.train.sft_cli import SFTCommand
+
+    def cli(*flags: str) -> Any:
+        return parse_command(SFTCommand, ["--model", str(toy_model_dir), *flags]).to_sft_config()
+
+    cfg = cli(
+        "--steps", "3", "--batch-size", "4", "--micro-batch-size", "2", "--out", str(tmp_path)
+    )
+    assert (cfg.epochs, cfg.steps) == (None, 3)
+    rows = SFTTrainer(cfg, pairs=_pairs(6)).train_sync()  # 6 examples: an epoch is 2 steps
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    with pytest.raises(ConfigError, match=r"epochs = 2.0 and steps = 3 are both set.*remove one"):
+        cli("--epochs", "2", "--steps", "3")
+    assert (cli().epochs, cli().steps) == (None, None)  # one pass over the examples
+    rows = SFTTrainer(
+        cli("--batch-size", "4", "--micro-batch-size", "2", "--out", str(tmp_path / "e")),
+        pairs=_pairs(6),
+    ).train_sync()
+    assert [r["step"] for r in rows] == [1, 2]
+
+
 def test_the_default_micro_batch_follows_the_batch_size() -> None:
     """`leanrl train sft --batch-size 2` runs (micro-batches of 2) instead of being refused for
     the default micro-batch of 4; a micro-batch given explicitly must still divide the batch."""

@@ -57,8 +57,11 @@ class SFTOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    epochs: float | None = Field(default=1.0, gt=0)
-    """Passes over the examples. None: train exactly ``steps`` optimizer steps instead."""
+    epochs: float | None = Field(default=None, gt=0)
+    """Passes over the examples (unset, with ``steps`` unset too: 1). Give ``epochs`` or
+    ``steps``, not both."""
+    steps: int | None = Field(default=None, ge=1)
+    """Train exactly this many optimizer steps instead of a number of epochs."""
     batch_size: int = Field(default=16, ge=1)
     """Examples per optimizer step (``micro_batch_size`` × gradient accumulation)."""
     micro_batch_size: int | None = Field(default=None, ge=1)
@@ -88,6 +91,13 @@ class SFTOptions(BaseModel):
 
     @model_validator(mode="after")
     def _batches(self) -> SFTOptions:
+        if self.epochs is not None and self.steps is not None:
+            # Either could be meant: refuse rather than let one silently win.
+            raise ValueError(
+                f"epochs = {self.epochs} and steps = {self.steps} are both set, but SFT trains "
+                "either for a number of passes over the examples (epochs) or for a number of "
+                "optimizer steps (steps): remove one of them (from the config file too)"
+            )
         if self.micro_batch_size is None:
             # follows the batch: `--batch-size 2` alone is a valid run, not an error
             self.micro_batch_size = max(d for d in range(1, 5) if self.batch_size % d == 0)
@@ -105,8 +115,9 @@ class SFTConfig(SFTOptions, TrainConfig):
     data: SFTDataConfig = Field(default_factory=SFTDataConfig)
     """Where the pairs come from (``--data.proofs runs/x/proofs.jsonl``, or the dataset of
     ``env`` with ``--data.from_env``), and how they become examples."""
-    steps: int = Field(default=100, ge=1)
-    """Optimizer steps when ``epochs`` is None (otherwise set by ``epochs``)."""
+    # SFTOptions' optional steps, not TrainConfig's required int (mypy: the bases disagree).
+    steps: int | None = Field(default=None, ge=1)  # type: ignore[assignment]
+    """Train exactly this many optimizer steps instead of a number of epochs."""
     tasks_per_step: int = Field(default=8, ge=1)
     """Not used by SFT (a step is ``batch_size`` examples)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -256,9 +267,9 @@ class SFTTrainer:
         accum = cfg.batch_size // micro
         schedule = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
         length: dict[str, Any] = (
-            {"num_train_epochs": cfg.epochs, "max_steps": -1}
-            if cfg.epochs is not None
-            else {"max_steps": cfg.steps}
+            {"max_steps": cfg.steps}
+            if cfg.steps is not None
+            else {"num_train_epochs": cfg.epochs or 1.0, "max_steps": -1}
         )
         args = TrainingArguments(
             output_dir=str(self.run.path),
