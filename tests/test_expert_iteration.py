@@ -11,6 +11,7 @@ likelier, and the next round solves tasks the first could not.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,9 @@ def test_a_round_grows_the_solved_set(warm_model: Path, tmp_path: Path) -> None:
     assert not list((run / "round-1" / "sft").glob("checkpoint-*"))  # published, then removed
 
 
-def test_rerun_resumes_after_the_last_finished_round(warm_model: Path, tmp_path: Path) -> None:
+def test_rerun_resumes_after_the_last_finished_round(
+    warm_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
 
     run = tmp_path / "run"
@@ -143,7 +146,9 @@ def test_rerun_resumes_after_the_last_finished_round(warm_model: Path, tmp_path:
     more = ExpertIteration(
         ExpertIterationConfig(**_config(warm_model, run, rounds=2, eval=InRunEvalConfig()))
     )
-    rows = more.train_sync()
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = more.train_sync()
+    assert f"resuming from {run / 'checkpoint-1'} (round 1)" in caplog.messages
     assert [r["step"] for r in rows] == [2]
     assert [r["step"] for r in more.run.metrics()] == [1, 2]
     kept_before = len(read_proofs(run / "proofs.jsonl"))

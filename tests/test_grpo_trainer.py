@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import signal
@@ -233,7 +234,9 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def test_crash_and_rerun_resumes_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_crash_and_rerun_resumes_exactly(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     kw = dict(steps=6, save_every=2, keep_checkpoints=5)
     straight = _train(_config(tiny_model_dir, tmp_path / "a", **kw))
 
@@ -246,7 +249,9 @@ def test_crash_and_rerun_resumes_exactly(tiny_model_dir: Path, tmp_path: Path) -
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
     assert [s for s, _ in RunDir(out).checkpoints()] == [2, 4]
 
-    resumed = _train(_config(tiny_model_dir, out, **kw))  # the same command again
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        resumed = _train(_config(tiny_model_dir, out, **kw))  # the same command again
+    assert f"resuming from {out / 'checkpoint-4'} (step 4)" in caplog.messages
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # step 5 redone, not duplicated
     assert [r["reward_mean"] for r in resumed] == [r["reward_mean"] for r in straight]
     wa, wb = _weights(tmp_path / "a" / "checkpoint-6"), _weights(out / "checkpoint-6")

@@ -212,7 +212,9 @@ def test_sft_lowers_the_loss_on_a_fixed_set(toy_model_dir: Path, tmp_path: Path)
     assert json.loads((run.path / "config.json").read_text())["lr"] == 3e-3
 
 
-def test_rerun_resumes_from_the_last_checkpoint(toy_model_dir: Path, tmp_path: Path) -> None:
+def test_rerun_resumes_from_the_last_checkpoint(
+    toy_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from leanrl.train.sft import SFTTrainer
 
     straight = SFTTrainer(_config(toy_model_dir, tmp_path / "a", steps=8), pairs=_pairs())
@@ -220,7 +222,9 @@ def test_rerun_resumes_from_the_last_checkpoint(toy_model_dir: Path, tmp_path: P
     first = SFTTrainer(_config(toy_model_dir, tmp_path / "b", steps=4), pairs=_pairs())
     first.train_sync()
     more = SFTTrainer(_config(toy_model_dir, tmp_path / "b", steps=8), pairs=_pairs())
-    rows = more.train_sync()
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = more.train_sync()
+    assert f"resuming from {tmp_path / 'b' / 'checkpoint-4'} (step 4)" in caplog.messages
     assert [r["step"] for r in rows] == [5, 6, 7, 8]  # nothing redone
     assert [r["step"] for r in more.run.metrics()] == list(range(1, 9))
     for a, b in zip(full[4:], rows, strict=True):

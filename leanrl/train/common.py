@@ -48,6 +48,7 @@ __all__ = [
     "batch_for_step",
     "check_model_path",
     "print_run_summary",
+    "resume_line",
     "runtime_metrics",
 ]
 
@@ -105,6 +106,12 @@ def check_model_path(model: str) -> None:
         raise ConfigError(
             f"{model!r} is a folder but not a Hugging Face model (it has no config.json)"
         )
+
+
+def resume_line(source: str | Path, done: int, unit: str = "step") -> str:
+    """The one line every trainer logs when it resumes a run: where from, and how far it got
+    (``resuming from runs/x/checkpoint-20 (step 20)``)."""
+    return f"resuming from {source} ({unit} {done})"
 
 
 def runtime_metrics(env: Any) -> dict[str, float]:

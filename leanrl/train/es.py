@@ -61,6 +61,7 @@ from leanrl.train.common import (
     TrainConfig,
     batch_for_step,
     check_model_path,
+    resume_line,
     runtime_metrics,
 )
 from leanrl.train.es_history import (
@@ -330,6 +331,8 @@ class ESTrainer:
         cfg.eval.check_held_out(t.name for t in self.tasks)
         self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
         source = self._source()
+        if self.iteration and world.is_main:
+            log.info(_resume_line(source, self.iteration))
         if self._remote:
             self._scorer.source = source  # type: ignore[union-attr]
         elif cfg.scorer.backend != "vllm":
@@ -718,6 +721,19 @@ class ESTrainer:
                 await self.close()
 
         return run_sync(go())  # type: ignore[no-any-return]
+
+
+def _resume_line(source: WeightsSource, iteration: int) -> str:
+    """Where a resumed run's weights come from: a checkpoint, then the history's iterations
+    after it, or the base model and the whole history."""
+    if source.checkpoint is None:
+        return (
+            f"resuming at iteration {iteration}: no checkpoint yet, the weights are rebuilt "
+            "from the base model and the history"
+        )
+    line = resume_line(source.checkpoint, source.iteration, "iteration")
+    replay = iteration - source.iteration
+    return line + (f", then {replay} iteration(s) replayed from the history" if replay else "")
 
 
 def _idle(scorer: Any) -> dict[str, float]:

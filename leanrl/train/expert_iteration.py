@@ -44,7 +44,13 @@ from leanrl.errors import ConfigError
 from leanrl.policy import SamplingConfig
 from leanrl.proofs import PROOFS_FILE, KeptProof, ProofStore, read_proofs
 from leanrl.task import Task
-from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, check_model_path
+from leanrl.train.common import (
+    MetricsLogger,
+    RunDir,
+    TrainConfig,
+    check_model_path,
+    resume_line,
+)
 from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft import SFTOptions
 
@@ -136,6 +142,8 @@ class ExpertIteration:
         self.run.bind_config(cfg, ignore=self.RESUMABLE)
         done = max((int(r["step"]) for r in self.run.metrics()), default=0)
         self.run.truncate_metrics(done)
+        if done:
+            log.info(resume_line(self.current_model(done + 1), done, "round"))
         self.kept.open()
         from leanrl.decontam import save_taskset_report
 

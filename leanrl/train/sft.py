@@ -35,7 +35,13 @@ from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.runtime import run_sync
-from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, check_model_path
+from leanrl.train.common import (
+    MetricsLogger,
+    RunDir,
+    TrainConfig,
+    check_model_path,
+    resume_line,
+)
 from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft_data import Pair, SFTDataConfig
 
@@ -191,6 +197,10 @@ class SFTTrainer:
 
         save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
         latest = self._resume_point() if resumed else None
+        if latest is not None:
+            log.info(resume_line(latest, int(latest.name.split("-", 1)[1])))
+        elif resumed:
+            log.info("%s holds no checkpoint yet: starting the run over", self.run.path)
         self._load()
         from leanrl.train.sft_data import encode_pairs
 
