@@ -225,3 +225,9 @@ def test_checks_and_command_line(tmp_path: Path, toy_model_dir: Path) -> None:
     )
     with pytest.raises(ConfigError, match="trains whole proofs"):
         ExpertIteration(bad).check()
+    # a budget would be ignored (nothing counts it): refused, saying what to use instead
+    spend = ExpertIterationConfig(
+        policy=PolicyConfig(model=str(toy_model_dir)), budget={"tokens": 9}
+    )
+    with pytest.raises(ConfigError, match=r"does not stop on a budget.*--rounds"):
+        ExpertIteration(spend).check()

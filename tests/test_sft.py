@@ -289,6 +289,10 @@ def test_errors_before_anything_loads(toy_model_dir: Path, tmp_path: Path) -> No
         SFTTrainer(tactic, pairs=_pairs()).check()
     with pytest.raises(ValueError, match="not a multiple of micro_batch_size"):
         _config(toy_model_dir, tmp_path / "z", batch_size=5)
+    # a budget would be ignored (SFT generates no tokens): refused, saying what to use instead
+    spend = _config(toy_model_dir, tmp_path / "w", budget={"gpu_s": 60})
+    with pytest.raises(ConfigError, match=r"SFT does not stop on a budget.*--steps N"):
+        SFTTrainer(spend, pairs=_pairs()).check()
 
 
 def test_steps_given_alone_wins_and_with_epochs_is_refused(

@@ -84,8 +84,9 @@ class TrainConfig(BaseModel):
     """Held-out evaluation every ``eval.every`` steps (off by default): pass@k logged to
     ``metrics.jsonl`` and plotted to ``eval_curve.png``."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
-    """Stop early once the run has generated ``budget.tokens`` tokens or used ``budget.gpu_s``
-    GPU-seconds (equal budgets for ES and GRPO in ``leanrl compare``)."""
+    """GRPO and ES: stop early once the run has generated ``budget.tokens`` tokens or used
+    ``budget.gpu_s`` GPU-seconds (equal budgets for ES and GRPO in ``leanrl compare``). SFT and
+    expert iteration refuse one."""
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     """Where the run happens (this machine or Modal) and the prices its cost is reported in
     (``cost/...`` in every metrics row, totals in ``summary.json``)."""

@@ -684,8 +684,12 @@ class ESTrainer:
             if self._logger is not None:
                 self._logger.log(row0)
             rows.append(row0)
+        before = self.iteration
         while self.iteration < self.config.steps and not self.budget.spent:
             rows.append(await self.step())
+        if self.budget.spent and world.is_main:
+            already = self.iteration == before  # spent before this call trained anything
+            log.info(self.budget.spent_line(self.iteration, "iteration", already=already))
         if self._world().is_main:
             latest = self.run.latest_checkpoint()
             if self.iteration and (latest is None or latest[0] != self.iteration):
@@ -694,7 +698,8 @@ class ESTrainer:
             from leanrl.train.inrun_eval import plot_eval
 
             plot_eval(self.run)
-            self.costs.write_summary(self.run, "es", {"iterations": self.iteration})
+            extra = {"iterations": self.iteration, **self.budget.summary()}
+            self.costs.write_summary(self.run, "es", extra)
         return rows
 
     async def close(self) -> None:

@@ -122,6 +122,12 @@ class ExpertIteration:
                 "harness, not tactic-loop"
             )
         check_peft(cfg.lora)
+        if cfg.budget.active:  # it would be ignored: say so rather than run past it
+            raise ConfigError(
+                "budget.tokens / budget.gpu_s are set, but expert iteration does not stop on a "
+                "budget (each round samples every task it has left): give its length as "
+                "--rounds R instead"
+            )
 
     def train_sync(self) -> list[dict[str, Any]]:
         """Blocking :meth:`train`."""

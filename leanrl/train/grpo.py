@@ -272,7 +272,7 @@ class GRPOTrainer:
                 from leanrl.train.inrun_eval import plot_eval
 
                 plot_eval(self.run)
-                self._costs.write_summary(self.run, "grpo", {})
+                self._costs.write_summary(self.run, "grpo", self._budget.summary())
             world.close()
         return rows
 
@@ -305,7 +305,11 @@ class GRPOTrainer:
     ) -> None:
         cfg = self.config
         start = engine.step
-        if start >= cfg.steps or self._spent():
+        if self._spent():  # a resumed run whose budget is used up (it may be raised on resume)
+            if self._is_main():
+                log.info(self._budget.spent_line(start, already=True))
+            return
+        if start >= cfg.steps:
             return
         due = cfg.eval.baseline_due(self.run.metrics()) if self._is_main() else False
         world = getattr(self, "_world", None)
@@ -366,6 +370,8 @@ class GRPOTrainer:
                 if done % cfg.save_every == 0 or done == cfg.steps or spent:
                     await asyncio.to_thread(engine.save_checkpoint, row)
                 if spent:  # the budget (tokens or GPU-seconds) is used up
+                    if self._is_main():
+                        log.info(self._budget.spent_line(done))
                     break
         finally:
             if producer is not None:

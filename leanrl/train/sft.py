@@ -172,6 +172,11 @@ class SFTTrainer:
             )
         if cfg.policy.backend != "hf":
             raise ConfigError("SFT trains a transformers model: use --policy.backend hf")
+        if cfg.budget.active:  # it would be ignored: say so rather than train past it
+            raise ConfigError(
+                "budget.tokens / budget.gpu_s are set, but SFT does not stop on a budget (it "
+                "generates no tokens): give its length as --steps N or --epochs E instead"
+            )
         check_peft(cfg.lora)
         device_and_precision(cfg.policy.device, cfg.precision)
 
