@@ -234,6 +234,33 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
+def test_a_step_whose_attempts_were_all_cut_off_and_masked_says_so(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every completion hits sampling.max_tokens and mask_truncated masks it: the step trains
+    on nothing, and its line says why and what to change (it used to say "no informative
+    group"), as a warning; the row records the reason."""
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        steps=2,
+        mask_truncated=True,
+        sampling=SamplingConfig(max_tokens=2, top_p=1.0, seed=0),
+    )
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = _train(cfg)
+    assert [(r["skipped"], r["skip_reason"], r["truncated_frac"]) for r in rows] == [
+        (True, "all_truncated", 1.0)
+    ] * 2
+    said = [r for r in caplog.records if r.getMessage().startswith("step ")]
+    want = (
+        "skipped (every attempt hit sampling.max_tokens = 2 and was masked (mask_truncated): "
+        "raise --sampling.max-tokens or set --mask-truncated false)"
+    )
+    assert [(r.levelno, want in r.getMessage()) for r in said] == [(logging.WARNING, True)] * 2
+    assert not any("no informative group" in m for m in caplog.messages)
+
+
 def test_crash_and_rerun_resumes_exactly(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

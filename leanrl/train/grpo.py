@@ -362,7 +362,9 @@ class GRPOTrainer:
                 if cfg.eval.due(engine.step, cfg.steps) or (cfg.eval.every and spent):
                     row.update(await self._evaluate(engine, engine.step))
                 logger.log(row)
-                log.info(_step_line(row, cfg.steps))
+                # a step that learned nothing because of the config is worth a warning
+                level = logging.WARNING if row.get("skip_reason") in _CUT_OFF else logging.INFO
+                log.log(level, _step_line(row, cfg.steps, self._skip_text(row, batch)))
                 if self._is_main():
                     warn_if_mostly_infra(row, log)
                 rows.append(row)
@@ -470,6 +472,34 @@ class GRPOTrainer:
             )
         return world.broadcast(row)
 
+    def _skip_text(self, row: dict[str, Any], batch: _Batch) -> str:
+        """Why a step trained on nothing, and, where the config is the cause, what to change."""
+        reason = row.get("skip_reason")
+        cfg = self.config
+        judged = [r for g in batch.groups for r in g if not r.infra]
+        if all(r.turns and r.turns[-1].finish_reason == "length" for r in judged):
+            cut = f"hit sampling.max_tokens = {cfg.sampling.max_tokens}"
+            fix = "raise --sampling.max-tokens"
+        else:  # a multi-turn episode can also run out of its total token budget
+            cut = (
+                f"was cut off (sampling.max_tokens = {cfg.sampling.max_tokens} per turn, "
+                f"env.harness.max_total_tokens = {cfg.env.harness.max_total_tokens} per episode)"
+            )
+            fix = "raise --sampling.max-tokens or --env.harness.max-total-tokens"
+        if reason in _CUT_OFF:
+            who = "every attempt" if reason == "all_truncated" else "every informative attempt"
+            return (
+                f"{who} {cut} and was masked (mask_truncated): {fix} or set --mask-truncated false"
+            )
+        if reason == "no_informative_group":
+            alike = "no informative group: every group's attempts scored alike"
+            if judged and all(ends_truncated(r) for r in judged):
+                return f"{alike}, and every attempt {cut}: {fix}"
+            return alike
+        if reason == "all_infra":
+            return "no attempt could be judged (all infra)"
+        return "no model tokens to train on"
+
     def _is_main(self) -> bool:
         world = getattr(self, "_world", None)
         return world is None or world.is_main
@@ -518,6 +548,7 @@ class GRPOTrainer:
             sum(len(t.completion_ids) for t in r.turns) for g in batch.groups for r in g
         )
         step_time = t2 - t0
+        skip = {"skip_reason": _skip_reason(batch, self.config.mask_truncated)}
         return {
             "step": engine.step,
             "reward_mean": _mean(rewards),
@@ -549,6 +580,7 @@ class GRPOTrainer:
             "loss_tokens": model_tokens,
             "staleness": engine.step - 1 - batch.version,
             **train,
+            **(skip if train.get("skipped") else {}),
             "tokens_per_s": gen_tokens / step_time if step_time > 0 else None,
             "tokens": gen_tokens,
             "time_step": step_time,
@@ -565,14 +597,36 @@ class GRPOTrainer:
         }
 
 
-def _step_line(row: dict[str, Any], steps: int) -> str:
-    """One concise log line for a finished step."""
+_CUT_OFF = ("all_truncated", "informative_truncated")
+"""Skip reasons where cut-off attempts are the cause (``sampling.max_tokens``, masking)."""
+
+
+def _skip_reason(batch: _Batch, mask_truncated: bool) -> str:
+    """Why a step had nothing to train on (``skip_reason`` in its metrics row):
+    ``all_infra`` (no attempt judged), ``all_truncated`` (every judged attempt cut off and
+    masked), ``no_informative_group`` (every group's rewards equal), ``informative_truncated`` (the
+    groups whose rewards differ were all cut off and masked), else ``no_model_tokens``."""
+    judged = [r for g in batch.groups for r in g if not r.infra]
+    if not judged:
+        return "all_infra"
+    if mask_truncated and all(ends_truncated(r) for r in judged):
+        return "all_truncated"
+    trainable = [r for g in batch.kept for r in g if not r.infra]
+    if not trainable:
+        return "no_informative_group"
+    if mask_truncated and all(ends_truncated(r) for r in trainable):
+        return "informative_truncated"
+    return "no_model_tokens"
+
+
+def _step_line(row: dict[str, Any], steps: int, skipped: str = "") -> str:
+    """One concise log line for a finished step (``skipped``: why it trained on nothing)."""
 
     def f(key: str, fmt: str = ".3f") -> str:
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
 
-    what = "skipped (no informative group)" if row.get("skipped") else f"loss {f('loss', '.4g')}"
+    what = f"skipped ({skipped})" if row.get("skipped") else f"loss {f('loss', '.4g')}"
     return (
         f"step {row['step']}/{steps}: reward {f('reward_mean')} pass {f('pass_rate')} "
         f"groups {row['groups_kept']}/{row['groups']} {what} {f('time_step', '.2f')}s"
