@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from test_es_learning import toy_config
 
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, LeanNotFoundError
 from leanrl.runtime import run_sync
 from leanrl.train.es import ESConfig, ESTrainer
 from leanrl.train.es_history import ESHistory, checkpoint_usable, replay
@@ -152,6 +152,24 @@ def test_a_spent_budget_says_so_in_the_log_the_row_and_the_summary(
         assert ESTrainer(cfg, scorer=TokenScorer([], 10)).train_sync() == []
     said = "budget already spent: 120 generated tokens of 100 at iteration 3; nothing to train"
     assert [m for m in caplog.messages if m.startswith(said)], caplog.messages
+
+
+@pytest.mark.usefixtures("no_lean")
+def test_no_lean_fails_before_the_weights_load(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment that needs Lean, on a machine without it: the runtime's own error,
+    before the model is loaded."""
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the model was loaded before Lean was looked for")
+
+    monkeypatch.setattr("leanrl.train.es.load_weights", load)
+    toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+    env = {"id": "dataset", "taskset": {"path": str(toy), "split": "train"}}
+    cfg = toy_config(tiny_model_dir, tmp_path / "run", population=4, env=env)
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        ESTrainer(cfg).train_sync()
 
 
 def test_update_norm_is_none_without_trainer_weights(tiny_model_dir: Path, tmp_path: Path) -> None:

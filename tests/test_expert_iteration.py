@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from leanrl import ConfigError, Task
+from leanrl import ConfigError, LeanNotFoundError, Task
 from leanrl.cli import parse_command
 from leanrl.environment import EnvironmentConfig
 from leanrl.policy import PolicyConfig, SamplingConfig
@@ -192,6 +192,30 @@ def test_lora_rounds_train_adapters_and_publish_merged_models(
     moved = [k for k in merged if not torch.equal(merged[k], start[k])]
     assert moved and all(k.endswith("proj.weight") for k in moved)  # only adapted layers
     assert r2["model"] == str(ckpt)  # round 2 sampled the merged model
+
+
+@pytest.mark.usefixtures("no_lean")
+def test_no_lean_fails_before_the_model_loads(
+    toy_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Lean, the runtime's own error comes before the baseline evaluation loads the
+    model."""
+    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the model was loaded before Lean was looked for")
+
+    monkeypatch.setattr("leanrl.train.sft.load_model", load)
+    lean = EnvironmentConfig(id="dataset", taskset={"path": TOY, "split": "train"})
+    held_out = EnvironmentConfig(id="dataset", taskset={"path": TOY, "split": "test"})
+    cfg = _config(
+        toy_model_dir,
+        tmp_path / "run",
+        env=lean,
+        eval=InRunEvalConfig(every=1, at_start=True, env=held_out),
+    )
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        ExpertIteration(ExpertIterationConfig(**cfg)).train_sync()
 
 
 def test_checks_and_command_line(tmp_path: Path, toy_model_dir: Path) -> None:

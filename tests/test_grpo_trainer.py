@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from leanrl import Environment, Harness, Rollout, Runtime, Task, Taskset, Turn
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, LeanNotFoundError
 from leanrl.policy import Policy, PolicyConfig, SamplingConfig
 from leanrl.runtime import RuntimeConfig
 from leanrl.taskset import RawRow
@@ -259,6 +259,27 @@ def test_a_step_whose_attempts_were_all_cut_off_and_masked_says_so(
     )
     assert [(r.levelno, want in r.getMessage()) for r in said] == [(logging.WARNING, True)] * 2
     assert not any("no informative group" in m for m in caplog.messages)
+
+
+@pytest.mark.usefixtures("no_lean")
+def test_no_lean_fails_before_the_model_loads(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment that needs Lean, on a machine without it: the runtime's own error (how to
+    set Lean up), before the model is loaded and before the run folder holds a config."""
+    from leanrl.train.grpo import GRPOTrainer
+    from leanrl.train.grpo_engine import GRPOEngine
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the model was loaded before Lean was looked for")
+
+    monkeypatch.setattr(GRPOEngine, "load", load)
+    toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+    env = {"id": "dataset", "taskset": {"path": str(toy), "split": "train"}}
+    cfg = _config(tiny_model_dir, tmp_path / "run", env=env)
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        GRPOTrainer(cfg).train_sync()
+    assert not (tmp_path / "run" / "config.json").exists()
 
 
 def test_crash_and_rerun_resumes_exactly(

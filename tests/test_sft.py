@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from leanrl import ConfigError, HarnessConfig, Task, load_environment
+from leanrl import ConfigError, HarnessConfig, LeanNotFoundError, Task, load_environment
 from leanrl.cli import parse_command
 from leanrl.environment import EnvironmentConfig
+from leanrl.errors import RuntimeUnavailable
 from leanrl.policy import PolicyConfig
 from leanrl.proofs import ProofStore, kept_from
 from leanrl.train.common import RunDir
@@ -321,6 +322,30 @@ def test_steps_given_alone_wins_and_with_epochs_is_refused(
         pairs=_pairs(6),
     ).train_sync()
     assert [r["step"] for r in rows] == [1, 2]
+
+
+@pytest.mark.usefixtures("no_lean")
+def test_no_lean_for_the_in_run_eval_fails_before_the_model_loads(
+    toy_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SFT itself needs no Lean, its in-run evaluation does: without Lean, the runtime's own
+    error comes before the model load (it used to come at the first evaluation)."""
+    from leanrl.train.inrun_eval_config import InRunEvalConfig
+    from leanrl.train.sft import SFTTrainer
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the model was loaded before Lean was looked for")
+
+    monkeypatch.setattr("leanrl.train.sft.load_model", load)
+    held_out = {"id": "dataset", "taskset": {"path": str(TOY), "split": "test"}}
+    cfg = _config(toy_model_dir, tmp_path / "run", eval=InRunEvalConfig(every=2, env=held_out))
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        SFTTrainer(cfg, pairs=_pairs()).train_sync()
+    # no sandbox, not allowed to run without: the error the runtime's start would give, first
+    monkeypatch.setattr("leanrl.runtimes.local.isolation_problem", lambda: "no bwrap (test)")
+    monkeypatch.delenv("LEANRL_ALLOW_UNSANDBOXED", raising=False)
+    with pytest.raises(RuntimeUnavailable, match="cannot be sandboxed here: no bwrap"):
+        SFTTrainer(cfg, pairs=_pairs()).train_sync()
 
 
 def test_the_default_micro_batch_follows_the_batch_size() -> None:

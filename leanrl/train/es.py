@@ -61,6 +61,7 @@ from leanrl.train.common import (
     TrainConfig,
     batch_for_step,
     check_model_path,
+    check_runtimes,
     resume_line,
     runtime_metrics,
 )
@@ -330,6 +331,11 @@ class ESTrainer:
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
         cfg.eval.check_held_out(t.name for t in self.tasks)
         self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
+        # No Lean project, REPL or sandbox here: the runtime's own error, in seconds. The
+        # runtime then starts before the weights load, as `leanrl eval` does, so what the
+        # preflight cannot see (a Docker daemon, a Modal sandbox) fails first too.
+        check_runtimes(self.env, cfg.eval)
+        await self.env.start()
         source = self._source()
         if self.iteration and world.is_main:
             log.info(_resume_line(source, self.iteration))
@@ -348,7 +354,6 @@ class ESTrainer:
                 from leanrl.train.es_fanout import DistributedScorer
 
                 self._scorer = DistributedScorer(self._scorer, world)
-        await self.env.start()
         await self._scorer.start()
         if world.is_main:
             self._logger = MetricsLogger(

@@ -49,6 +49,7 @@ from leanrl.train.common import (
     RunDir,
     TrainConfig,
     check_model_path,
+    check_runtimes,
     resume_line,
 )
 from leanrl.train.lora import LoRAConfig, check_peft
@@ -145,6 +146,9 @@ class ExpertIteration:
         if not tasks:
             raise ConfigError("the training taskset is empty: check split, names and limit")
         cfg.eval.check_held_out(t.name for t in tasks)
+        # every round checks attempts (and the baseline evaluation loads the model first)
+        env.check_parts()
+        check_runtimes(env, cfg.eval)
         self.run.bind_config(cfg, ignore=self.RESUMABLE)
         done = max((int(r["step"]) for r in self.run.metrics()), default=0)
         self.run.truncate_metrics(done)

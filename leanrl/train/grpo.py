@@ -86,6 +86,7 @@ from leanrl.train.common import (
     RunDir,
     batch_for_step,
     check_model_path,
+    check_runtimes,
     runtime_metrics,
 )
 from leanrl.train.grpo_config import GRPOConfig
@@ -238,29 +239,33 @@ class GRPOTrainer:
             batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
             self.config.eval.check_held_out(t.name for t in tasks)
             env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before the load
+            # no Lean project, REPL or sandbox here: the runtime's own error, in seconds
+            await asyncio.to_thread(check_runtimes, env, self.config.eval)
             resumed = False
             if world.is_main:
                 self._forget_failed_start()
                 resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
                 save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
             resumed = world.broadcast(resumed)
-            await asyncio.to_thread(engine.load, resumed)
-            from leanrl.train.grpo_engine import device_and_precision
-
-            # every rank holds one GPU; rank 0's rows count them all
-            self._costs.start(self.run, str(device_and_precision(self.config)[0]), world.size)
-            self._budget.resume(self.run.metrics())
-            if world.is_main:
-                logger = MetricsLogger(
-                    self.run,
-                    self.config.log_to,
-                    self.config.run_name,
-                    self.config.model_dump(mode="json"),
-                )
-            logger.start()
-            gen = await engine.make_generation_policy()
-            clock = _GenClock(gen)
+            # The runtime starts before the model loads, as `leanrl eval` does: what the
+            # preflight cannot see (a Docker daemon, a Modal sandbox) also fails first.
             async with env:
+                await asyncio.to_thread(engine.load, resumed)
+                from leanrl.train.grpo_engine import device_and_precision
+
+                # every rank holds one GPU; rank 0's rows count them all
+                self._costs.start(self.run, str(device_and_precision(self.config)[0]), world.size)
+                self._budget.resume(self.run.metrics())
+                if world.is_main:
+                    logger = MetricsLogger(
+                        self.run,
+                        self.config.log_to,
+                        self.config.run_name,
+                        self.config.model_dump(mode="json"),
+                    )
+                logger.start()
+                gen = await engine.make_generation_policy()
+                clock = _GenClock(gen)
                 await self._train_loop(engine, env, tasks, clock, logger, rows)
         finally:
             logger.close()

@@ -40,6 +40,7 @@ from leanrl.train.common import (
     RunDir,
     TrainConfig,
     check_model_path,
+    check_runtimes,
     resume_line,
 )
 from leanrl.train.lora import LoRAConfig, check_peft
@@ -197,6 +198,8 @@ class SFTTrainer:
                 "dataset with a proof column (--data.from_env, --data.proof_column formal_proof)"
             )
         cfg.eval.check_held_out(p.task.name for p in pairs)
+        # SFT checks no attempts; its in-run evaluation does: no Lean for it fails now
+        check_runtimes(None, cfg.eval)
         resumed = self.run.bind_config(cfg, ignore=self.RESUMABLE)
         from leanrl.decontam import save_taskset_report
 
