@@ -369,7 +369,8 @@ class GRPOTrainer:
                 logger.log(row)
                 # a step that learned nothing because of the config is worth a warning
                 level = logging.WARNING if row.get("skip_reason") in _CUT_OFF else logging.INFO
-                log.log(level, _step_line(row, cfg.steps, self._skip_text(row, batch)))
+                why = self._skip_text(row, batch) if row.get("skipped") else ""
+                log.log(level, _step_line(row, cfg.steps, why))
                 if self._is_main():
                     warn_if_mostly_infra(row, log)
                 rows.append(row)
@@ -553,7 +554,6 @@ class GRPOTrainer:
             sum(len(t.completion_ids) for t in r.turns) for g in batch.groups for r in g
         )
         step_time = t2 - t0
-        skip = {"skip_reason": _skip_reason(batch, self.config.mask_truncated)}
         return {
             "step": engine.step,
             "reward_mean": _mean(rewards),
@@ -585,7 +585,11 @@ class GRPOTrainer:
             "loss_tokens": model_tokens,
             "staleness": engine.step - 1 - batch.version,
             **train,
-            **(skip if train.get("skipped") else {}),
+            **(
+                {"skip_reason": _skip_reason(batch, self.config.mask_truncated)}
+                if train.get("skipped")
+                else {}
+            ),
             "tokens_per_s": gen_tokens / step_time if step_time > 0 else None,
             "tokens": gen_tokens,
             "time_step": step_time,
