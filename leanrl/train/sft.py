@@ -328,7 +328,7 @@ class SFTTrainer:
             def _get_train_sampler(self, train_dataset: Any = None) -> Any:
                 # transformers' LengthGroupedSampler shuffles with the global torch RNG, whose
                 # state a resume mid-epoch does not restore until after the epoch's order is
-                # drawn: the rest of that epoch came in another order (weights ~1e-4 off).
+                # drawn: the rest of that epoch came in another order (and the weights drifted).
                 if cfg.group_by_length:
                     batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
                     return _length_sampler(examples, batch, cfg.seed)
