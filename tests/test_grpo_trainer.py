@@ -255,7 +255,7 @@ def test_a_step_whose_attempts_were_all_cut_off_and_masked_says_so(
     said = [r for r in caplog.records if r.getMessage().startswith("step ")]
     want = (
         "skipped (every attempt hit sampling.max_tokens = 2 and was masked (mask_truncated): "
-        "raise --sampling.max-tokens or set --mask-truncated false)"
+        "raise --sampling.max-tokens or pass --no-mask-truncated)"
     )
     assert [(r.levelno, want in r.getMessage()) for r in said] == [(logging.WARNING, True)] * 2
     assert not any("no informative group" in m for m in caplog.messages)

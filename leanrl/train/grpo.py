@@ -494,9 +494,7 @@ class GRPOTrainer:
             fix = "raise --sampling.max-tokens or --env.harness.max-total-tokens"
         if reason in _CUT_OFF:
             who = "every attempt" if reason == "all_truncated" else "every informative attempt"
-            return (
-                f"{who} {cut} and was masked (mask_truncated): {fix} or set --mask-truncated false"
-            )
+            return f"{who} {cut} and was masked (mask_truncated): {fix} or pass --no-mask-truncated"
         if reason == "no_informative_group":
             alike = "no informative group: every group's attempts scored alike"
             if judged and all(ends_truncated(r) for r in judged):
