@@ -121,3 +121,12 @@ def own_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     texts = [f"theorem t{i} : {i} + {i} = {2 * i} := by\n  omega\n" for i in range(40)]
     texts += ["0123456789 " * 8, "simp rfl norm_num linarith", "```lean4\n```"]
     return make_tiny_model(tmp_path_factory.mktemp("own-tiny-model"), texts)
+
+
+@pytest.fixture
+def no_lean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """This machine without Lean: no configured project, none made by `leanrl setup`, and no
+    `lean` or `repl` on PATH."""
+    monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "no-lean-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-lean-bin"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def test_checkpoint_is_a_loadable_hf_model(full_run: ESTrainer) -> None:
 
 
 def test_resume_after_kill_loses_nothing(
-    full_run: ESTrainer, tiny_model_dir: Path, tmp_path: Path
+    full_run: ESTrainer, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     out = tmp_path / "killed"
     # "killed" after iteration 3: checkpoint-2 exists, iteration 3 lives only in the history
@@ -106,7 +107,10 @@ def test_resume_after_kill_loses_nothing(
     with (out / "es_history.bin").open("ab") as f:
         f.write(b"ESIT\x04\x00\x00")
     resumed = ESTrainer(toy_config(tiny_model_dir, out, steps=5, save_every=2))
-    rows = resumed.train_sync()
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = resumed.train_sync()
+    said = f"resuming from {out / 'checkpoint-2'} (iteration 2), then 1 iteration(s) replayed"
+    assert [m for m in caplog.messages if m.startswith(said)], caplog.messages
     assert [r["step"] for r in rows] == [4, 5]
     assert master_equal(full_run.weights.master, resumed.weights.master)
     assert [r["step"] for r in resumed.run.metrics()] == [1, 2, 3, 4, 5]

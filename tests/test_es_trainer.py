@@ -6,6 +6,7 @@ the point; the toy environment of ``test_es_learning`` is used where the real sc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from test_es_learning import toy_config
 
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, LeanNotFoundError
 from leanrl.runtime import run_sync
 from leanrl.train.es import ESConfig, ESTrainer
 from leanrl.train.es_history import ESHistory, checkpoint_usable, replay
@@ -111,6 +112,64 @@ def test_a_member_with_only_infra_attempts_has_no_say(tiny_model_dir: Path, tmp_
         1,
     )
     assert rows[0]["skipped"] is True and rows[0]["reward_mean"] == 0.5
+
+
+class TokenScorer(ScriptedScorer):
+    """A scripted scorer whose every member generated ``tokens`` tokens."""
+
+    def __init__(self, rewards: list[list[float | None]], tokens: int) -> None:
+        super().__init__(rewards)
+        self.tokens = tokens
+
+    async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
+        got = await super().score(state, members)
+        return [dataclasses.replace(s, tokens=self.tokens) for s in got]
+
+
+def test_a_spent_budget_says_so_in_the_log_the_row_and_the_summary(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """4 members x 10 tokens an iteration against a budget of 100 tokens: the run stops after
+    iteration 3 and says so in one line, in that iteration's row and in summary.json; rerun
+    with the same budget, it trains nothing and says why."""
+    import json
+    import logging
+
+    cfg = toy_config(tiny_model_dir, tmp_path / "b", population=4, steps=10, budget={"tokens": 100})
+    rewards: list[list[float | None]] = [[0.0, 1.0, 2.0, 3.0]] * 3
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = ESTrainer(cfg, scorer=TokenScorer(rewards, 10)).train_sync()
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert "budget spent: 120 generated tokens of 100; stopping after iteration 3" in (
+        caplog.messages
+    )
+    assert [r.get("budget_spent") for r in rows] == [None, None, True]
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["budget"]["spent"] is True and summary["budget"]["total_tokens"] == 120
+    assert summary["budget"]["tokens"] == 100 and summary["steps"] == 3
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        assert ESTrainer(cfg, scorer=TokenScorer([], 10)).train_sync() == []
+    said = "budget already spent: 120 generated tokens of 100 at iteration 3; nothing to train"
+    assert [m for m in caplog.messages if m.startswith(said)], caplog.messages
+
+
+@pytest.mark.usefixtures("no_lean")
+def test_no_lean_fails_before_the_weights_load(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment that needs Lean, on a machine without it: the runtime's own error,
+    before the model is loaded."""
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the model was loaded before Lean was looked for")
+
+    monkeypatch.setattr("leanrl.train.es.load_weights", load)
+    toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+    env = {"id": "dataset", "taskset": {"path": str(toy), "split": "train"}}
+    cfg = toy_config(tiny_model_dir, tmp_path / "run", population=4, env=env)
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        ESTrainer(cfg).train_sync()
 
 
 def test_update_norm_is_none_without_trainer_weights(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -4,9 +4,12 @@ attempts are in Lean; groups come back in task order; a run logs its GPU-idle fr
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from test_es_pipeline import EVENTS, EchoEnv
 
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
@@ -72,7 +75,9 @@ def test_grpo_logs_gpu_idle(toy_model_dir: Path, tmp_path: Path) -> None:
     assert rows[-1]["tokens"] > 0 and rows[-1]["total_tokens"] >= rows[-1]["tokens"]
 
 
-def test_budget_stops_grpo_early(toy_model_dir: Path, tmp_path: Path) -> None:
+def test_budget_stops_grpo_early(
+    toy_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from test_grpo_trainer import DigitEnv, _config
 
     from leanrl.train.grpo import GRPOTrainer
@@ -81,9 +86,26 @@ def test_budget_stops_grpo_early(toy_model_dir: Path, tmp_path: Path) -> None:
     per_step = first.train_sync()[0]["tokens"]
     budget = int(2.5 * per_step)  # spent during the third step
     cfg = _config(toy_model_dir, tmp_path / "run", steps=50, budget={"tokens": budget})
-    rows = GRPOTrainer(cfg, env=DigitEnv()).train_sync()
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = GRPOTrainer(cfg, env=DigitEnv()).train_sync()
     assert rows[-1]["total_tokens"] >= budget > rows[-2]["total_tokens"] and len(rows) < 50
     assert (tmp_path / "run" / f"checkpoint-{len(rows)}").is_dir()  # saved where it stopped
+    # it says why it stopped, in one line, in the row that spent it and in summary.json
+    spent = rows[-1]["total_tokens"]
+    line = f"budget spent: {spent} generated tokens of {budget}; stopping after step {len(rows)}"
+    assert line in caplog.messages
+    assert [r.get("budget_spent") for r in rows] == [None] * (len(rows) - 1) + [True]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["budget"] == {
+        "tokens": budget, "gpu_s": None, "spent": True, "total_tokens": spent,
+        "total_gpu_s": rows[-1]["cost/total_gpu_s"],
+    }  # fmt: skip
+    # rerun with the same budget: nothing to train, and it says so
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        assert GRPOTrainer(cfg, env=DigitEnv()).train_sync() == []
+    said = f"budget already spent: {spent} generated tokens of {budget} at step {len(rows)}"
+    assert [m for m in caplog.messages if m.startswith(said)], caplog.messages
     # a bigger budget continues the same run (the budget may change on resume)
     more = _config(toy_model_dir, tmp_path / "run", steps=50, budget={"tokens": 2 * budget})
     rows2 = GRPOTrainer(more, env=DigitEnv()).train_sync()

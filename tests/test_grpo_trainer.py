@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import signal
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 from leanrl import Environment, Harness, Rollout, Runtime, Task, Taskset, Turn
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, LeanNotFoundError
 from leanrl.policy import Policy, PolicyConfig, SamplingConfig
 from leanrl.runtime import RuntimeConfig
 from leanrl.taskset import RawRow
@@ -233,7 +234,57 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def test_crash_and_rerun_resumes_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_step_whose_attempts_were_all_cut_off_and_masked_says_so(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every completion hits sampling.max_tokens and mask_truncated masks it: the step trains
+    on nothing, and its line says why and what to change (it used to say "no informative
+    group"), as a warning; the row records the reason."""
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        steps=2,
+        mask_truncated=True,
+        sampling=SamplingConfig(max_tokens=2, top_p=1.0, seed=0),
+    )
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = _train(cfg)
+    assert [(r["skipped"], r["skip_reason"], r["truncated_frac"]) for r in rows] == [
+        (True, "all_truncated", 1.0)
+    ] * 2
+    said = [r for r in caplog.records if r.getMessage().startswith("step ")]
+    want = (
+        "skipped (every attempt hit sampling.max_tokens = 2 and was masked (mask_truncated): "
+        "raise --sampling.max-tokens or pass --no-mask-truncated)"
+    )
+    assert [(r.levelno, want in r.getMessage()) for r in said] == [(logging.WARNING, True)] * 2
+    assert not any("no informative group" in m for m in caplog.messages)
+
+
+@pytest.mark.usefixtures("no_lean")
+def test_no_lean_fails_before_the_model_loads(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment that needs Lean, on a machine without it: the runtime's own error (how to
+    set Lean up), before the model is loaded and before the run folder holds a config."""
+    from leanrl.train.grpo import GRPOTrainer
+    from leanrl.train.grpo_engine import GRPOEngine
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the model was loaded before Lean was looked for")
+
+    monkeypatch.setattr(GRPOEngine, "load", load)
+    toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+    env = {"id": "dataset", "taskset": {"path": str(toy), "split": "train"}}
+    cfg = _config(tiny_model_dir, tmp_path / "run", env=env)
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        GRPOTrainer(cfg).train_sync()
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_crash_and_rerun_resumes_exactly(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     kw = dict(steps=6, save_every=2, keep_checkpoints=5)
     straight = _train(_config(tiny_model_dir, tmp_path / "a", **kw))
 
@@ -246,7 +297,9 @@ def test_crash_and_rerun_resumes_exactly(tiny_model_dir: Path, tmp_path: Path) -
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
     assert [s for s, _ in RunDir(out).checkpoints()] == [2, 4]
 
-    resumed = _train(_config(tiny_model_dir, out, **kw))  # the same command again
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        resumed = _train(_config(tiny_model_dir, out, **kw))  # the same command again
+    assert f"resuming from {out / 'checkpoint-4'} (step 4)" in caplog.messages
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # step 5 redone, not duplicated
     assert [r["reward_mean"] for r in resumed] == [r["reward_mean"] for r in straight]
     wa, wb = _weights(tmp_path / "a" / "checkpoint-6"), _weights(out / "checkpoint-6")

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from leanrl import ConfigError, HarnessConfig, Task, load_environment
+from leanrl import ConfigError, HarnessConfig, LeanNotFoundError, Task, load_environment
 from leanrl.cli import parse_command
 from leanrl.environment import EnvironmentConfig
+from leanrl.errors import RuntimeUnavailable
 from leanrl.policy import PolicyConfig
 from leanrl.proofs import ProofStore, kept_from
+from leanrl.train.common import RunDir
 from leanrl.train.sft_data import (
     IGNORE,
     Pair,
@@ -210,7 +213,9 @@ def test_sft_lowers_the_loss_on_a_fixed_set(toy_model_dir: Path, tmp_path: Path)
     assert json.loads((run.path / "config.json").read_text())["lr"] == 3e-3
 
 
-def test_rerun_resumes_from_the_last_checkpoint(toy_model_dir: Path, tmp_path: Path) -> None:
+def test_rerun_resumes_from_the_last_checkpoint(
+    toy_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from leanrl.train.sft import SFTTrainer
 
     straight = SFTTrainer(_config(toy_model_dir, tmp_path / "a", steps=8), pairs=_pairs())
@@ -218,11 +223,61 @@ def test_rerun_resumes_from_the_last_checkpoint(toy_model_dir: Path, tmp_path: P
     first = SFTTrainer(_config(toy_model_dir, tmp_path / "b", steps=4), pairs=_pairs())
     first.train_sync()
     more = SFTTrainer(_config(toy_model_dir, tmp_path / "b", steps=8), pairs=_pairs())
-    rows = more.train_sync()
+    with caplog.at_level(logging.INFO, logger="leanrl"):
+        rows = more.train_sync()
+    assert f"resuming from {tmp_path / 'b' / 'checkpoint-4'} (step 4)" in caplog.messages
     assert [r["step"] for r in rows] == [5, 6, 7, 8]  # nothing redone
     assert [r["step"] for r in more.run.metrics()] == list(range(1, 9))
     for a, b in zip(full[4:], rows, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)  # same data order and weights
+
+
+class _Said(logging.Handler):
+    """Keeps the messages logged to it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_run_resumed_mid_epoch_ends_bit_exact(toy_model_dir: Path, tmp_path: Path) -> None:
+    """Five examples of varied length in micro-batches of 2 with 2 per step: an epoch is 2
+    optimizer steps, so checkpoint-3 is in the middle of the second epoch. A run resumed there
+    (its later checkpoints gone, as after a kill) ends with exactly the weights of the run that
+    never stopped, on the default cosine schedule and length-grouped order; and the resume does
+    not report the tied lm_head (not saved: it is the embedding) as missing."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from leanrl.train.sft import SFTTrainer
+
+    tasks = load_environment("dataset", path=TOY, split="train").tasks()[:5]
+    pairs = [Pair(t, "\n  omega" + " simp" * (i % 3)) for i, t in enumerate(tasks)]
+    kw: dict[str, Any] = dict(steps=9, save_every=3, lr_schedule="cosine", group_by_length=True)
+    SFTTrainer(_config(toy_model_dir, tmp_path / "a", **kw), pairs=pairs).train_sync()
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for step in (6, 9):
+        shutil.rmtree(tmp_path / "b" / f"checkpoint-{step}")
+    said = _Said()  # transformers' own handler does not propagate to pytest's
+    logging.getLogger("transformers").addHandler(said)
+    try:
+        resumed = SFTTrainer(_config(toy_model_dir, tmp_path / "b", **kw), pairs=pairs)
+        rows = resumed.train_sync()
+    finally:
+        logging.getLogger("transformers").removeHandler(said)
+    assert [r["step"] for r in rows] == list(range(4, 10))
+    assert not [m for m in said.lines if "lm_head" in m or "missing keys" in m], said.lines
+    whole = load_file(tmp_path / "a" / "checkpoint-9" / "model.safetensors")
+    split = load_file(tmp_path / "b" / "checkpoint-9" / "model.safetensors")
+    assert whole.keys() == split.keys()
+    assert all(torch.equal(whole[k], split[k]) for k in whole)  # bit for bit
+    losses = [[r["loss"] for r in RunDir(tmp_path / d).metrics()] for d in ("a", "b")]
+    assert losses[0] == losses[1]
 
 
 def test_errors_before_anything_loads(toy_model_dir: Path, tmp_path: Path) -> None:
@@ -235,6 +290,62 @@ def test_errors_before_anything_loads(toy_model_dir: Path, tmp_path: Path) -> No
         SFTTrainer(tactic, pairs=_pairs()).check()
     with pytest.raises(ValueError, match="not a multiple of micro_batch_size"):
         _config(toy_model_dir, tmp_path / "z", batch_size=5)
+    # a budget would be ignored (SFT generates no tokens): refused, saying what to use instead
+    spend = _config(toy_model_dir, tmp_path / "w", budget={"gpu_s": 60})
+    with pytest.raises(ConfigError, match=r"SFT does not stop on a budget.*--steps N"):
+        SFTTrainer(spend, pairs=_pairs()).check()
+
+
+def test_steps_given_alone_wins_and_with_epochs_is_refused(
+    toy_model_dir: Path, tmp_path: Path
+) -> None:
+    """`leanrl train sft --steps 3` trains 3 optimizer steps (it used to be ignored for the
+    default of 1 epoch); `--epochs` and `--steps` together are refused, naming both; neither
+    is one epoch."""
+    from leanrl.train.sft import SFTTrainer
+    from leanrl.train.sft_cli import SFTCommand
+
+    def cli(*flags: str) -> Any:
+        return parse_command(SFTCommand, ["--model", str(toy_model_dir), *flags]).to_sft_config()
+
+    cfg = cli(
+        "--steps", "3", "--batch-size", "4", "--micro-batch-size", "2", "--out", str(tmp_path)
+    )
+    assert (cfg.epochs, cfg.steps) == (None, 3)
+    rows = SFTTrainer(cfg, pairs=_pairs(6)).train_sync()  # 6 examples: an epoch is 2 steps
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    with pytest.raises(ConfigError, match=r"epochs = 2.0 and steps = 3 are both set.*remove one"):
+        cli("--epochs", "2", "--steps", "3")
+    assert (cli().epochs, cli().steps) == (None, None)  # one pass over the examples
+    rows = SFTTrainer(
+        cli("--batch-size", "4", "--micro-batch-size", "2", "--out", str(tmp_path / "e")),
+        pairs=_pairs(6),
+    ).train_sync()
+    assert [r["step"] for r in rows] == [1, 2]
+
+
+@pytest.mark.usefixtures("no_lean")
+def test_no_lean_for_the_in_run_eval_fails_before_the_model_loads(
+    toy_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SFT itself needs no Lean, its in-run evaluation does: without Lean, the runtime's own
+    error comes before the model load (it used to come at the first evaluation)."""
+    from leanrl.train.inrun_eval_config import InRunEvalConfig
+    from leanrl.train.sft import SFTTrainer
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the model was loaded before Lean was looked for")
+
+    monkeypatch.setattr("leanrl.train.sft.load_model", load)
+    held_out = {"id": "dataset", "taskset": {"path": str(TOY), "split": "test"}}
+    cfg = _config(toy_model_dir, tmp_path / "run", eval=InRunEvalConfig(every=2, env=held_out))
+    with pytest.raises(LeanNotFoundError, match="leanrl setup"):
+        SFTTrainer(cfg, pairs=_pairs()).train_sync()
+    # no sandbox, not allowed to run without: the error the runtime's start would give, first
+    monkeypatch.setattr("leanrl.runtimes.local.isolation_problem", lambda: "no bwrap (test)")
+    monkeypatch.delenv("LEANRL_ALLOW_UNSANDBOXED", raising=False)
+    with pytest.raises(RuntimeUnavailable, match="cannot be sandboxed here: no bwrap"):
+        SFTTrainer(cfg, pairs=_pairs()).train_sync()
 
 
 def test_the_default_micro_batch_follows_the_batch_size() -> None:

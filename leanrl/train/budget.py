@@ -2,7 +2,10 @@
 GPU-seconds, whatever ``steps`` says (how ``leanrl compare`` gives ES and GRPO equal budgets).
 
 Every metrics row carries ``tokens`` (generated this step, all members or samples) and
-``total_tokens`` (the whole run, resumes included); GPU-seconds are ``cost/total_gpu_s``.
+``total_tokens`` (the whole run, resumes included); GPU-seconds are ``cost/total_gpu_s``. The
+row of the step that spends the budget has ``budget_spent = true``, the trainer logs one line
+saying so (:meth:`BudgetTracker.spent_line`), and ``summary.json`` has a ``budget`` section.
+SFT and expert iteration generate no tokens to count (or not step by step) and refuse a budget.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ class BudgetConfig(BaseModel):
 
 
 class BudgetTracker:
-    """Adds ``total_tokens`` to each row and says when the budget is spent."""
+    """Adds ``total_tokens`` to each row and says when the budget is spent (and, in words, what
+    was spent: :meth:`spent_line`)."""
 
     def __init__(self, budget: BudgetConfig) -> None:
         self.budget = budget
         self.total_tokens = 0
+        self.total_gpu_s = 0.0
         self.spent = False
 
     def resume(self, rows: list[dict[str, Any]]) -> None:
@@ -45,15 +50,49 @@ class BudgetTracker:
                 return
 
     def update(self, row: dict[str, Any]) -> None:
-        """Count ``row['tokens']`` and set ``row['total_tokens']``."""
+        """Count ``row['tokens']`` and set ``row['total_tokens']``; the row that spends the
+        budget also gets ``budget_spent = True``."""
         self.total_tokens += int(row.get("tokens") or 0)
         row["total_tokens"] = self.total_tokens
         self._check(row)
+        if self.spent:
+            row["budget_spent"] = True
+
+    def spent_line(self, step: int, unit: str = "step", *, already: bool = False) -> str:
+        """What stopped the run, in one line: ``budget spent: 1040 generated tokens of 1000;
+        stopping after step 5``. ``already``: a resumed run whose budget was spent before it
+        started (nothing to train; the budget may be raised on resume)."""
+        b = self.budget
+        what = []
+        if b.tokens is not None and self.total_tokens >= b.tokens:
+            what.append(f"{self.total_tokens} generated tokens of {b.tokens}")
+        if b.gpu_s is not None and self.total_gpu_s >= b.gpu_s:
+            what.append(f"{self.total_gpu_s:.1f} GPU-seconds of {b.gpu_s:g}")
+        spent = " and ".join(what)
+        if already:
+            return (
+                f"budget already spent: {spent} at {unit} {step}; nothing to train (raise "
+                "--budget.tokens or --budget.gpu_s to go on)"
+            )
+        return f"budget spent: {spent}; stopping after {unit} {step}"
+
+    def summary(self) -> dict[str, Any]:
+        """The budget's part of ``summary.json`` (nothing without a budget)."""
+        if not self.budget.active:
+            return {}
+        return {
+            "budget": {
+                **self.budget.model_dump(),
+                "spent": self.spent,
+                "total_tokens": self.total_tokens,
+                "total_gpu_s": self.total_gpu_s,
+            }
+        }
 
     def _check(self, row: dict[str, Any]) -> None:
         b = self.budget
-        gpu = float(row.get("cost/total_gpu_s") or 0.0)
+        self.total_gpu_s = float(row.get("cost/total_gpu_s") or 0.0)
         self.spent = bool(
             (b.tokens is not None and self.total_tokens >= b.tokens)
-            or (b.gpu_s is not None and gpu >= b.gpu_s)
+            or (b.gpu_s is not None and self.total_gpu_s >= b.gpu_s)
         )

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from leanrl.environment import EnvironmentConfig
+from leanrl.environment import Environment, EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, disk_errors
 from leanrl.integrity import checkpoint_problem
 from leanrl.jsonl import quarantine, quarantine_path, rewrite_log, scan_log
@@ -47,7 +47,9 @@ __all__ = [
     "TrainConfig",
     "batch_for_step",
     "check_model_path",
+    "check_runtimes",
     "print_run_summary",
+    "resume_line",
     "runtime_metrics",
 ]
 
@@ -83,8 +85,9 @@ class TrainConfig(BaseModel):
     """Held-out evaluation every ``eval.every`` steps (off by default): pass@k logged to
     ``metrics.jsonl`` and plotted to ``eval_curve.png``."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
-    """Stop early once the run has generated ``budget.tokens`` tokens or used ``budget.gpu_s``
-    GPU-seconds (equal budgets for ES and GRPO in ``leanrl compare``)."""
+    """GRPO and ES: stop early once the run has generated ``budget.tokens`` tokens or used
+    ``budget.gpu_s`` GPU-seconds (equal budgets for ES and GRPO in ``leanrl compare``). SFT and
+    expert iteration refuse one."""
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     """Where the run happens (this machine or Modal) and the prices its cost is reported in
     (``cost/...`` in every metrics row, totals in ``summary.json``)."""
@@ -125,6 +128,28 @@ def check_model_path(model: str) -> None:
         raise ConfigError(
             f"{model!r} is a folder but not a Hugging Face model (it has no config.json)"
         )
+
+
+def check_runtimes(env: Environment | None, eval_config: InRunEvalConfig) -> None:
+    """Before any model loads: the runtimes this run will start can start (the runtime's own
+    error otherwise, e.g. :class:`~leanrl.LeanNotFoundError` with how to set Lean up), so a
+    machine without Lean fails in seconds, not after the model load. Cheap, starts nothing.
+
+    ``env``: the training environment (None when training checks no attempts, as SFT's does
+    not); the in-run evaluation's environment too when ``eval.every`` is set. An environment
+    that needs no Lean (Countdown) has nothing to check."""
+    if env is not None:
+        env.runtime.preflight()
+    if eval_config.every and eval_config.env is not None:
+        held_out = load_environment(eval_config.env)
+        held_out.check_parts()  # e.g. a tactic loop on one-shot Lean
+        held_out.runtime.preflight()
+
+
+def resume_line(source: str | Path, done: int, unit: str = "step") -> str:
+    """The one line every trainer logs when it resumes a run: where from, and how far it got
+    (``resuming from runs/x/checkpoint-20 (step 20)``)."""
+    return f"resuming from {source} ({unit} {done})"
 
 
 def runtime_metrics(env: Any) -> dict[str, float]:

@@ -61,6 +61,8 @@ from leanrl.train.common import (
     TrainConfig,
     batch_for_step,
     check_model_path,
+    check_runtimes,
+    resume_line,
     runtime_metrics,
 )
 from leanrl.train.es_history import (
@@ -329,7 +331,14 @@ class ESTrainer:
         batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
         cfg.eval.check_held_out(t.name for t in self.tasks)
         self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
+        # No Lean project, REPL or sandbox here: the runtime's own error, in seconds. The
+        # runtime then starts before the weights load, as `leanrl eval` does, so what the
+        # preflight cannot see (a Docker daemon, a Modal sandbox) fails first too.
+        check_runtimes(self.env, cfg.eval)
+        await self.env.start()
         source = self._source()
+        if self.iteration and world.is_main:
+            log.info(_resume_line(source, self.iteration))
         if self._remote:
             self._scorer.source = source  # type: ignore[union-attr]
         elif cfg.scorer.backend != "vllm":
@@ -345,7 +354,6 @@ class ESTrainer:
                 from leanrl.train.es_fanout import DistributedScorer
 
                 self._scorer = DistributedScorer(self._scorer, world)
-        await self.env.start()
         await self._scorer.start()
         if world.is_main:
             self._logger = MetricsLogger(
@@ -681,8 +689,12 @@ class ESTrainer:
             if self._logger is not None:
                 self._logger.log(row0)
             rows.append(row0)
+        before = self.iteration
         while self.iteration < self.config.steps and not self.budget.spent:
             rows.append(await self.step())
+        if self.budget.spent and world.is_main:
+            already = self.iteration == before  # spent before this call trained anything
+            log.info(self.budget.spent_line(self.iteration, "iteration", already=already))
         if self._world().is_main:
             latest = self.run.latest_checkpoint()
             if self.iteration and (latest is None or latest[0] != self.iteration):
@@ -691,7 +703,8 @@ class ESTrainer:
             from leanrl.train.inrun_eval import plot_eval
 
             plot_eval(self.run)
-            self.costs.write_summary(self.run, "es", {"iterations": self.iteration})
+            extra = {"iterations": self.iteration, **self.budget.summary()}
+            self.costs.write_summary(self.run, "es", extra)
         return rows
 
     async def close(self) -> None:
@@ -718,6 +731,19 @@ class ESTrainer:
                 await self.close()
 
         return run_sync(go())  # type: ignore[no-any-return]
+
+
+def _resume_line(source: WeightsSource, iteration: int) -> str:
+    """Where a resumed run's weights come from: a checkpoint, then the history's iterations
+    after it, or the base model and the whole history."""
+    if source.checkpoint is None:
+        return (
+            f"resuming at iteration {iteration}: no checkpoint yet, the weights are rebuilt "
+            "from the base model and the history"
+        )
+    line = resume_line(source.checkpoint, source.iteration, "iteration")
+    replay = iteration - source.iteration
+    return line + (f", then {replay} iteration(s) replayed from the history" if replay else "")
 
 
 def _idle(scorer: Any) -> dict[str, float]:

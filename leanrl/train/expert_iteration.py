@@ -46,7 +46,14 @@ from leanrl.errors import ConfigError
 from leanrl.policy import SamplingConfig
 from leanrl.proofs import PROOFS_FILE, KeptProof, ProofStore, read_proofs
 from leanrl.task import Task
-from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, check_model_path
+from leanrl.train.common import (
+    MetricsLogger,
+    RunDir,
+    TrainConfig,
+    check_model_path,
+    check_runtimes,
+    resume_line,
+)
 from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft import SFTOptions
 
@@ -118,6 +125,12 @@ class ExpertIteration:
                 "harness, not tactic-loop"
             )
         check_peft(cfg.lora)
+        if cfg.budget.active:  # it would be ignored: say so rather than run past it
+            raise ConfigError(
+                "budget.tokens / budget.gpu_s are set, but expert iteration does not stop on a "
+                "budget (each round samples every task it has left): give its length as "
+                "--rounds R instead"
+            )
 
     def train_sync(self) -> list[dict[str, Any]]:
         """Blocking :meth:`train`."""
@@ -135,9 +148,14 @@ class ExpertIteration:
         if not tasks:
             raise ConfigError("the training taskset is empty: check split, names and limit")
         cfg.eval.check_held_out(t.name for t in tasks)
+        # every round checks attempts (and the baseline evaluation loads the model first)
+        env.check_parts()
+        check_runtimes(env, cfg.eval)
         self.run.bind_config(cfg, ignore=self.RESUMABLE)
         done = max((int(r["step"]) for r in self.run.metrics()), default=0)
         self.run.truncate_metrics(done)
+        if done:
+            log.info(resume_line(self.current_model(done + 1), done, "round"))
         self.kept.open()
         from leanrl.decontam import save_taskset_report
 

@@ -86,6 +86,7 @@ from leanrl.train.common import (
     RunDir,
     batch_for_step,
     check_model_path,
+    check_runtimes,
     runtime_metrics,
 )
 from leanrl.train.grpo_config import GRPOConfig
@@ -238,29 +239,33 @@ class GRPOTrainer:
             batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
             self.config.eval.check_held_out(t.name for t in tasks)
             env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before the load
+            # no Lean project, REPL or sandbox here: the runtime's own error, in seconds
+            await asyncio.to_thread(check_runtimes, env, self.config.eval)
             resumed = False
             if world.is_main:
                 self._forget_failed_start()
                 resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
                 save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
             resumed = world.broadcast(resumed)
-            await asyncio.to_thread(engine.load, resumed)
-            from leanrl.train.grpo_engine import device_and_precision
-
-            # every rank holds one GPU; rank 0's rows count them all
-            self._costs.start(self.run, str(device_and_precision(self.config)[0]), world.size)
-            self._budget.resume(self.run.metrics())
-            if world.is_main:
-                logger = MetricsLogger(
-                    self.run,
-                    self.config.log_to,
-                    self.config.run_name,
-                    self.config.model_dump(mode="json"),
-                )
-            logger.start()
-            gen = await engine.make_generation_policy()
-            clock = _GenClock(gen)
+            # The runtime starts before the model loads, as `leanrl eval` does: what the
+            # preflight cannot see (a Docker daemon, a Modal sandbox) also fails first.
             async with env:
+                await asyncio.to_thread(engine.load, resumed)
+                from leanrl.train.grpo_engine import device_and_precision
+
+                # every rank holds one GPU; rank 0's rows count them all
+                self._costs.start(self.run, str(device_and_precision(self.config)[0]), world.size)
+                self._budget.resume(self.run.metrics())
+                if world.is_main:
+                    logger = MetricsLogger(
+                        self.run,
+                        self.config.log_to,
+                        self.config.run_name,
+                        self.config.model_dump(mode="json"),
+                    )
+                logger.start()
+                gen = await engine.make_generation_policy()
+                clock = _GenClock(gen)
                 await self._train_loop(engine, env, tasks, clock, logger, rows)
         finally:
             logger.close()
@@ -272,7 +277,7 @@ class GRPOTrainer:
                 from leanrl.train.inrun_eval import plot_eval
 
                 plot_eval(self.run)
-                self._costs.write_summary(self.run, "grpo", {})
+                self._costs.write_summary(self.run, "grpo", self._budget.summary())
             world.close()
         return rows
 
@@ -305,7 +310,11 @@ class GRPOTrainer:
     ) -> None:
         cfg = self.config
         start = engine.step
-        if start >= cfg.steps or self._spent():
+        if self._spent():  # a resumed run whose budget is used up (it may be raised on resume)
+            if self._is_main():
+                log.info(self._budget.spent_line(start, already=True))
+            return
+        if start >= cfg.steps:
             return
         due = cfg.eval.baseline_due(self.run.metrics()) if self._is_main() else False
         world = getattr(self, "_world", None)
@@ -358,7 +367,10 @@ class GRPOTrainer:
                 if cfg.eval.due(engine.step, cfg.steps) or (cfg.eval.every and spent):
                     row.update(await self._evaluate(engine, engine.step))
                 logger.log(row)
-                log.info(_step_line(row, cfg.steps))
+                # a step that learned nothing because of the config is worth a warning
+                level = logging.WARNING if row.get("skip_reason") in _CUT_OFF else logging.INFO
+                why = self._skip_text(row, batch) if row.get("skipped") else ""
+                log.log(level, _step_line(row, cfg.steps, why))
                 if self._is_main():
                     warn_if_mostly_infra(row, log)
                 rows.append(row)
@@ -366,6 +378,8 @@ class GRPOTrainer:
                 if done % cfg.save_every == 0 or done == cfg.steps or spent:
                     await asyncio.to_thread(engine.save_checkpoint, row)
                 if spent:  # the budget (tokens or GPU-seconds) is used up
+                    if self._is_main():
+                        log.info(self._budget.spent_line(done))
                     break
         finally:
             if producer is not None:
@@ -464,6 +478,32 @@ class GRPOTrainer:
             )
         return world.broadcast(row)
 
+    def _skip_text(self, row: dict[str, Any], batch: _Batch) -> str:
+        """Why a step trained on nothing, and, where the config is the cause, what to change."""
+        reason = row.get("skip_reason")
+        cfg = self.config
+        judged = [r for g in batch.groups for r in g if not r.infra]
+        if all(r.turns and r.turns[-1].finish_reason == "length" for r in judged):
+            cut = f"hit sampling.max_tokens = {cfg.sampling.max_tokens}"
+            fix = "raise --sampling.max-tokens"
+        else:  # a multi-turn episode can also run out of its total token budget
+            cut = (
+                f"was cut off (sampling.max_tokens = {cfg.sampling.max_tokens} per turn, "
+                f"env.harness.max_total_tokens = {cfg.env.harness.max_total_tokens} per episode)"
+            )
+            fix = "raise --sampling.max-tokens or --env.harness.max-total-tokens"
+        if reason in _CUT_OFF:
+            who = "every attempt" if reason == "all_truncated" else "every informative attempt"
+            return f"{who} {cut} and was masked (mask_truncated): {fix} or pass --no-mask-truncated"
+        if reason == "no_informative_group":
+            alike = "no informative group: every group's attempts scored alike"
+            if judged and all(ends_truncated(r) for r in judged):
+                return f"{alike}, and every attempt {cut}: {fix}"
+            return alike
+        if reason == "all_infra":
+            return "no attempt could be judged (all infra)"
+        return "no model tokens to train on"
+
     def _is_main(self) -> bool:
         world = getattr(self, "_world", None)
         return world is None or world.is_main
@@ -544,6 +584,11 @@ class GRPOTrainer:
             "loss_tokens": model_tokens,
             "staleness": engine.step - 1 - batch.version,
             **train,
+            **(
+                {"skip_reason": _skip_reason(batch, self.config.mask_truncated)}
+                if train.get("skipped")
+                else {}
+            ),
             "tokens_per_s": gen_tokens / step_time if step_time > 0 else None,
             "tokens": gen_tokens,
             "time_step": step_time,
@@ -560,14 +605,36 @@ class GRPOTrainer:
         }
 
 
-def _step_line(row: dict[str, Any], steps: int) -> str:
-    """One concise log line for a finished step."""
+_CUT_OFF = ("all_truncated", "informative_truncated")
+"""Skip reasons where cut-off attempts are the cause (``sampling.max_tokens``, masking)."""
+
+
+def _skip_reason(batch: _Batch, mask_truncated: bool) -> str:
+    """Why a step had nothing to train on (``skip_reason`` in its metrics row):
+    ``all_infra`` (no attempt judged), ``all_truncated`` (every judged attempt cut off and
+    masked), ``no_informative_group`` (every group's rewards equal), ``informative_truncated`` (the
+    groups whose rewards differ were all cut off and masked), else ``no_model_tokens``."""
+    judged = [r for g in batch.groups for r in g if not r.infra]
+    if not judged:
+        return "all_infra"
+    if mask_truncated and all(ends_truncated(r) for r in judged):
+        return "all_truncated"
+    trainable = [r for g in batch.kept for r in g if not r.infra]
+    if not trainable:
+        return "no_informative_group"
+    if mask_truncated and all(ends_truncated(r) for r in trainable):
+        return "informative_truncated"
+    return "no_model_tokens"
+
+
+def _step_line(row: dict[str, Any], steps: int, skipped: str = "") -> str:
+    """One concise log line for a finished step (``skipped``: why it trained on nothing)."""
 
     def f(key: str, fmt: str = ".3f") -> str:
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
 
-    what = "skipped (no informative group)" if row.get("skipped") else f"loss {f('loss', '.4g')}"
+    what = f"skipped ({skipped})" if row.get("skipped") else f"loss {f('loss', '.4g')}"
     return (
         f"step {row['step']}/{steps}: reward {f('reward_mean')} pass {f('pass_rate')} "
         f"groups {row['groups_kept']}/{row['groups']} {what} {f('time_step', '.2f')}s"

@@ -24,7 +24,7 @@ import torch
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy
 from leanrl.rollout import Rollout
-from leanrl.train.common import RunDir
+from leanrl.train.common import RunDir, resume_line
 from leanrl.train.distributed import (
     World,
     full_named_parameters,
@@ -95,6 +95,9 @@ class GRPOEngine:
         resume = self._resume_point(dtype, opts) if resumed else None
         if resumed and resume is None and world.is_main:
             self.run.truncate_metrics(0)  # killed before the first checkpoint: start over
+            log.info("%s holds no checkpoint yet: starting the run over", self.run.path)
+        if resume is not None and world.is_main:
+            log.info(resume_line(resume[1], resume[0]))
         ckpt = (resume[0], resume[1]) if resume is not None else None
         self.source = str(ckpt[1]) if ckpt else cfg.policy.model
         model: Any

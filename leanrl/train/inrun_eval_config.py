@@ -97,7 +97,7 @@ class InRunEvalConfig(BaseModel):
                 f"tasks with the training set (e.g. {', '.join(shared[:3])}): its pass rate would "
                 "measure memorisation. Train and evaluate on different splits (e.g. "
                 "--env.taskset.split train --eval.env.taskset.split test), or pass "
-                "--eval.allow-overlap true to evaluate on training tasks on purpose."
+                "--eval.allow-overlap to evaluate on training tasks on purpose."
             )
 
     @property

@@ -9,8 +9,10 @@ save/resume). It writes the run folder every leanrl trainer writes: ``config.jso
 in-run evaluation's ``eval/pass@k`` when it ran), ``checkpoint-N/`` Hugging Face model folders
 (``leanrl eval --model`` loads them; the Trainer's optimizer, scheduler and RNG state sit next to
 the weights, with its own ``trainer_state.json``; with ``lora.rank > 0`` the adapters in the peft
-layout, and the merged model in ``merged/`` with ``lora.save_merged``), and ``loss_curve.png``. Rerunning the same
-command resumes from the newest complete checkpoint, with the same data order.
+layout, and the merged model in ``merged/`` with ``lora.save_merged``), and ``loss_curve.png``.
+Rerunning the same command resumes from the newest complete checkpoint, with the same data
+order: a run resumed in the middle of an epoch ends with the weights of one that never stopped
+(bit for bit on the CPU).
 
 Examples are batched by length (``group_by_length``) to spend less compute on padding; the
 benchmark ``benchmarks/sft_vs_trl.py`` compares the throughput with TRL's ``SFTTrainer``.
@@ -33,7 +35,14 @@ from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.runtime import run_sync
-from leanrl.train.common import MetricsLogger, RunDir, TrainConfig, check_model_path
+from leanrl.train.common import (
+    MetricsLogger,
+    RunDir,
+    TrainConfig,
+    check_model_path,
+    check_runtimes,
+    resume_line,
+)
 from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft_data import Pair, SFTDataConfig
 
@@ -55,8 +64,11 @@ class SFTOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    epochs: float | None = Field(default=1.0, gt=0)
-    """Passes over the examples. None: train exactly ``steps`` optimizer steps instead."""
+    epochs: float | None = Field(default=None, gt=0)
+    """Passes over the examples (unset, with ``steps`` unset too: 1). Give ``epochs`` or
+    ``steps``, not both."""
+    steps: int | None = Field(default=None, ge=1)
+    """Train exactly this many optimizer steps instead of a number of epochs."""
     batch_size: int = Field(default=16, ge=1)
     """Examples per optimizer step (``micro_batch_size`` × gradient accumulation)."""
     micro_batch_size: int | None = Field(default=None, ge=1)
@@ -81,10 +93,18 @@ class SFTOptions(BaseModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower)."""
     group_by_length: bool = True
-    """Batch examples of similar length together (less padding; the order is still seeded)."""
+    """Batch examples of similar length together (less padding; the order is still shuffled,
+    from the seed and the epoch alone, so a resumed run sees the batches it would have seen)."""
 
     @model_validator(mode="after")
     def _batches(self) -> SFTOptions:
+        if self.epochs is not None and self.steps is not None:
+            # Either could be meant: refuse rather than let one silently win.
+            raise ValueError(
+                f"epochs = {self.epochs} and steps = {self.steps} are both set, but SFT trains "
+                "either for a number of passes over the examples (epochs) or for a number of "
+                "optimizer steps (steps): remove one of them (from the config file too)"
+            )
         if self.micro_batch_size is None:
             # follows the batch: `--batch-size 2` alone is a valid run, not an error
             self.micro_batch_size = max(d for d in range(1, 5) if self.batch_size % d == 0)
@@ -102,8 +122,9 @@ class SFTConfig(SFTOptions, TrainConfig):
     data: SFTDataConfig = Field(default_factory=SFTDataConfig)
     """Where the pairs come from (``--data.proofs runs/x/proofs.jsonl``, or the dataset of
     ``env`` with ``--data.from_env``), and how they become examples."""
-    steps: int = Field(default=100, ge=1)
-    """Optimizer steps when ``epochs`` is None (otherwise set by ``epochs``)."""
+    # SFTOptions' optional steps, not TrainConfig's required int (mypy: the bases disagree).
+    steps: int | None = Field(default=None, ge=1)  # type: ignore[assignment]
+    """Train exactly this many optimizer steps instead of a number of epochs."""
     tasks_per_step: int = Field(default=8, ge=1)
     """Not used by SFT (a step is ``batch_size`` examples)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -152,6 +173,11 @@ class SFTTrainer:
             )
         if cfg.policy.backend != "hf":
             raise ConfigError("SFT trains a transformers model: use --policy.backend hf")
+        if cfg.budget.active:  # it would be ignored: say so rather than train past it
+            raise ConfigError(
+                "budget.tokens / budget.gpu_s are set, but SFT does not stop on a budget (it "
+                "generates no tokens): give its length as --steps N or --epochs E instead"
+            )
         check_peft(cfg.lora)
         device_and_precision(cfg.policy.device, cfg.precision)
 
@@ -172,11 +198,17 @@ class SFTTrainer:
                 "dataset with a proof column (--data.from_env, --data.proof_column formal_proof)"
             )
         cfg.eval.check_held_out(p.task.name for p in pairs)
+        # SFT checks no attempts; its in-run evaluation does: no Lean for it fails now
+        check_runtimes(None, cfg.eval)
         resumed = self.run.bind_config(cfg, ignore=self.RESUMABLE)
         from leanrl.decontam import save_taskset_report
 
         save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
         latest = self._resume_point() if resumed else None
+        if latest is not None:
+            log.info(resume_line(latest, int(latest.name.split("-", 1)[1])))
+        elif resumed:
+            log.info("%s holds no checkpoint yet: starting the run over", self.run.path)
         self._load()
         from leanrl.train.sft_data import encode_pairs
 
@@ -253,9 +285,9 @@ class SFTTrainer:
         accum = cfg.batch_size // micro
         schedule = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
         length: dict[str, Any] = (
-            {"num_train_epochs": cfg.epochs, "max_steps": -1}
-            if cfg.epochs is not None
-            else {"max_steps": cfg.steps}
+            {"max_steps": cfg.steps}
+            if cfg.steps is not None
+            else {"num_train_epochs": cfg.epochs or 1.0, "max_steps": -1}
         )
         args = TrainingArguments(
             output_dir=str(self.run.path),
@@ -293,6 +325,20 @@ class SFTTrainer:
                 counter.tokens += int(inputs["attention_mask"].sum())
                 return super().training_step(model, inputs, *a, **kw)
 
+            def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+                # transformers' LengthGroupedSampler shuffles with the global torch RNG, whose
+                # state a resume mid-epoch does not restore until after the epoch's order is
+                # drawn: the rest of that epoch came in another order (and the weights drifted).
+                if cfg.group_by_length:
+                    batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+                    return _length_sampler(examples, batch, cfg.seed)
+                return super()._get_train_sampler(train_dataset)
+
+            def _issue_warnings_after_load(self, load_result: Any) -> None:
+                # A tied lm_head is not saved (it is the embedding), so a resume reports it
+                # "missing" although loading the embedding loaded it.
+                super()._issue_warnings_after_load(_without_tied(self.model, load_result))
+
         pad = int(self.tokenizer.pad_token_id)
         trainer = CountingTrainer(
             model=self.model,
@@ -319,6 +365,41 @@ class _TokenCounter:
 
     def __init__(self) -> None:
         self.tokens = 0
+
+
+def _length_sampler(examples: Sequence[dict[str, list[int]]], batch: int, seed: int) -> Any:
+    """transformers' length-grouped order (batches of similar length, shuffled), drawn from
+    (seed, epoch) alone: the Trainer calls ``set_epoch`` before every epoch, also the epoch a
+    resume starts in the middle of, so a resumed run sees the batches an uninterrupted one saw
+    (and in-run evaluations, which draw from the global RNG, do not change the order)."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+
+    class EpochSeededSampler(LengthGroupedSampler):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(batch, lengths=[len(e["input_ids"]) for e in examples])
+            self.epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self) -> Any:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + self.epoch)
+            return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=gen))
+
+    return EpochSeededSampler()
+
+
+def _without_tied(model: Any, load_result: Any) -> Any:
+    """``load_result`` (missing and unexpected keys of a ``load_state_dict``) without the missing
+    keys that name the same tensor as a key that was loaded (a tied ``lm_head.weight``)."""
+    params: dict[str, Any] = dict(model.named_parameters(remove_duplicate=False))
+    missing = set(load_result.missing_keys)
+    loaded_ids = {id(p) for name, p in params.items() if name not in missing}
+    keep = [
+        k for k in load_result.missing_keys if k not in params or id(params[k]) not in loaded_ids
+    ]
+    return load_result._replace(missing_keys=keep)
 
 
 def _collate(features: Sequence[dict[str, list[int]]], pad: int) -> dict[str, Any]:

@@ -33,7 +33,13 @@ from leanrl.lean.worker import ReplWorker
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
 from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
-__all__ = ["ALLOW_UNSANDBOXED", "LocalRuntime", "LocalTacticSession", "resolve_isolation"]
+__all__ = [
+    "ALLOW_UNSANDBOXED",
+    "LocalRuntime",
+    "LocalTacticSession",
+    "isolation_refused",
+    "resolve_isolation",
+]
 
 log = logging.getLogger("leanrl.runtime")
 
@@ -59,17 +65,9 @@ def resolve_isolation(isolate: bool | None) -> bool:
     problem = isolation_problem()
     if problem is None:
         return True
-    fix = (
-        "Install bubblewrap (apt-get install bubblewrap) or use the docker runtime. For proofs "
-        "from a trusted source only, set --env.runtime.isolate false (or "
-        f"{ALLOW_UNSANDBOXED}=1)."
-    )
-    if isolate or os.environ.get(ALLOW_UNSANDBOXED) != "1":
-        raise RuntimeUnavailable(
-            f"Lean processes cannot be sandboxed here: {problem}. Without a sandbox, an attempt "
-            "that manages to run code while it is elaborated can interfere with the trusted "
-            f"checker and forge verdicts. {fix}"
-        )
+    refused = isolation_refused(isolate)
+    if refused is not None:
+        raise refused
     log.warning(
         "\n%s\nLean processes run WITHOUT a sandbox: %s.\nAn attempt that manages to run code "
         "while it is elaborated can read this user's files, reach the network and interfere "
@@ -77,10 +75,32 @@ def resolve_isolation(isolate: bool | None) -> bool:
         "\n%s",
         "!" * 78,
         problem,
-        fix,
+        _ISOLATION_FIX,
         "!" * 78,
     )
     return False
+
+
+_ISOLATION_FIX = (
+    "Install bubblewrap (apt-get install bubblewrap) or use the docker runtime. For proofs "
+    "from a trusted source only, set --env.runtime.isolate false (or "
+    f"{ALLOW_UNSANDBOXED}=1)."
+)
+
+
+def isolation_refused(isolate: bool | None) -> RuntimeUnavailable | None:
+    """The error :func:`resolve_isolation` raises for ``isolate`` here, without its warnings
+    (None when it would not raise), so that a preflight can report it before anything starts."""
+    if isolate is False:
+        return None
+    problem = isolation_problem()
+    if problem is None or (not isolate and os.environ.get(ALLOW_UNSANDBOXED) == "1"):
+        return None
+    return RuntimeUnavailable(
+        f"Lean processes cannot be sandboxed here: {problem}. Without a sandbox, an attempt "
+        "that manages to run code while it is elaborated can interfere with the trusted "
+        f"checker and forge verdicts. {_ISOLATION_FIX}"
+    )
 
 
 class LocalRuntime(Runtime):
@@ -114,8 +134,12 @@ class LocalRuntime(Runtime):
         return Path(cwd) if cwd else default
 
     def preflight(self) -> None:
-        """Find the Lean project and the REPL (or ``lean``) without starting anything."""
+        """Find the Lean project and the REPL (or ``lean``), and check that Lean can be
+        sandboxed as configured, without starting anything."""
         cfg = self.config
+        refused = isolation_refused(cfg.isolate)
+        if refused is not None:
+            raise refused
         if cfg.mode == "repl" and self._option_command("repl_command") is None:
             repl_command(find_project(cfg.lean_project))
         elif cfg.mode == "oneshot" and self._option_command("lean_command") is None:
