@@ -170,6 +170,7 @@ def test_no_lean_fails_before_the_weights_load(
     cfg = toy_config(tiny_model_dir, tmp_path / "run", population=4, env=env)
     with pytest.raises(LeanNotFoundError, match="leanrl setup"):
         ESTrainer(cfg).train_sync()
+    assert not (tmp_path / "run" / "summary.json").exists()  # no run, no summary of one
 
 
 def test_update_norm_is_none_without_trainer_weights(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -280,6 +280,7 @@ def test_no_lean_fails_before_the_model_loads(
     with pytest.raises(LeanNotFoundError, match="leanrl setup"):
         GRPOTrainer(cfg).train_sync()
     assert not (tmp_path / "run" / "config.json").exists()
+    assert not (tmp_path / "run" / "summary.json").exists()  # no run, no summary of one
 
 
 def test_crash_and_rerun_resumes_exactly(

@@ -59,8 +59,12 @@ class RunCosts:
         return self.meter.step(self.usage(env, scorer))
 
     def write_summary(self, run: RunDir, trainer: str, extra: dict[str, Any]) -> None:
-        """``summary.json``: the run's cost totals, its last step and what the caller adds."""
+        """``summary.json``: the run's cost totals, its last step and what the caller adds.
+        Nothing for a start that failed before its first step: no metrics row and no
+        checkpoint means no run, and a summary would say "0 steps" of one."""
         every = run.metrics()
+        if not every and not run.checkpoints():
+            return
         rows = [r for r in every if "cost/total_usd" in r]
         last = rows[-1] if rows else {}
         summary = {
