@@ -457,3 +457,19 @@ def test_the_dockerfile_copies_exactly_what_builds_leanrl(tmp_path: Path) -> Non
         "leanrl/runtimes/docker/install-lean.sh",
     ):
         assert needed in names, needed
+
+
+def test_preflight_finds_a_missing_engine_without_starting_anything() -> None:
+    # Trainers call preflight() before they load a model: the same error start() gives.
+    rc = RuntimeConfig(name="docker", docker=DockerConfig(docker_bin="/nonexistent/docker"))
+    with pytest.raises(RuntimeUnavailable, match="no Docker engine reachable"):
+        DockerRuntime(rc).preflight()
+
+
+@pytest.mark.docker
+def test_preflight_names_the_build_command_for_a_missing_image(
+    docker_image: str, tmp_path: Path
+) -> None:
+    with pytest.raises(RuntimeUnavailable, match="docker build -f runtimes/docker/Dockerfile"):
+        DockerRuntime(config("leanrl-no-such-image:0", tmp_path)).preflight()
+    DockerRuntime(config(docker_image, tmp_path)).preflight()  # the real image: no error

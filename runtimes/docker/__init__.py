@@ -51,6 +51,18 @@ class DockerRuntime(SandboxRuntime):
             sessions_per_sandbox=d.sessions_per_sandbox or self.config.workers or int(d.cpus),
         )
 
+    def preflight(self) -> None:
+        """The Docker engine answers and the image exists, as :meth:`start` first checks, but
+        starting no container: trainers and ``leanrl eval`` ask before they load a model."""
+        from leanrl.runtimes.docker.backend import engine_and_image_problem
+        from leanrl.service.sandbox import SandboxStartError
+
+        d = self.config.docker
+        image = d.image if d.image is not None else image_tag(self.taskset_pins[0])
+        problem = engine_and_image_problem(d.docker_bin, image)
+        if problem is not None:
+            raise SandboxStartError(problem)
+
     def make_backend(self) -> SandboxBackend:
         from leanrl.runtimes.docker.backend import DockerBackend
 

@@ -77,6 +77,37 @@ async def _docker(
     return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+def engine_and_image_problem(docker_bin: str, image: str) -> str | None:
+    """Why containers of ``image`` cannot start here (no engine, no image), or None. Starts
+    nothing: :meth:`DockerBackend.start` and the runtime's preflight both ask it."""
+    import subprocess
+
+    def run(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(
+                [docker_bin, *args], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    ver = run("version", "--format", "{{.Server.Version}}")
+    if ver is None or ver.returncode != 0:
+        why = "not found or not answering" if ver is None else (ver.stderr or ver.stdout).strip()
+        return (
+            f"no Docker engine reachable with {docker_bin!r}: {why}. Start one (e.g. `dockerd`, "
+            "or .ci/start-docker.sh) or set DOCKER_HOST."
+        )
+    found = run("image", "inspect", image)
+    if found is None or found.returncode != 0:
+        return (
+            f"Docker image {image!r} not found: build it from the leanrl checkout with "
+            f"`docker build -f runtimes/docker/Dockerfile -t {image} .` with the build "
+            "arguments of the taskset's Lean version (see docs/sandboxes.md), or set "
+            "runtime.docker.image"
+        )
+    return None
+
+
 def docker_run_args(
     config: DockerConfig,
     name: str,
@@ -188,21 +219,10 @@ class DockerBackend(SandboxBackend):
 
     async def start(self) -> None:
         c = self.config
-        rc, out, err = await _docker(c.docker_bin, "version", "--format", "{{.Server.Version}}")
-        if rc != 0:
-            raise SandboxStartError(
-                f"no Docker engine reachable with {c.docker_bin!r}: {err.strip() or out.strip()}. "
-                "Start one (e.g. `dockerd`, or .ci/start-docker.sh) or set DOCKER_HOST."
-            )
         image = image_tag(None) if c.image is None else c.image
-        rc, _, err = await _docker(c.docker_bin, "image", "inspect", image)
-        if rc != 0:
-            raise SandboxStartError(
-                f"Docker image {image!r} not found: build it from the leanrl checkout with "
-                f"`docker build -f runtimes/docker/Dockerfile -t {image} .` with the build "
-                "arguments of the taskset's Lean version (see docs/sandboxes.md), or set "
-                "runtime.docker.image"
-            )
+        problem = await asyncio.to_thread(engine_and_image_problem, c.docker_bin, image)
+        if problem is not None:
+            raise SandboxStartError(problem)
         await self.remove_stale()
         if c.transport == "unix":
             if c.socket_dir is not None:
