@@ -382,3 +382,28 @@ def test_the_code_image_takes_the_same_sources_as_the_dockerfile(
         f"{'dir' if (REPO / p).is_dir() else 'file'} {p} -> /opt/leanrl-src/{p}"
         for p in r.source_paths
     )
+
+
+def test_preflight_without_credentials_stops_before_anything_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Checked offline, from the environment and Modal's config file; the local backend needs
+    # none. Whether a token is valid only Modal can say (when the runtime starts).
+    from leanrl.errors import RuntimeUnavailable
+    from leanrl.runtimes.modal import ModalRuntime
+
+    for var in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "none.toml"))
+    rt = ModalRuntime(RuntimeConfig(name="modal"))
+    with pytest.raises(RuntimeUnavailable, match="modal token new"):
+        rt.preflight()
+    (tmp_path / "none.toml").write_text('[default]\ntoken_id = "ak-x"\ntoken_secret = "as-y"\n')
+    rt.preflight()
+    monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "other.toml"))
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-x")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-y")
+    rt.preflight()
+    monkeypatch.delenv("MODAL_TOKEN_ID")
+    local = RuntimeConfig.model_validate({"name": "modal", "modal": {"backend": "local"}})
+    ModalRuntime(local).preflight()

@@ -13,6 +13,8 @@ Modal itself is imported only when a Sandbox is about to be created.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 from leanrl._dist import require
 from leanrl._sandbox_config import image_pins
@@ -29,6 +31,20 @@ __all__ = ["ModalRuntime"]
 
 log = logging.getLogger("leanrl.modal")
 
+
+def modal_credentials_configured() -> bool:
+    """Whether Modal's client would find a token: both ``MODAL_TOKEN_ID`` and
+    ``MODAL_TOKEN_SECRET``, or a config file (``MODAL_CONFIG_PATH``, default ``~/.modal.toml``)
+    naming a ``token_id``. Reads files only; whether the token is valid only Modal can say."""
+    if os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET"):
+        return True
+    path = Path(os.environ.get("MODAL_CONFIG_PATH") or Path.home() / ".modal.toml").expanduser()
+    try:
+        return "token_id" in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
 _BATCH_MARGIN_S = 60.0
 """Slack between the end of the longest batch and Modal's hard Sandbox timeout."""
 
@@ -41,6 +57,20 @@ class ModalRuntime(SandboxRuntime):
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         super().__init__(config or RuntimeConfig(name="modal"))
+
+    def preflight(self) -> None:
+        """Modal credentials are configured here (``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET``, or
+        the file ``modal token new`` writes), checked without contacting Modal, so a machine
+        without them stops before a model loads. The ``local`` backend needs none."""
+        if self.config.modal.backend != "modal" or modal_credentials_configured():
+            return
+        from leanrl.service.sandbox import SandboxStartError
+
+        raise SandboxStartError(
+            "no Modal credentials on this machine: log in with `modal token new` (it writes "
+            "~/.modal.toml) or set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET; or use "
+            "--env.runtime.modal.backend local to run the same thing here"
+        )
 
     async def start(self) -> None:
         m = self.config.modal
