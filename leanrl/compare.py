@@ -81,9 +81,7 @@ class CompareConfig(BaseModel):
     @field_validator("sampling", mode="before")
     @classmethod
     def _plain_sampling(cls, v: Any) -> Any:
-        if isinstance(v, SamplingConfig) and not isinstance(v, CompareSamplingConfig):
-            return v.model_dump(exclude_unset=True)
-        return v
+        return CompareSamplingConfig.given_fields(v)
 
     @field_validator("seeds", mode="before")
     @classmethod

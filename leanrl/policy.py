@@ -40,6 +40,16 @@ class SamplingConfig(BaseModel):
     stop: list[str] = Field(default_factory=list)
     """Strings that end a completion (not included in the output)."""
 
+    @classmethod
+    def given_fields(cls, v: Any, *, all_fields: bool = False) -> Any:
+        """For the ``mode="before"`` validator of a field typed as a subclass with other
+        defaults (GRPO's, the held-out evaluation's): a SamplingConfig of another class given in
+        Python becomes the fields it set (every field with ``all_fields``), so that the
+        subclass's defaults fill the rest instead of SamplingConfig's."""
+        if isinstance(v, SamplingConfig) and not isinstance(v, cls):
+            return v.model_dump() if all_fields else v.model_dump(exclude_unset=True)
+        return v
+
 
 class PolicyConfig(BaseModel):
     """Which model generates, and how."""

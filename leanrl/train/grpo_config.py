@@ -56,9 +56,7 @@ class GRPOConfig(TrainConfig):
     @classmethod
     def _plain_sampling(cls, v: Any) -> Any:
         # A SamplingConfig given in Python: the fields it sets, GRPO's defaults for the rest.
-        if isinstance(v, SamplingConfig) and not isinstance(v, GRPOSamplingConfig):
-            return v.model_dump(exclude_unset=True)
-        return v
+        return GRPOSamplingConfig.given_fields(v)
 
     sampling: GRPOSamplingConfig = Field(default_factory=GRPOSamplingConfig)
     """Sampling during training (``n`` is ignored: ``group_size`` is used). Default temperature

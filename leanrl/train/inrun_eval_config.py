@@ -55,9 +55,7 @@ class InRunEvalConfig(BaseModel):
     @classmethod
     def _plain_sampling(cls, v: Any) -> Any:
         # A SamplingConfig given in Python (or copied from another config) is taken as it is.
-        if isinstance(v, SamplingConfig) and not isinstance(v, EvalSamplingConfig):
-            return v.model_dump()
-        return v
+        return EvalSamplingConfig.given_fields(v, all_fields=True)
 
     @field_validator("k", mode="before")
     @classmethod
