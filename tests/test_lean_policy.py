@@ -641,3 +641,53 @@ def test_the_checker_rebuilds_the_file_before_reading_it() -> None:
         assert use in src, use
     look = body[body.index("let look : Name → Option ConstantInfo") :]
     assert look.index("env.find? n") < look.index("lookNew n")
+
+
+# -- the target's own proof, through the kernel (issue 19) ---------------------------------------
+
+
+def test_a_restatement_the_kernel_found_equal_is_accepted() -> None:
+    # `status: ok` with `restated`: the kernel decided the attempt's statement is
+    # definitionally equal to the reference's and checked the proof against the reference.
+    v = judge(attempt("exact h.symm"), check=report(restated=True))
+    assert v.accepted, v.detail
+
+
+def test_a_restatement_the_kernel_found_different_is_a_changed_statement() -> None:
+    rep = report(
+        status="type_mismatch",
+        restated=True,
+        detail="the restated type of t is not definitionally equal to the reference statement's",
+    )
+    v = judge(attempt("exact h.symm"), check=rep)
+    assert v.reason is Reason.STATEMENT_CHANGED and "definitionally" in v.detail
+
+
+def test_a_forged_target_whose_proof_the_kernel_rejects_is_tampering() -> None:
+    # The attempt added its target without the kernel, with a body that proves nothing: the
+    # judge gives the kernel `fresh : <reference's type> := <attempt's value>`, which fails.
+    rep = report(
+        status="replay_failed",
+        replayed=False,
+        detail="kernel rejected t's proof of the reference statement: type mismatch",
+    )
+    v = judge(attempt("exact h.symm", policy=NO_SCAN), check=rep)
+    assert v.reason is Reason.FORBIDDEN and "proof of the reference statement" in v.detail
+
+
+@pytest.mark.parametrize(
+    ("status", "issue"),
+    [
+        ("free_variable", "lean4#14484"),
+        ("metavariable", "metavariable"),
+        ("loose_bvar", "loose bound variable"),
+        ("bad_projection", "lean4#14576"),
+    ],
+)
+def test_shapes_that_reach_kernel_bugs_are_refused_before_the_kernel(
+    status: str, issue: str
+) -> None:
+    rep = report(status=status, replayed=False, detail="cheat contains it")
+    v = judge(attempt("exact h.symm", policy=NO_SCAN), check=rep)
+    assert v.reason is Reason.FORBIDDEN, v.detail
+    assert status in v.detail and issue in v.detail and "cheat contains it" in v.detail

@@ -247,8 +247,8 @@ def test_versions_and_lakefile() -> None:
 
 def test_doctor_smoke_runs_the_checker_through_a_repl(bare: Path, tmp_path: Path) -> None:
     # A project whose `repl` is the stand-in REPL (tests/fake_repl.py, not Lean): doctor's smoke
-    # test drives the real pool and policy end to end (a valid proof, a theorem forged without
-    # the kernel, an axiom cheat).
+    # test drives the real pool and policy end to end (a valid proof, a helper and a target
+    # forged without the kernel, an axiom cheat).
     proj = tmp_path / "proj"
     binp = proj / ".lake" / "packages" / "REPL" / ".lake" / "build" / "bin"
     binp.mkdir(parents=True)
@@ -260,7 +260,7 @@ def test_doctor_smoke_runs_the_checker_through_a_repl(bare: Path, tmp_path: Path
     assert checks["REPL"].ok
     assert checks["checker"].ok, checks["checker"].found
     assert checks["checker"].found == (
-        "valid proof: ok; forged theorem: forbidden; axiom cheat: axiom"
+        "valid proof: ok; forged helper: forbidden; forged target: forbidden; axiom cheat: axiom"
     )
 
 
@@ -281,3 +281,83 @@ def test_no_lean_at_all_says_install_lean_not_use_oneshot(bare: Path) -> None:
     fake.chmod(0o755)
     with pytest.raises(LeanNotFoundError, match=r"no Lean REPL found.*mode oneshot"):
         repl_command(None)
+
+
+def _builtin_toolchains() -> dict[str, list[str]]:
+    """Lean toolchain -> the built-in tasksets that pin it (every module of the built-in
+    environments is imported, so a new taskset cannot slip past)."""
+    import importlib
+    import pkgutil
+
+    import leanrl.environments as envs
+    from leanrl.taskset import Taskset
+
+    for m in pkgutil.walk_packages(envs.__path__, envs.__name__ + "."):
+        importlib.import_module(m.name)
+    out: dict[str, list[str]] = {}
+    todo = list(Taskset.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        tc = cls.__dict__.get("lean_toolchain")
+        if cls.__module__.startswith(envs.__name__) and tc:
+            out.setdefault(tc, []).append(cls.__name__)
+    return out
+
+
+def test_every_builtin_toolchain_resolves_to_a_recorded_repl_revision() -> None:
+    from leanrl.lean.project import REPL_REVISIONS, REPL_UNTAGGED
+
+    pinned = _builtin_toolchains()
+    assert len(pinned) >= 5, pinned  # v4.8.0-rc1, v4.9.0, v4.20.0, v4.24.0, v4.27.0 at least
+    for toolchain, users in pinned.items():
+        version = toolchain.rsplit(":", 1)[-1]
+        assert version in REPL_REVISIONS, (toolchain, users, "add it to REPL_REVISIONS")
+        want = REPL_REVISIONS[version] if version in REPL_UNTAGGED else version
+        assert repl_tag(toolchain) == want, (toolchain, users)
+    assert repl_tag("leanprover/lean4:v4.20.0") == "16054ca34b80803d6621dccd11882ca2ea03e215"
+
+
+def _repl_mirror() -> Path | None:
+    """A local git copy of leanprover-community/repl: $LEANRL_REPL_GIT, or the workspace's."""
+    cands = [os.environ.get("LEANRL_REPL_GIT", "")]
+    root = Path(__file__).resolve().parents[2]
+    cands.append(str(root / ".mirror" / "leanprover-community+repl" / "repo"))
+    for c in cands:
+        if c and ((Path(c) / "HEAD").exists() or (Path(c) / ".git").exists()):
+            return Path(c)
+    return None
+
+
+def test_the_repl_revision_table_matches_the_repository() -> None:
+    from leanrl.lean.project import REPL_REVISIONS, REPL_UNTAGGED
+
+    git = _repl_mirror()
+    if git is None or shutil.which("git") is None:
+        pytest.skip(
+            "no local copy of leanprover-community/repl (set LEANRL_REPL_GIT to a clone) to "
+            "check REPL_REVISIONS against"
+        )
+
+    def sh(*args: str) -> str:
+        r = subprocess.run(
+            [
+                "git",
+                f"--git-dir={git}" if (git / "HEAD").exists() else f"--git-dir={git}/.git",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    tags = set(sh("tag").split())
+    for version, commit in REPL_REVISIONS.items():
+        toolchain = sh("show", f"{commit}:lean-toolchain")
+        assert toolchain == f"leanprover/lean4:{version}", (version, commit, toolchain)
+        assert "pickleTo" in sh("show", f"{commit}:REPL/JSON.lean"), (version, commit)
+        if version in REPL_UNTAGGED:
+            assert version not in tags, f"{version} is tagged now: require it by tag"
+        else:
+            assert sh("rev-parse", f"{version}^{{commit}}") == commit, version

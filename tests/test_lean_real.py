@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from leanrl.errors import LeanNotFoundError
-from leanrl.lean.project import FORGED_PREAMBLE
+from leanrl.lean.project import FORGE_TACTIC, FORGED_PREAMBLE
 from leanrl.runtime import RuntimeConfig
 from leanrl.runtimes.local import LocalRuntime
 from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
@@ -75,6 +75,44 @@ CASES: list[tuple[str, str, str, str, VerificationPolicy, set[Reason]]] = [
         FALSE,
         FORGED_PREAMBLE,
         "exact leanrl_doctor_forged.elim",
+        NO_SCAN,
+        {Reason.FORBIDDEN},
+    ),
+    (
+        # The target itself forged (issue 19): the attempt's tactic closes `2 + 2 = 5` with
+        # `True.intro` and the theorem is added without the kernel. Its body holds no axiom, so
+        # only a judge that replays the attempt's own body against the reference catches it (a
+        # judge that re-added the reference's `sorry` body under a fresh name accepted it).
+        "forged_target_without_kernel",
+        FALSE,
+        FORGE_TACTIC,
+        "leanrl_forge",
+        NO_SCAN,
+        {Reason.FORBIDDEN},
+    ),
+    (
+        # The target forged under its root name by code run in the preamble, then a namespace
+        # left open so that the model's own `theorem t` becomes `Foo.t` and does not collide.
+        "forged_target_in_an_open_namespace",
+        FALSE,
+        "open Lean Elab Command Term Meta in\n"
+        "set_option debug.skipKernelTC true in\n"
+        "#eval show CommandElabM Unit from liftTermElabM do\n"
+        "  let ty ← instantiateMVars (← elabType (← `(2 + 2 = 5)))\n"
+        "  addDecl (.thmDecl { name := `t, levelParams := [], type := ty,\n"
+        "    value := mkConst ``True.intro })\n"
+        "namespace Foo",
+        "exact _root_.t",
+        NO_SCAN,
+        {Reason.FORBIDDEN},
+    ),
+    (
+        # A forged helper, added by the attempt's own tactic without the kernel, used by a
+        # target whose proof looks honest.
+        "forged_helper_used_by_an_honest_target",
+        FALSE,
+        FORGE_TACTIC + "\ntheorem helper : 2 + 2 = 5 := by leanrl_forge",
+        "exact helper",
         NO_SCAN,
         {Reason.FORBIDDEN},
     ),
@@ -257,6 +295,47 @@ async def test_restated_statement_is_judged_by_its_elaborated_type(
     ok, changed = await lean_runtime.check([same, other])
     assert ok.accepted, ok.detail
     assert changed.reason is Reason.STATEMENT_CHANGED, changed.detail
+
+
+async def test_restatements_are_decided_by_the_kernel(lean_runtime: LocalRuntime) -> None:
+    """A restated target passes when the kernel finds it definitionally equal to the reference
+    (`x > 0` for `0 < x`, a beta-redex, a renamed universe) and the attempt's proof checks
+    against the reference's statement; a forged target restated that way is still refused."""
+    gt = Attempt(
+        name="t",
+        header="",
+        formal_statement="theorem t (x : Nat) (h : 0 < x) : 0 < x := by",
+        restated_statement="theorem t (x : Nat) (h : 0 < x) : x > 0 := by",
+        proof="exact h",
+    )
+    beta = Attempt(
+        name="t",
+        header="",
+        formal_statement=SYMM,
+        restated_statement="theorem t (a b : Nat) (h : a = b) : (fun n : Nat => n) b = a := by",
+        proof="exact h.symm",
+    )
+    universe = Attempt(
+        name="t",
+        header="",
+        formal_statement="theorem t.{u} (α : Sort u) (a : α) : a = a := by",
+        restated_statement="theorem t.{v} (α : Sort v) (a : α) : a = a := by",
+        proof="rfl",
+    )
+    forged = Attempt(
+        name="t",
+        header="",
+        formal_statement=FALSE,
+        restated_statement="theorem t : (fun n : Nat => n) (2 + 2) = 5 := by",
+        preamble=FORGE_TACTIC,
+        proof="leanrl_forge",
+        policy=NO_SCAN,
+    )
+    v_gt, v_beta, v_universe, v_forged = await lean_runtime.check([gt, beta, universe, forged])
+    for v in (v_gt, v_beta, v_universe):
+        assert v.accepted, v.detail
+    assert v_forged.reason is Reason.FORBIDDEN, v_forged.detail
+    assert "proof of the reference statement" in v_forged.detail
 
 
 async def test_forged_name_hashes_in_the_attempts_file_do_not_fool_the_checker(

@@ -28,6 +28,8 @@ from leanrl.errors import LeanNotFoundError
 
 __all__ = [
     "REPL_REPO",
+    "REPL_REVISIONS",
+    "REPL_UNTAGGED",
     "Check",
     "cache_root",
     "doctor",
@@ -114,10 +116,29 @@ def cache_root() -> Path:
     return Path(os.environ.get("LEANRL_CACHE") or Path.home() / ".cache" / "leanrl")
 
 
-REPL_REVS: dict[str, str] = {
-    # leanprover-community/repl has no tag for this release; its last commit built on it.
+REPL_REVISIONS: dict[str, str] = {
+    # Untagged: the last master commit on v4.8.0-rc1 (#41, 2024-05-23); the next one (#45)
+    # bumps to v4.8.0.
     "v4.8.0-rc1": "88a0643592d35d20a279e416e839a1f4184444a1",
+    "v4.9.0": "d920817f334e1d8d27c8ca35e52c736a8c8818b0",  # tag v4.9.0 (#47)
+    # Untagged: master went from v4.19.0 to v4.20.1-rc1. The one commit built on v4.20.0 is the
+    # tip of the branch `bump_to_v4.20.0` (PR #102, 2025-06-02), which changes only the
+    # toolchain and test expectations: its REPL/ folder is byte-identical to tag v4.19.0's.
+    "v4.20.0": "16054ca34b80803d6621dccd11882ca2ea03e215",
+    "v4.24.0": "8fff8552292860d349b459d6a811e6915671dc0d",  # tag v4.24.0 (#131)
+    "v4.27.0": "0e9e6e2962ab0a51440513d9ee028c8aa66bb53b",  # tag v4.27.0 (#142)
 }
+"""The leanprover-community/repl commit for every Lean version a built-in taskset pins, read
+from that repository on 2026-12-01 (a snapshot whose newest master commit is of 2026-08-03,
+toolchain v4.33.0-rc2). Each commit's ``lean-toolchain`` names exactly that version, and each
+has the ``pickleTo`` requests the pool uses. tests/test_lean_project.py checks the table against
+a local copy of the repository where there is one."""
+
+REPL_UNTAGGED = frozenset({"v4.8.0-rc1", "v4.20.0"})
+"""Versions of :data:`REPL_REVISIONS` the REPL repository has no tag for: they are required by
+commit. Every other version is required by its tag (``v4.24.0``), which Lake resolves."""
+
+REPL_REVS: dict[str, str] = {v: REPL_REVISIONS[v] for v in sorted(REPL_UNTAGGED)}
 """REPL revisions for Lean versions the REPL repository has no tag for."""
 
 
@@ -392,11 +413,24 @@ FORGED_PREAMBLE = """set_option debug.skipKernelTC true in
 without the kernel. Only the clean checker's kernel replay can catch it."""
 
 
+FORGE_TACTIC = """open Lean Elab Tactic in
+elab "leanrl_forge" : tactic => do
+  (← getMainGoal).assign (mkConst ``True.intro)
+set_option debug.skipKernelTC true in"""
+"""A forgery of the *target* for :func:`smoke_test`: a tactic, defined by the attempt, closes
+the goal with ``True.intro`` whatever the goal says, and the theorem that follows is added
+without the kernel. The attempt's constant for the target then has a body that proves nothing
+and uses no axiom: only a judge that gives the kernel the attempt's own body, against the
+reference statement, can catch it (issue 19: the judge once re-checked the reference's body)."""
+
+
 def smoke_test(project: Path, timeout: float = 600.0) -> Check:
-    """Check three attempts end to end through a real REPL pool (elaborating process, trusted
+    """Check four attempts end to end through a real REPL pool (elaborating process, trusted
     checker process, kernel replay): a valid proof must be accepted; a forgery that adds a false
-    theorem without the kernel, and a proof from a new axiom, must be rejected. The pre-scan is
-    off for the two cheats, so the trusted checker itself has to catch them."""
+    helper theorem without the kernel, a forged target (a false theorem added without the
+    kernel under the target's own name, :data:`FORGE_TACTIC`) and a proof from a new axiom must
+    be rejected. The pre-scan is off for the cheats, so the trusted checker itself has to catch
+    them."""
     import asyncio
 
     from leanrl.lean.pool import PoolConfig, ReplPool
@@ -427,19 +461,34 @@ def smoke_test(project: Path, timeout: float = 600.0) -> Check:
                 "policy": unscanned,
             }
         )
+        # A false target (`a = b` for any a b), forged under its own name.
+        target = good.model_copy(
+            update={
+                "formal_statement": "theorem leanrl_doctor (a b : Nat) : a = b := by",
+                "preamble": FORGE_TACTIC,
+                "proof": "leanrl_forge",
+                "policy": unscanned,
+            }
+        )
         try:
-            v_good, v_forged, v_axiom = await pool.check([good, forged, axiom])
+            v_good, v_forged, v_target, v_axiom = await pool.check([good, forged, target, axiom])
         finally:
             await pool.close()
-        ok = v_good.accepted and not v_forged.accepted and v_axiom.reason is Reason.AXIOM
-        found = (
-            f"valid proof: {v_good.reason.value}; forged theorem: {v_forged.reason.value}; "
-            f"axiom cheat: {v_axiom.reason.value}"
+        ok = (
+            v_good.accepted
+            and not v_forged.accepted
+            and not v_target.accepted
+            and v_axiom.reason is Reason.AXIOM
         )
-        if v_forged.reason is not Reason.FORBIDDEN:
-            found += f" (the forgery did not reach the kernel replay: {v_forged.detail[:200]})"
+        found = (
+            f"valid proof: {v_good.reason.value}; forged helper: {v_forged.reason.value}; "
+            f"forged target: {v_target.reason.value}; axiom cheat: {v_axiom.reason.value}"
+        )
+        for what, v in (("helper", v_forged), ("target", v_target)):
+            if v.reason is not Reason.FORBIDDEN:
+                found += f" (the forged {what} did not reach the kernel replay: {v.detail[:200]})"
         if not ok:
-            found += f" ({v_good.detail or v_forged.detail or v_axiom.detail})"
+            found += f" ({v_good.detail or v_forged.detail or v_target.detail or v_axiom.detail})"
         return Check(
             name="checker",
             ok=ok,

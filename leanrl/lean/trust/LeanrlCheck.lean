@@ -259,47 +259,126 @@ def retarget (target fresh : Name) (e : Expr) : Expr :=
     | .const n ls => if n == target then some (.const fresh ls) else none
     | _ => none
 
-def toDecl (ci : ConstantInfo) (name : Name) (ren : Expr → Expr) : Option Declaration :=
+def toDecl (ci : ConstantInfo) (ren : Expr → Expr) : Option Declaration :=
   match ci with
-  | .axiomInfo v => some (.axiomDecl { v with name := name, type := ren v.type })
-  | .defnInfo v => some (.defnDecl { v with name := name, type := ren v.type, value := ren v.value })
-  | .thmInfo v => some (.thmDecl { v with name := name, type := ren v.type, value := ren v.value })
-  | .opaqueInfo v =>
-    some (.opaqueDecl { v with name := name, type := ren v.type, value := ren v.value })
+  | .axiomInfo v => some (.axiomDecl { v with type := ren v.type })
+  | .defnInfo v => some (.defnDecl { v with type := ren v.type, value := ren v.value })
+  | .thmInfo v => some (.thmDecl { v with type := ren v.type, value := ren v.value })
+  | .opaqueInfo v => some (.opaqueDecl { v with type := ren v.type, value := ren v.value })
   | _ => none
 
-/-- Re-add the attempt's own constants through the kernel (dependencies first); the target is
-added under a fresh name because the reference already owns its name here, and every reference
-to the target is renamed with it (`retarget`). -/
+/-! ## Which copy of each constant the judge reads
+
+Every name the check looks up is read from one of two places: the clean environment (`env`,
+where the header was imported and the reference statement elaborated with `sorry`) or the
+attempt's file (`lookNew`, rebuilt). The choice, name by name:
+
+* **The target.** The attempt's copy, always: its value is the attempt's proof, and its type is
+  only compared with the reference's. The kernel is given `fresh : <reference's type> :=
+  <attempt's value>` (`targetDecl`), so the kernel itself decides that the attempt's term proves
+  the reference statement. The clean environment's `target` is the reference, proved with `sorry`:
+  it is read for its statement and kind only, and never replayed (`lookW` hides it from the walk
+  and the replay; a structural test in tests/test_trust_checker_source.py keeps it so).
+* **A constant the attempt shares with the clean environment** (the header's and the reference
+  file's declarations, the statement's own helper definitions): the clean copy, after `sameDecl`
+  found the attempt's identical. It is trusted, not replayed; for a shared theorem `sameDecl`
+  compares statements only, so the clean copy's body is the one the axiom walk enters.
+* **An answer placeholder** (`abbrev solution : T := sorry` in both): the clean copy, walked by
+  type only, since its body is the statement's own `sorry`.
+* **Every other constant** (the attempt's helpers, new inductive types, auxiliary definitions the
+  elaborator made): the attempt's copy, walked for axioms and replayed through the kernel,
+  dependencies first, before the target.
+-/
+
+/-- The target as the kernel must check it: the attempt's own value (never the clean
+environment's, which is the reference's `sorry`), with the attempt's universe names renamed to
+the reference's, declared with the reference's statement, kind and universes. -/
+def targetDecl (attempt ref : ConstantInfo) (fresh : Name) (ren : Expr → Expr) :
+    Except String Declaration := do
+  if attempt.levelParams.length != ref.levelParams.length then
+    throw (s!"the attempt's {attempt.name} has {attempt.levelParams.length} universe " ++
+      s!"parameters, the reference {ref.levelParams.length}")
+  let us := ref.levelParams.map Level.param
+  let inst (e : Expr) : Expr := ren (e.instantiateLevelParams attempt.levelParams us)
+  match attempt, ref with
+  | .thmInfo a, .thmInfo _ =>
+    return .thmDecl { name := fresh, levelParams := ref.levelParams, type := ref.type,
+                      value := inst a.value, all := [fresh] }
+  | .defnInfo a, .defnInfo r =>
+    return .defnDecl { name := fresh, levelParams := ref.levelParams, type := ref.type,
+                       value := inst a.value, hints := r.hints, safety := r.safety,
+                       all := [fresh] }
+  | .opaqueInfo a, .opaqueInfo r =>
+    return .opaqueDecl { name := fresh, levelParams := ref.levelParams, type := ref.type,
+                         value := inst a.value, isUnsafe := r.isUnsafe, all := [fresh] }
+  | _, _ => throw s!"{attempt.name} is a {kindOf attempt}, which the check cannot replay"
+
+/-- The attempt's stated type of the target, in the reference's universe names. -/
+def statedType (attempt ref : ConstantInfo) (ren : Expr → Expr) : Expr :=
+  ren (attempt.type.instantiateLevelParams attempt.levelParams (ref.levelParams.map Level.param))
+
+/-- Ask the kernel whether a restated target's type is definitionally equal to the reference's:
+it checks `@Eq.refl Prop ref : @Eq Prop ref stated` as a throwaway theorem. Only `addDecl` is
+used (the kernel's own `isDefEq` changed its signature across versions), and only for
+propositions: the target of a proof task is a theorem. -/
+def sameStatement (refType stated : Expr) (lps : List Name) (name : Name) : CoreM (Option String) := do
+  let one := Level.succ .zero
+  let ty := mkApp3 (.const ``Eq [one]) (.sort .zero) refType stated
+  let val := mkApp2 (.const ``Eq.refl [one]) (.sort .zero) refType
+  try
+    addDecl (.thmDecl { name := name, levelParams := lps, type := ty, value := val, all := [name] })
+    return none
+  catch e => return some (← e.toMessageData.toString)
+
+/-- Re-add the attempt's own constants through the kernel, dependencies first, then the target
+(`tgtDecl`, under a fresh name because the reference owns the target's name here). `look` must
+not resolve the target (it is `lookW` in `run`): the target's copy is `tgtDecl`, built from the
+attempt's constant. Every reference to the target is renamed to the fresh name (`retarget`).
+When the attempt restated the statement (`restated`), the kernel first decides whether the two
+statements are definitionally equal. Returns `(status, detail)`; `("", "")` when all passed. -/
 def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order : Array Name)
-    (target fresh : Name) : CoreM String := do
+    (target fresh : Name) (tgtDecl : Declaration) (restated : Option (Expr × Expr × List Name)) :
+    CoreM (String × String) := do
   let ren := retarget target fresh
   let mut added : NameSet := {}
   for n in order do
+    if n == target then
+      if let some (refType, stated, lps) := restated then
+        let differs ← sameStatement refType stated lps (Name.mkStr fresh "_statement")
+        if let some why := differs then
+          return ("type_mismatch", s!"the restated type of {target} is not definitionally " ++
+            s!"equal to the reference statement's: {why}")
+      try addDecl tgtDecl
+      catch e =>
+        let why ← e.toMessageData.toString
+        return ("replay_failed", s!"kernel rejected {target}'s proof of the reference " ++
+          s!"statement: {why}")
+      continue
     unless isNew n do continue
     if added.contains n then continue
-    let some ci := look n | return s!"missing {n}"
+    let some ci := look n | return ("replay_failed", s!"missing {n}")
     match ci with
     | .inductInfo v =>
       let mut types : List InductiveType := []
       for i in v.all do
-        let some (.inductInfo iv) := look i | return s!"inductive block of {n} incomplete"
+        let some (.inductInfo iv) := look i
+          | return ("replay_failed", s!"inductive block of {n} incomplete")
         let mut ctors : List Constructor := []
         for c in iv.ctors do
-          let some cc := look c | return s!"constructor {c} missing"
+          let some cc := look c | return ("replay_failed", s!"constructor {c} missing")
           ctors := ctors ++ [{ name := c, type := ren cc.type }]
         types := types ++ [{ name := i, type := ren iv.type, ctors := ctors }]
         added := added.insert i
       try addDecl (.inductDecl v.levelParams v.numParams types false)
-      catch e => return s!"kernel rejected inductive {n}: {← e.toMessageData.toString}"
+      catch e =>
+        return ("replay_failed", s!"kernel rejected inductive {n}: {← e.toMessageData.toString}")
     | .ctorInfo _ => pure ()
     | .recInfo _ => pure ()
-    | .quotInfo _ => return s!"{n} is a quotient primitive, which no proof may add"
+    | .quotInfo _ => return ("replay_failed", s!"{n} is a quotient primitive, which no proof may add")
     | _ =>
-      let some d := toDecl ci (if n == target then fresh else n) ren
-        | return s!"cannot replay {n}"
+      let some d := toDecl ci ren | return ("replay_failed", s!"cannot replay {n}")
       try addDecl d
-      catch e => return s!"kernel rejected {n}: {← e.toMessageData.toString}"
+      catch e => return ("replay_failed", s!"kernel rejected {n}: {← e.toMessageData.toString}")
       added := added.insert n
   -- Constructors and recursors are generated by the kernel: the attempt's must be exactly
   -- what the kernel generated (whole records, as lean4checker compares them).
@@ -313,8 +392,49 @@ def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order 
       | .ctorInfo _, _ => some false
       | .recInfo _, _ => some false
       | _, _ => none
-    if same == some false then return s!"{n} differs from what the kernel generates"
-  return ""
+    if same == some false then return ("replay_failed", s!"{n} differs from what the kernel generates")
+  return ("", "")
+
+/-! ## Shapes that reach known kernel bugs
+
+Refused before `addDecl` sees them, whatever the kernel of the running version would do. A
+closed declaration never needs a free variable, a metavariable or a loose bound variable (the
+kernel's checks of these have had holes: lean4#14484), and a projection must name a structure
+with that many fields (lean4#14576). The flags read here were recomputed by `rebuild`. -/
+
+/-- A projection `.proj s i _` whose `s` is a structure-like inductive type (one constructor, no
+indices) whose constructor has more than `i` fields. -/
+def projOk (look : Name → Option ConstantInfo) : Expr → Bool
+  | .proj s i _ =>
+    match look s with
+    | some (.inductInfo v) =>
+      v.numIndices == 0 && (match v.ctors with
+        | [c] => (match look c with
+          | some (.ctorInfo cv) => i < cv.numFields
+          | _ => false)
+        | _ => false)
+    | _ => false
+  | _ => true
+
+/-- The terms of a constant that reach the kernel. -/
+def termsOf : ConstantInfo → Array Expr
+  | .defnInfo v => #[v.type, v.value]
+  | .thmInfo v => #[v.type, v.value]
+  | .opaqueInfo v => #[v.type, v.value]
+  | .recInfo v => #[v.type] ++ (v.rules.map (·.rhs)).toArray
+  | ci => #[ci.type]
+
+/-- The first bad shape in `ci`'s terms, as `(status, what)`, or `none`. -/
+def badShape (look : Name → Option ConstantInfo) (ci : ConstantInfo) : Option (String × String) :=
+  Id.run do
+    for e in termsOf ci do
+      if e.hasFVar then return some ("free_variable", "a free variable")
+      if e.hasExprMVar || e.hasLevelMVar then return some ("metavariable", "a metavariable")
+      if e.hasLooseBVars then return some ("loose_bvar", "a loose bound variable")
+      if let some (.proj s i _) := e.find? (fun x => !projOk look x) then
+        return some ("bad_projection",
+          s!"the projection .{i} of {s}, which is not a structure with more than {i} fields")
+    return none
 
 def strs (xs : Array Name) : Json := Json.arr (xs.map fun n => Json.str n.toString)
 
@@ -375,8 +495,14 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
   let attempt? := lookNew tgt
   let mut kind := "missing"
   let mut refKind := "missing"
+  let mut restated := false
   let mut w : Walk := {}
   let mut inductives : Array Name := #[]
+  -- The walk and the replay never resolve the target's name: the only constant of that name
+  -- here is the reference, proved with `sorry`. A constant of the attempt that refers back to
+  -- the target is then a missing dependency, and the target itself reaches the kernel only as
+  -- `targetDecl` builds it from the attempt's own constant.
+  let lookW : Name → Option ConstantInfo := fun n => if n == tgt then none else look n
   match env.find? tgt with
   | none =>
     status := "no_reference"
@@ -391,21 +517,26 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
       detail := s!"no declaration named {tgt}; similar: {similar.map (·.1)}"
     | some ci =>
       kind := kindOf ci
-      -- Walked from the target's dependencies, with the target itself unresolvable: a
-      -- constant of the attempt that refers back to the target is a missing dependency (the
-      -- only constant of that name here is the reference, proved with `sorry`).
-      let lookW : Name → Option ConstantInfo := fun n => if n == tgt then none else look n
       -- Only answer placeholders (`abbrev ..._solution := sorry`) are walked by type alone:
       -- every other constant's body is entered, shared with the reference or not.
       w := walk lookW (fun n => placeholders.contains n) (depsOf ci true)
       w := { w with order := w.order.push tgt }
+      let sameLevels := ci.levelParams.length == ref.levelParams.length
+      -- Equal up to the names of universes: the fast answer. A restatement that differs is
+      -- sent to the kernel, which decides definitional equality (`sameStatement`).
+      restated := sameLevels && !(statedType ci ref id == ref.type)
       if status == "ok" then
         if kind != refKind then
           status := "wrong_kind"
           detail := s!"{tgt} is a {kind}, the reference is a {refKind}"
-        else if ci.levelParams != ref.levelParams || !(ci.type == ref.type) then
+        else if !sameLevels then
           status := "type_mismatch"
-          detail := s!"the type of {tgt} differs from the reference statement's"
+          detail := s!"{tgt} has {ci.levelParams.length} universe parameters, the reference " ++
+            s!"statement {ref.levelParams.length}"
+        else if restated && !(kernelReplay && kind == "theorem") then
+          status := "type_mismatch"
+          detail := s!"the type of {tgt} differs from the reference statement's (only the " ++
+            "kernel replay can accept a restatement as definitionally equal)"
         else if !w.missing.isEmpty then
           status := "missing_dependency"
           detail := s!"depends on unknown constants {w.missing}"
@@ -413,21 +544,39 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
       for n in w.order do
         if isNew n then
           if let some (.inductInfo _) := look n then inductives := inductives.push n
+      -- Shapes that reach known kernel bugs, in the attempt's own copies (the target's
+      -- included), before any of them is given to `addDecl`.
+      for n in w.order do
+        if status != "ok" then break
+        let own? := if n == tgt then some ci else if isNew n then lookNew n else none
+        if let some own := own? then
+          if let some (st, what) := badShape lookW own then
+            status := st
+            detail := s!"{n} contains {what}"
       if status == "ok" && kernelReplay then
         let fresh := Name.mkStr tgt ("_leanrl_replay_" ++ nonce)
-        -- The kernel's own limits come from options: no heartbeat limit (the attempt may have
-        -- elaborated under `maxHeartbeats 0`), synchronous checking, and never skipped.
-        -- `insert` with a `DataValue`, not `setNat`: Lean made `Options` its own structure
-        -- (lean4#12001) and kept only part of the `KVMap` API on it; `insert` is in every version.
-        let opts (o : Options) : Options :=
-          (((o.setBool `debug.skipKernelTC false).setBool `Elab.async false).insert
-            `maxHeartbeats (DataValue.ofNat 0)).insert `maxRecDepth (DataValue.ofNat 16384)
-        let msg ← withoutModifyingEnv <| withTheReader Core.Context
-          (fun c => { c with options := opts c.options, maxHeartbeats := 0 })
-          (replay look isNew w.order tgt fresh)
-        if msg != "" then
+        let ren := retarget tgt fresh
+        match targetDecl ci ref fresh ren with
+        | .error why =>
           status := "replay_failed"
-          detail := msg
+          detail := why
+        | .ok tgtDecl =>
+          let stated := if restated then some (ref.type, statedType ci ref ren, ref.levelParams)
+            else none
+          -- The kernel's own limits come from options: no heartbeat limit (the attempt may have
+          -- elaborated under `maxHeartbeats 0`), synchronous checking, and never skipped.
+          -- `insert` with a `DataValue`, not `setNat`: Lean made `Options` its own structure
+          -- (lean4#12001) and kept only part of the `KVMap` API on it; `insert` is in every
+          -- version.
+          let opts (o : Options) : Options :=
+            (((o.setBool `debug.skipKernelTC false).setBool `Elab.async false).insert
+              `maxHeartbeats (DataValue.ofNat 0)).insert `maxRecDepth (DataValue.ofNat 16384)
+          let (st, msg) ← withoutModifyingEnv <| withTheReader Core.Context
+            (fun c => { c with options := opts c.options, maxHeartbeats := 0 })
+            (replay lookW isNew w.order tgt fresh tgtDecl stated)
+          if st != "" then
+            status := st
+            detail := msg
   -- Axioms the attempt declares itself (not ones it shares, identically, with the clean
   -- environment). Python refuses every one of them whatever its name, except `native` ones
   -- under `allow_native_decide`: a name is only a spelling.
@@ -442,7 +591,8 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
     -- compiled code, which it cannot do here: such a replay fails, and Python says why.
     ("new_axioms", strs declared), ("native", strs native), ("uses_reduce", Json.bool (w.seen.contains `Lean.reduceBool ||
       w.seen.contains `Lean.reduceNat)), ("inductives", strs inductives),
-    ("constants", strs (consts.map (·.1))), ("replayed", Json.bool (kernelReplay && status == "ok"))]
+    ("constants", strs (consts.map (·.1))), ("restated", Json.bool restated),
+    ("replayed", Json.bool (kernelReplay && status == "ok"))]
   logInfo m!"LEANRL-CHECK {j.compress}"
 
 end LeanrlCheck

@@ -74,7 +74,9 @@ class CheckReport(BaseModel):
     """Echo of the per-check nonce."""
     status: str
     """``ok``, ``missing``, ``wrong_kind``, ``type_mismatch``, ``helper_mismatch``,
-    ``missing_dependency``, ``no_reference`` or ``replay_failed``."""
+    ``missing_dependency``, ``no_reference``, ``replay_failed``, or one of the shapes refused
+    before the kernel sees them (:data:`~leanrl.lean.trust.rules.KERNEL_BUG_SHAPES`:
+    ``free_variable``, ``metavariable``, ``loose_bvar``, ``bad_projection``)."""
     detail: str = ""
     """Why, when ``status`` is not ``ok``."""
     kind: str = "missing"
@@ -101,8 +103,13 @@ class CheckReport(BaseModel):
     """New inductive types (``inductive``, ``structure``, ``class``) the theorem depends on."""
     constants: tuple[str, ...] = ()
     """Every constant the attempt added."""
+    restated: bool = False
+    """The attempt's statement of the target is not the reference's up to universe names; with
+    ``status == "ok"`` the kernel found the two definitionally equal and checked the attempt's
+    proof against the reference's statement."""
     replayed: bool = False
-    """True when the kernel replay ran and accepted everything."""
+    """True when the kernel replay ran and accepted everything, the target included: the kernel
+    checked the attempt's own proof term against the reference statement."""
     extra: dict[str, str] = Field(default_factory=dict)
     """Anything else the checker said (forward compatibility)."""
 

@@ -24,6 +24,7 @@ from leanrl.lean.trust.syntax import scan
 from leanrl.verdict import Attempt, Message, Reason, Verdict
 
 __all__ = [
+    "KERNEL_BUG_SHAPES",
     "NATIVE_AXIOMS",
     "SORRY_AXIOM",
     "judge_elaboration",
@@ -36,6 +37,23 @@ SORRY_AXIOM = "sorryAx"
 #: leave auxiliary axioms of their own instead; the checker reports those in ``native``.
 NATIVE_AXIOMS = frozenset({"Lean.ofReduceBool", "Lean.ofReduceNat", "Lean.trustCompiler"})
 
+#: Shapes of term the checker refuses before the kernel sees them, because they reach kernel
+#: soundness bugs of Lean versions leanrl supports: status -> why it is refused.
+KERNEL_BUG_SHAPES: dict[str, str] = {
+    "free_variable": (
+        "a closed declaration never needs a free variable, and the kernel's checks of them have "
+        "had holes (lean4#14484)"
+    ),
+    "metavariable": "a finished declaration never holds a metavariable; the kernel must not see one",
+    "loose_bvar": (
+        "a closed term never has a loose bound variable; one can make the kernel read a "
+        "term other than the one written"
+    ),
+    "bad_projection": (
+        "a projection must name a structure with that many fields; the kernel has accepted "
+        "projections on the wrong structure (lean4#14576)"
+    ),
+}
 _STATEMENT = {"missing", "wrong_kind", "type_mismatch", "helper_mismatch"}
 _TAMPER = {"missing_dependency", "replay_failed"}
 _PRIORITY = [Reason.FORBIDDEN, Reason.AXIOM, Reason.NATIVE, Reason.SORRY]
@@ -118,6 +136,13 @@ def judge_report(
             "the proof needs compiled code to check (`Lean.reduceBool`/`Lean.reduceNat`, as "
             "`native_decide` used them before Lean's auxiliary-axiom scheme); the clean checker "
             "never runs the attempt's code, so it cannot be replayed: " + report.detail,
+            **kw,
+        )
+    if report.status in KERNEL_BUG_SHAPES:
+        return Verdict.reject(
+            Reason.FORBIDDEN,
+            f"refused before the kernel ({report.status}): {report.detail}; "
+            + KERNEL_BUG_SHAPES[report.status],
             **kw,
         )
     if report.status in _TAMPER:
