@@ -151,6 +151,14 @@ class Runtime(abc.ABC):
         None when unknown (the default). Called after :meth:`start`."""
         return None
 
+    def problems(self) -> list[str]:
+        """What keeps this runtime from checking attempts right now, one line each, prefixed
+        ``infra:`` (a fault of the machinery, which retrying or a new sandbox may fix) or
+        ``header:`` (Lean refuses a taskset header). ``GET /health`` of ``leanrl serve`` reports
+        them, and answers ``degraded`` while an ``infra:`` one lasts, so that a sandbox pool
+        replaces the sandbox. Default: none."""
+        return []
+
     def metrics(self) -> dict[str, float]:
         """Counters and costs so far, numbers only (processes started and killed, sandbox- and
         CPU-seconds, ...). The eval runner writes them to ``summary.json`` and the trainers to

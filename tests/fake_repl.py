@@ -45,7 +45,8 @@ tactic ``done``/``rfl``/``simp`` -> ``Completed``, anything else -> one more goa
 Options: ``--load-time S`` seconds to sleep on the first (import) command, modelling
 ``import Mathlib``; ``--check-time S`` seconds a trusted check takes, and ``--replay-time S``
 more when it replays through the kernel;
-``--pid-file F`` appends this process's pid to F; ``--log F`` appends one JSON line per request
+``--pid-file F`` appends this process's pid to F; ``--fail-starts N --starts-file F``: the
+first N processes sharing F exit at once (killed during start-up); ``--log F`` appends one JSON line per request
 (pid, kind, text) to F, so tests can see which process was asked what.
 """
 
@@ -379,7 +380,23 @@ def main() -> None:
     ap.add_argument("--replay-time", type=float, default=0.0)
     ap.add_argument("--pid-file", default=None)
     ap.add_argument("--log", default=None)
+    ap.add_argument(
+        "--fail-starts",
+        type=int,
+        default=0,
+        help="the first N processes started with the same --starts-file die before answering "
+        "anything (a REPL killed during start-up)",
+    )
+    ap.add_argument("--starts-file", default=None)
     args = ap.parse_args()
+    if args.fail_starts and args.starts_file:
+        # One byte per start, appended atomically: the file's size numbers this start.
+        fd = os.open(args.starts_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, b".")
+        number = os.lseek(fd, 0, os.SEEK_CUR)  # where this append ended: atomic with it
+        os.close(fd)
+        if number <= args.fail_starts:
+            sys.exit(3)
     if args.pid_file:
         with open(args.pid_file, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")

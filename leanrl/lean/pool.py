@@ -92,7 +92,14 @@ class PoolConfig(BaseModel):
     startup_timeout_s: float = Field(default=600.0, gt=0)
     """How long a process may take to load its imports (and, for a judge, the checker)."""
     start_retries: int = Field(default=2, ge=1)
-    """Failed starts in a row (not caused by the header) before a key's attempts get ``infra``."""
+    """Failed starts in a row (not caused by the header) before a key's attempts get ``infra``
+    instead of waiting. The key is not given up: starts go on after a back-off, and the first
+    one that succeeds heals it."""
+    start_backoff_s: float = Field(default=1.0, ge=0)
+    """Wait before the next start once ``start_retries`` starts in a row have failed; doubled
+    for each further failure, up to ``max_start_backoff_s``."""
+    max_start_backoff_s: float = Field(default=60.0, ge=0)
+    """Longest wait between two starts of a key whose starts keep failing."""
     max_output_mb: float = Field(default=64.0, gt=0)
     """Most output one request may produce before the process is killed (``memory``)."""
     max_pickle_mb: int = Field(default=512, ge=1)
@@ -128,19 +135,41 @@ class PoolStats(BaseModel):
     the attempt (or session) ended."""
     start_seconds: float = 0.0
     """Total time spent starting processes."""
+    healed: int = 0
+    """Keys whose starts had failed ``start_retries`` times in a row and then started again."""
     max_busy: int = 0
     """Most attempts that were in elaborating processes at the same time."""
 
 
 class _Key:
+    """Processes of one role and set of imports, and whether they can be started.
+
+    Two kinds of start failure are told apart, by Lean's answer and nothing else:
+
+    * ``header_error``: Lean answered that the imports (or, for a judge, the checker's
+      preconditions) do not elaborate. Starting again cannot help: every attempt of the key gets
+      ``error``, the taskset's fault, for as long as the pool lives.
+    * ``fails``/``infra_error``: the process died, hung, or answered garbage while starting (a
+      kill during start-up, a full disk, a sandbox going away). These are infrastructure: after
+      ``start_retries`` in a row, waiting attempts get ``infra`` (redone on resume, never a
+      reward), further starts wait ``retry_at`` (exponential back-off), and the first start that
+      succeeds clears the streak. Such a failure never turns into ``error``.
+    """
+
     def __init__(self, role: Role) -> None:
         self.role = role
         self.ready: deque[Any] = deque()
         self.starting = 0
         self.waiting = 0
         self.fails = 0
-        self.error: str | None = None
+        self.infra_error: str | None = None
+        self.header_error: str | None = None
+        self.retry_at = 0.0
         self.last_used = 0.0
+
+    def failing(self, retries: int) -> bool:
+        """Starts of this key have failed ``retries`` times in a row (infra, not the header)."""
+        return self.fails >= retries
 
 
 class PoolError(RuntimeError):
@@ -205,7 +234,12 @@ class ReplPool:
         async with self._cond:
             for key, (_, target) in targets.items():
                 k = self._keys[key]
-                while len(k.ready) < target and k.error is None and (k.starting or k.ready):
+                while (
+                    len(k.ready) < target
+                    and k.header_error is None
+                    and not k.failing(self.config.start_retries)
+                    and (k.starting or k.ready)
+                ):
                     await self._cond.wait()
 
     # -- checking -------------------------------------------------------------------------------
@@ -381,8 +415,8 @@ class ReplPool:
             k.waiting += 1
             try:
                 while True:
-                    if k.error is not None:
-                        raise PoolError(k.error, header_fault=k.fails == 0)
+                    if k.header_error is not None:
+                        raise PoolError(k.header_error, header_fault=True)
                     if k.ready:
                         w = k.ready.popleft()
                         if not w.proc.alive:  # died while idle: forget it
@@ -397,6 +431,17 @@ class ReplPool:
                         k.last_used = time.monotonic()
                         self._top_up(key, k)
                         return w
+                    retries = self.config.start_retries
+                    if k.failing(retries) and not k.starting:
+                        wait = k.retry_at - time.monotonic()
+                        if wait > 0:
+                            # In back-off, with nothing starting: the attempt is not held
+                            # hostage to an outage. `infra` is redone on resume, never a reward.
+                            raise PoolError(
+                                f"{k.fails} starts in a row of a Lean process for these imports "
+                                f"failed (next try in {wait:.1f} s): {k.infra_error}",
+                                header_fault=False,
+                            )
                     if k.starting < k.waiting:
                         self._spawn_for(key, k)  # no room: wait for a release
                     await self._cond.wait()
@@ -497,20 +542,25 @@ class ReplPool:
             if error is None and not self._closed:
                 self.stats.started += 1
                 self.stats.start_seconds += time.monotonic() - t0
-                k.fails = 0
+                if k.failing(cfg.start_retries):
+                    self.stats.healed += 1
+                k.fails, k.infra_error, k.retry_at = 0, None, 0.0  # healed
                 k.ready.append(w)
                 self._event("ready", w)
             else:
                 self._live[_group(k.role)] -= 1
                 if error is not None:
                     self.stats.start_failures += 1
-                    if error.header_fault:
-                        k.fails = 0
-                        k.error = error.detail
+                    if error.header_fault:  # Lean's own answer: the header does not elaborate
+                        k.header_error = error.detail
                     else:
                         k.fails += 1
-                        if k.fails >= cfg.start_retries:
-                            k.error = error.detail
+                        k.infra_error = error.detail
+                        if k.failing(cfg.start_retries):
+                            extra = k.fails - cfg.start_retries
+                            k.retry_at = time.monotonic() + min(
+                                cfg.max_start_backoff_s, cfg.start_backoff_s * 2.0 ** min(extra, 30)
+                            )
             self._cond.notify_all()
         if error is not None or self._closed:
             await w.close()
@@ -569,6 +619,20 @@ class ReplPool:
     def scratch(self) -> Path | None:
         """The pool's scratch root (None before :meth:`start` and after :meth:`close`)."""
         return self._root.path if self._root is not None else None
+
+    def problems(self) -> list[str]:
+        """What keeps this pool from starting Lean processes right now, one line per set of
+        imports and role: a header Lean refuses (the taskset's fault; it stays), or starts
+        failing in a row (infrastructure; the pool keeps trying, and it heals). Empty when
+        every key in use can start processes. ``GET /health`` reports these."""
+        out = []
+        for key, k in self._keys.items():
+            what = f"{k.role} processes for {' '.join(key[1:]) or 'no imports'}"
+            if k.header_error is not None:
+                out.append(f"header: {what}: {k.header_error}")
+            elif k.failing(self.config.start_retries):
+                out.append(f"infra: {what}: {k.fails} failed starts in a row: {k.infra_error}")
+        return out
 
     async def close(self) -> None:
         """Stop every process and remove the scratch root. Idempotent."""

@@ -456,8 +456,13 @@ class VerificationService:
     # -- health and metrics -----------------------------------------------------------------
 
     def health(self) -> Health:
+        problems = self.runtime.problems() if self._ready else []
+        status = "starting" if not self._ready else "ok"
+        if any(p.startswith("infra:") for p in problems):
+            status = "degraded"
         return Health(
-            status="ok" if self._ready else "starting",
+            status=status,
+            problems=tuple(problems),
             runtime=self.runtime.name,
             pid=os.getpid(),
             lean_version=self._lean_version,

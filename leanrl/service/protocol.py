@@ -104,7 +104,13 @@ class Health(_Wire):
     """``GET /health``: the service is up and its runtime started."""
 
     status: str = "ok"
-    """``ok`` once the runtime has started."""
+    """``ok`` once the runtime has started; ``starting`` before; ``degraded`` while the runtime
+    reports an ``infra:`` problem (Lean processes failing to start), so that a sandbox pool
+    replaces this sandbox."""
+    problems: tuple[str, ...] = ()
+    """What keeps the runtime from checking attempts now (its ``problems()``): ``infra: ...``
+    lines (start failures in a row; the runtime keeps trying) and ``header: ...`` lines (a
+    taskset header Lean refuses)."""
     runtime: str = ""
     """Name of the wrapped runtime."""
     pid: int = 0

@@ -4,7 +4,8 @@ Configured by :class:`~leanrl.RuntimeConfig` (``mode``, ``workers``, ``judges``,
 ``memory_mb``, ``recycle_after``, ``recycle_memory_mb``, ``isolate``, ``lean_project``). Keys
 understood in ``RuntimeConfig.options``: ``spares`` (warm spare processes, default 1),
 ``repl_command`` and ``lean_command`` (explicit command lines, for custom installs and for
-tests), ``cwd``.
+tests), ``cwd``, and the pool's start back-off (``start_retries``, ``start_backoff_s``,
+``max_start_backoff_s``; see :class:`~leanrl.lean.pool.PoolConfig`).
 
 Lean processes are started directly (``lake env`` is resolved once, here), with a minimal
 environment, and under bubblewrap wherever it works (see
@@ -174,6 +175,10 @@ class LocalRuntime(Runtime):
         """Only warm REPL processes have tactic mode (not one-shot ``lean``)."""
         return self.config.mode == "repl"
 
+    def problems(self) -> list[str]:
+        """The pool's keys that cannot start processes now (see :meth:`ReplPool.problems`)."""
+        return self.pool.problems() if self.pool is not None else []
+
     def metrics(self) -> dict[str, float]:
         """The pool's counters: processes started, killed, recycled, attempts checked, ..."""
         if self.pool is None:
@@ -195,8 +200,14 @@ class LocalRuntime(Runtime):
             # (read-only in the sandbox), and the REPL must be the child that dies with us.
             cmd, env = await asyncio.to_thread(resolve_lake_env, found, cwd)
             spares = int(cfg.options.get("spares", 1))
+            backoff = {
+                k: cfg.options[k]
+                for k in ("start_retries", "start_backoff_s", "max_start_backoff_s")
+                if k in cfg.options
+            }
             self.pool = ReplPool(
                 PoolConfig(
+                    **backoff,  # type: ignore[arg-type]
                     command=cmd,
                     cwd=self._cwd(cwd),
                     env=env,
