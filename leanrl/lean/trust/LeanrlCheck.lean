@@ -49,10 +49,21 @@ UTF-8) is still read as the runtime finds it, and a term nested deeper than the 
 crashes the judge (the attempt then fails as a crash); see docs/verification.md.
 -/
 
+/-- Past these sizes Lean before v4.21 silently zeroes an object's cached data (lean4#8554:
+`Expr.mkData` asserts a loose bound variable range under 2^20 and `Level.mkData` a depth under
+2^24, and a failed assertion returns the default), so every flag the kernel reads -- free
+variables, metavariables, universe parameters -- would say "none". No honest term comes near:
+the rebuild stops at 2^16 and the check refuses the attempt (`too_deep`). Below the caps the
+rebuilt flags are exact, which is what `badShape` relies on. -/
+def maxBVarIndex : Nat := 65536
+def maxLevelDepth : Nat := 65536
+
 structure Rebuilt where
   names : PersistentHashMap USize Name := {}
-  levels : PersistentHashMap USize Level := {}
+  levels : PersistentHashMap USize (Level × Nat) := {}
   exprs : PersistentHashMap USize Expr := {}
+  /-- Why the file's data is past a cap above, if it is. -/
+  limit : Option String := none
 
 abbrev RebuildM := StateM Rebuilt
 
@@ -77,22 +88,44 @@ unsafe def rbName (n : Name) : RebuildM Name := do
     modify fun st => { st with names := st.names.insert (ptrAddrUnsafe n) r }
     return r
 
-unsafe def rbLevel (l : Level) : RebuildM Level := do
+/-- `l` rebuilt, with its depth counted here (not read from its cached data). A level deeper
+than `maxLevelDepth` is not built further: the check refuses it. -/
+unsafe def rbLevelD (l : Level) : RebuildM (Level × Nat) := do
   if let some r := (← get).levels.find? (ptrAddrUnsafe l) then return r
-  let r ← match l with
-    | .zero => pure Level.zero
-    | .succ a => do pure (Level.succ (← rbLevel a))
-    | .max a b => do pure (Level.max (← rbLevel a) (← rbLevel b))
-    | .imax a b => do pure (Level.imax (← rbLevel a) (← rbLevel b))
-    | .param n => do pure (Level.param (← rbName n))
-    | .mvar m => do pure (Level.mvar ⟨← rbName m.name⟩)
+  let r : Level × Nat ← match l with
+    | .zero => pure (Level.zero, 0)
+    | .succ a => do
+      let (a', d) ← rbLevelD a
+      pure (Level.succ a', d + 1)
+    | .max a b => do
+      let (a', da) ← rbLevelD a
+      let (b', db) ← rbLevelD b
+      pure (Level.max a' b', Nat.max da db + 1)
+    | .imax a b => do
+      let (a', da) ← rbLevelD a
+      let (b', db) ← rbLevelD b
+      pure (Level.imax a' b', Nat.max da db + 1)
+    | .param n => do pure (Level.param (← rbName n), 0)
+    | .mvar m => do pure (Level.mvar ⟨← rbName m.name⟩, 0)
+  let r ← if r.2 > maxLevelDepth then do
+      modify fun st => { st with limit := some s!"a universe level nested over {maxLevelDepth} deep" }
+      pure (Level.zero, 0)
+    else pure r
   modify fun st => { st with levels := st.levels.insert (ptrAddrUnsafe l) r }
   return r
+
+unsafe def rbLevel (l : Level) : RebuildM Level := do
+  return (← rbLevelD l).1
 
 unsafe def rbExpr (e : Expr) : RebuildM Expr := do
   if let some r := (← get).exprs.find? (ptrAddrUnsafe e) then return r
   let r ← match e with
-    | .bvar i => pure (Expr.bvar (rbNat i))
+    | .bvar i => do
+      let k := rbNat i
+      if k ≥ maxBVarIndex then
+        modify fun st => { st with limit := some s!"a bound variable index of {k} (the cap is {maxBVarIndex})" }
+        pure (Expr.bvar 0)
+      else pure (Expr.bvar k)
     | .fvar f => do pure (Expr.fvar ⟨← rbName f.name⟩)
     | .mvar m => do pure (Expr.mvar ⟨← rbName m.name⟩)
     | .sort l => do pure (Expr.sort (← rbLevel l))
@@ -152,16 +185,19 @@ unsafe def rbConst (ci : ConstantInfo) : RebuildM ConstantInfo := do
                              numMotives := rbNat v.numMotives,
                              numMinors := rbNat v.numMinors }
 
-unsafe def rebuildImpl (cs : Array (Name × ConstantInfo)) : Array (Name × ConstantInfo) :=
+unsafe def rebuildImpl (cs : Array (Name × ConstantInfo)) :
+    Array (Name × ConstantInfo) × Option String :=
   let act : RebuildM (Array (Name × ConstantInfo)) := cs.mapM fun (n, ci) => do
     let n' ← rbName n
     let ci' ← rbConst ci
     return (n', ci')
-  Id.run (StateT.run' act {})
+  let (out, st) := Id.run (StateT.run act {})
+  (out, st.limit)
 
-/-- `cs` with every `Name`, `Level` and `Expr` rebuilt from its structure (see above). -/
+/-- `cs` with every `Name`, `Level` and `Expr` rebuilt from its structure (see above), and why
+its data is past a cap (`maxBVarIndex`, `maxLevelDepth`), if it is. -/
 @[implemented_by rebuildImpl]
-opaque rebuild (cs : Array (Name × ConstantInfo)) : Array (Name × ConstantInfo)
+opaque rebuild (cs : Array (Name × ConstantInfo)) : Array (Name × ConstantInfo) × Option String
 
 def kindOf : ConstantInfo → String
   | .axiomInfo _ => "axiom"
@@ -424,9 +460,28 @@ def termsOf : ConstantInfo → Array Expr
   | .recInfo v => #[v.type] ++ (v.rules.map (·.rhs)).toArray
   | ci => #[ci.type]
 
-/-- The first bad shape in `ci`'s terms, as `(status, what)`, or `none`. -/
+/-- A constant that is not safe (`unsafe`, `partial`): a theorem never needs one (the kernel
+refuses a safe declaration that uses it), and the kernel's checks of such declarations have had
+holes (lean4#14608, lean4#14609). -/
+def notSafe : ConstantInfo → Bool
+  | .defnInfo v => match v.safety with
+    | .safe => false
+    | _ => true
+  | .opaqueInfo v => v.isUnsafe
+  | .inductInfo v => v.isUnsafe
+  | .ctorInfo v => v.isUnsafe
+  | .recInfo v => v.isUnsafe
+  | .axiomInfo v => v.isUnsafe
+  | _ => false
+
+/-- The first bad shape in `ci`, as `(status, what)`, or `none`. -/
 def badShape (look : Name → Option ConstantInfo) (ci : ConstantInfo) : Option (String × String) :=
   Id.run do
+    -- The kernel's own auxiliary types of nested inductives are named `..._nested...`; a
+    -- declaration that names one gives `False` without an axiom (lean4#14616).
+    if ci.name.components.any (· == `_nested) then
+      return some ("kernel_internal_name", "a name the kernel keeps for its own auxiliary types")
+    if notSafe ci then return some ("not_safe", "an unsafe or partial declaration")
     for e in termsOf ci do
       if e.hasFVar then return some ("free_variable", "a free variable")
       if e.hasExprMVar || e.hasLevelMVar then return some ("metavariable", "a metavariable")
@@ -460,7 +515,7 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
   let tgt := target.toName
   let env ← getEnv
   -- Nothing of the file is looked at before it is rebuilt (see `rebuild`).
-  let consts := rebuild (← if olean then readOlean path else readReplPickle path)
+  let (consts, limit) := rebuild (← if olean then readOlean path else readReplPickle path)
   let byName : PersistentHashMap Name ConstantInfo :=
     consts.foldl (fun m (n, ci) => m.insert n ci) {}
   let lookNew : Name → Option ConstantInfo := fun n => byName.find? n
@@ -475,6 +530,9 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
   -- definitions, the header's declarations) must be identical; they are then not replayed.
   let mut status := "ok"
   let mut detail := ""
+  if let some why := limit then
+    status := "too_deep"
+    detail := s!"the attempt's file holds {why}"
   let mut trusted : NameSet := {}
   -- A hand-built constant map could file a constant under another name than its own.
   for (n, ci) in consts do

@@ -76,7 +76,8 @@ class CheckReport(BaseModel):
     """``ok``, ``missing``, ``wrong_kind``, ``type_mismatch``, ``helper_mismatch``,
     ``missing_dependency``, ``no_reference``, ``replay_failed``, or one of the shapes refused
     before the kernel sees them (:data:`~leanrl.lean.trust.rules.KERNEL_BUG_SHAPES`:
-    ``free_variable``, ``metavariable``, ``loose_bvar``, ``bad_projection``)."""
+    ``free_variable``, ``metavariable``, ``loose_bvar``, ``bad_projection``, ``not_safe``,
+    ``kernel_internal_name``, ``too_deep``)."""
     detail: str = ""
     """Why, when ``status`` is not ``ok``."""
     kind: str = "missing"

@@ -53,6 +53,18 @@ KERNEL_BUG_SHAPES: dict[str, str] = {
         "a projection must name a structure with that many fields; the kernel has accepted "
         "projections on the wrong structure (lean4#14576)"
     ),
+    "not_safe": (
+        "a theorem never needs an unsafe or partial declaration, and the kernel's checks of "
+        "them have had holes (lean4#14608, lean4#14609)"
+    ),
+    "kernel_internal_name": (
+        "the kernel keeps `_nested` names for its own auxiliary types; declaring one gives "
+        "`False` without an axiom (lean4#14616)"
+    ),
+    "too_deep": (
+        "Lean before v4.21 silently zeroes a term's cached flags past these sizes "
+        "(lean4#8554), so the kernel would not see its free variables or universe parameters"
+    ),
 }
 _STATEMENT = {"missing", "wrong_kind", "type_mismatch", "helper_mismatch"}
 _TAMPER = {"missing_dependency", "replay_failed"}
