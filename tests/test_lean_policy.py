@@ -681,7 +681,7 @@ def test_a_forged_target_whose_proof_the_kernel_rejects_is_tampering() -> None:
         ("free_variable", "lean4#14484"),
         ("metavariable", "metavariable"),
         ("loose_bvar", "loose bound variable"),
-        ("bad_projection", "lean4#14576"),
+        ("bad_projection", "lean4#12746"),
         ("not_safe", "lean4#14608"),
         ("kernel_internal_name", "lean4#14616"),
         ("too_deep", "lean4#8554"),

@@ -53,8 +53,10 @@ crashes the judge (the attempt then fails as a crash); see docs/verification.md.
 `Expr.mkData` asserts a loose bound variable range under 2^20 and `Level.mkData` a depth under
 2^24, and a failed assertion returns the default), so every flag the kernel reads -- free
 variables, metavariables, universe parameters -- would say "none". No honest term comes near:
-the rebuild stops at 2^16 and the check refuses the attempt (`too_deep`). Below the caps the
-rebuilt flags are exact, which is what `badShape` relies on. -/
+the rebuild builds nothing past 2^16 and the check refuses the attempt (`too_deep`). Below the
+caps the rebuilt flags are exact, which is what `badShape` relies on. (A level is still
+traversed to its full depth first: one deep enough to exhaust the stack crashes the judge, which
+costs the attempt as a crash.) -/
 def maxBVarIndex : Nat := 65536
 def maxLevelDepth : Nat := 65536
 
@@ -89,7 +91,8 @@ unsafe def rbName (n : Name) : RebuildM Name := do
     return r
 
 /-- `l` rebuilt, with its depth counted here (not read from its cached data). A level deeper
-than `maxLevelDepth` is not built further: the check refuses it. -/
+than `maxLevelDepth` is replaced by `Level.zero`, so nothing deeper is ever built, and the check
+refuses the attempt; the file's level is still traversed to its full depth. -/
 unsafe def rbLevelD (l : Level) : RebuildM (Level × Nat) := do
   if let some r := (← get).levels.find? (ptrAddrUnsafe l) then return r
   let r : Level × Nat ← match l with
@@ -278,6 +281,9 @@ def walk (look : Name → Option ConstantInfo) (typeOnly : Name → Bool) (roots
         let mut next : Array Name := depsOf ci (!typeOnly n)
         if let .inductInfo v := ci then
           for i in v.all do
+            -- every member of the block, also one without constructors (which nothing else
+            -- names): the replay adds the whole block, so each must be walked and checked
+            next := next.push i
             if let some (.inductInfo iv) := look i then
               for c in iv.ctors do
                 if let some cc := look c then next := next ++ cc.type.getUsedConstants
@@ -435,8 +441,11 @@ def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order 
 
 Refused before `addDecl` sees them, whatever the kernel of the running version would do. A
 closed declaration never needs a free variable, a metavariable or a loose bound variable (the
-kernel's checks of these have had holes: lean4#14484), and a projection must name a structure
-with that many fields (lean4#14576). The flags read here were recomputed by `rebuild`. -/
+kernel's checks of these have had holes: lean4#14484), and a projection must name a
+structure-like type with more than that many fields (oversized indices were aliased or
+accepted: lean4#12746, #13602, #13618, #14631; a projection of a value of *another* structure,
+lean4#14576, is not caught here: it needs a new inductive type, refused by default). The flags
+read here were recomputed by `rebuild`. -/
 
 /-- A projection `.proj s i _` whose `s` is a structure-like inductive type (one constructor, no
 indices) whose constructor has more than `i` fields. -/
@@ -563,16 +572,18 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
   let lookW : Name → Option ConstantInfo := fun n => if n == tgt then none else look n
   match env.find? tgt with
   | none =>
-    status := "no_reference"
-    detail := s!"reference {tgt} is not in the clean environment"
+    if status == "ok" then
+      status := "no_reference"
+      detail := s!"reference {tgt} is not in the clean environment"
   | some ref =>
     refKind := kindOf ref
     match attempt? with
     | none =>
-      status := "missing"
-      let similar := consts.filter fun (n, _) =>
-        n.toString.endsWith ("." ++ target) || n.toString.endsWith target
-      detail := s!"no declaration named {tgt}; similar: {similar.map (·.1)}"
+      if status == "ok" then
+        status := "missing"
+        let similar := consts.filter fun (n, _) =>
+          n.toString.endsWith ("." ++ target) || n.toString.endsWith target
+        detail := s!"no declaration named {tgt}; similar: {similar.map (·.1)}"
     | some ci =>
       kind := kindOf ci
       -- Only answer placeholders (`abbrev ..._solution := sorry`) are walked by type alone:

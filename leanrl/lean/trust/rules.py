@@ -51,7 +51,7 @@ KERNEL_BUG_SHAPES: dict[str, str] = {
     ),
     "bad_projection": (
         "a projection must name a structure with that many fields; the kernel has accepted "
-        "projections on the wrong structure (lean4#14576)"
+        "out-of-range and aliased projection indices (lean4#12746, lean4#14631)"
     ),
     "not_safe": (
         "a theorem never needs an unsafe or partial declaration, and the kernel's checks of "
