@@ -6,7 +6,14 @@ refuses is a candidate false reject. Each refusal is listed with its reason. Ref
 construct the policy forbids *on purpose* (native code under the strict policy, a proof that
 defines its own elaborator or macro) are counted apart. "restated" counts the proofs that pass
 with the model's own statement (it differs from the reference beyond layout, comments, `«»` and
-redundant parentheses), which the trusted checker then compares by type.
+redundant parentheses), which the trusted checker then compares by type and, where the types
+differ, by the kernel's definitional equality.
+
+With ``--judge`` (needs a real Lean with the benchmark's Mathlib: ``leanrl setup --env ...`` or
+``LEANRL_LEAN_PROJECT``), every proof the pre-scan passes under the default policy is also checked
+end to end by the local runtime -- elaboration, the trusted checker, kernel replay -- and any
+verdict but ``ok`` is listed as a false reject of stage ``judge:<reason>``; "restated" then counts
+the restatements the kernel accepted.
 
 Inputs (any number, each a path):
 
@@ -202,6 +209,51 @@ def judge(case: Case, policy: VerificationPolicy) -> tuple[str, str] | None:
     return f"prescan:{v.reason.value}", v.detail
 
 
+def judge_with_lean(
+    all_cases: list[Case], policy: VerificationPolicy, workers: int
+) -> tuple[int, int, list[str]]:
+    """Check every case the pre-scan passes with the local runtime: (false rejects, restatements
+    the kernel accepted, listed lines)."""
+    from leanrl.runtime import RuntimeConfig
+    from leanrl.runtimes.local import LocalRuntime
+
+    passed: list[tuple[Case, Attempt]] = []
+    for c in all_cases:
+        got = judge(c, policy)
+        if got is not None and got[0] != "restated":  # refused before Lean: counted above
+            continue
+        ex = extract_proof(c.text, c.task, completion_style=c.completion_style)
+        assert ex.proof is not None
+        passed.append(
+            (
+                c,
+                Attempt(
+                    name=c.task.name,
+                    header=c.task.header,
+                    formal_statement=c.task.formal_statement,
+                    proof=ex.proof,
+                    preamble=ex.preamble,
+                    restated_statement=ex.restated_statement,
+                    policy=policy,
+                    id=f"{c.source}/{c.name}",
+                ),
+            )
+        )
+    rt = LocalRuntime(RuntimeConfig(workers=workers, timeout_s=600.0))
+    verdicts = rt.check_sync([a for _, a in passed])
+    false = restated = 0
+    lines: list[str] = []
+    for (c, a), v in zip(passed, verdicts, strict=True):
+        if v.accepted:
+            restated += bool(a.restated_statement)
+            continue
+        false += 1
+        lines.append(
+            f"  FALSE REJECT  {c.source}/{c.name}: judge:{v.reason.value}: {v.detail[:150]}"
+        )
+    return false, restated, lines
+
+
 def by_design(stage: str, detail: str, policy: VerificationPolicy) -> bool:
     """A refusal of a construct the policy forbids on purpose: native code when the policy does
     not allow it, or a command that runs code written in the proof (`elab`, `macro`, ...)."""
@@ -217,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         "inputs", nargs="+", help="proof files, folders, zips, JSONL or GITDIR:REV:PATH"
     )
     ap.add_argument("--statements", action="append", default=[], help="benchmark JSONL(s)")
+    ap.add_argument(
+        "--judge",
+        action="store_true",
+        help="also check what the pre-scan passes with real Lean (local runtime, default policy)",
+    )
+    ap.add_argument("--workers", type=int, default=0, help="Lean processes for --judge (0: cores)")
     args = ap.parse_args(argv)
     statements: dict[str, dict] = {}
     for path in args.statements:
@@ -259,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
             design_total += design
             restated_total += restated
             print(f"{source:44} {len(mine):>6} {false:>14} {design:>19} {restated:>9}")
+        if args.judge and label == "default":
+            f, r, lines = judge_with_lean(all_cases, policy, args.workers)
+            false_total += f
+            listed += lines
+            print(f"{'real judge (kernel)':44} {'':>6} {f:>14} {'':>19} {r:>9}")
         rate = 100.0 * false_total / max(total, 1)
         print(f"{'all':44} {total:>6} {false_total:>14} {design_total:>19} {restated_total:>9}")
         print(f"false-reject rate: {false_total}/{total} = {rate:.2f}%")
@@ -267,4 +330,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from leanrl.errors import LeanNotFoundError
+
+    try:
+        raise SystemExit(main())
+    except LeanNotFoundError as e:
+        print(f"--judge needs a real Lean: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
