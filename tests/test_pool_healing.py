@@ -109,6 +109,7 @@ async def test_the_service_heals_and_health_says_degraded_meanwhile(n: int, tmp_
         RuntimeConfig(
             workers=1,
             timeout_s=5.0,
+            isolate=False,  # the stand-in counts its starts in a file outside any sandbox
             options={"repl_command": failing_cmd(n, tmp_path / "starts"), "spares": 0, **FAST},
         )
     )
@@ -148,6 +149,7 @@ async def test_eval_never_scores_a_failed_start_and_resume_ends_at_the_truth(
             runtime=RuntimeConfig(
                 workers=1,
                 timeout_s=5.0,
+                isolate=False,  # the stand-in counts its starts in a file outside any sandbox
                 options={
                     "repl_command": failing_cmd(n, tmp_path / "starts"),
                     "spares": 0,
