@@ -34,6 +34,150 @@ def lean_available() -> bool:
     return shutil.which("lean") is not None or bool(os.environ.get("LEANRL_LEAN_PROJECT"))
 
 
+# -- the slow set: `pytest -m "not slow"` is the fast subset (CONTRIBUTING.md) ---------------------
+# It runs in under 3 minutes on a 2-core machine. Chosen from `pytest --durations=0` of the whole
+# suite on such a machine, under load (2026-12-01, 1,336 tests, 32 min): every test function whose
+# runs took 1.5 s or more in all (its parameters together), the ones over 1.25 s at the top of the
+# fast subset's own `--durations`, and whole files whose tests nearly all do (trainers, process
+# pools, servers, launchers). Tests marked `@pytest.mark.slow` in their own file are slow too.
+# A new test that takes more than a second or so belongs here (or marked there).
+
+SLOW_MODULES = frozenset(
+    {
+        "test_checkpoint_safety.py",
+        "test_cli.py",
+        "test_compare.py",
+        "test_countdown.py",
+        "test_es_cli.py",
+        "test_es_distributed.py",
+        "test_es_learning.py",
+        "test_es_lora.py",
+        "test_es_workers.py",
+        "test_eval_cli.py",
+        "test_expert_iteration.py",
+        "test_grpo_distributed.py",
+        "test_grpo_trainer.py",
+        "test_hints.py",
+        "test_inrun_eval.py",
+        "test_launch.py",
+        "test_lora.py",
+        "test_pool_healing.py",
+        "test_service_connections.py",
+        "test_sft.py",
+        "test_vllm_server.py",
+        "test_warm_pool.py",
+    }
+)
+"""Files whose every test is slow."""
+
+SLOW_TESTS: dict[str, frozenset[str]] = {
+    module: frozenset(names)
+    for module, names in {
+        "test_bad_input_files.py": [
+            "test_an_empty_k_on_the_command_line_says_what_to_pass",
+            "test_leanrl_verify_reports_a_non_utf8_proofs_file_in_one_line",
+        ],
+        "test_cli_ergonomics.py": [
+            "test_a_value_given_to_a_switch_says_how_to_write_it",
+            "test_help_is_short_and_help_all_is_complete",
+            "test_unknown_command_suggests_the_close_one",
+            "test_unknown_flag_suggests_the_close_one",
+        ],
+        "test_costs.py": ["test_es_rows_and_summary_carry_costs"],
+        "test_docker.py": ["test_the_dockerfile_copies_exactly_what_builds_leanrl"],
+        "test_docs.py": ["test_no_merge_conflict_markers"],
+        "test_es_pipeline.py": ["test_trainer_pipelined_matches_serial_and_logs_idle"],
+        "test_es_replay.py": [
+            "test_bf16_checkpoint_keeps_exact_master",
+            "test_replay_is_bitwise_identical",
+            "test_resume_after_kill_loses_nothing",
+        ],
+        "test_es_trainer.py": ["test_master_is_written_before_the_checkpoint_is_published"],
+        "test_eval_infra_and_offline.py": ["test_verify_exits_non_zero_when_a_verdict_is_infra"],
+        "test_eval_runner.py": [
+            "test_generation_and_verification_overlap",
+            "test_resume_after_interruption_redoes_nothing",
+        ],
+        "test_extras.py": [
+            "test_a_trainer_with_in_run_eval_finishes_without_matplotlib",
+            "test_the_core_runs_without_any_optional_package",
+        ],
+        "test_grpo_harnesses.py": ["test_grpo_steps_through_builtin_harness"],
+        "test_grpo_overlap.py": ["test_budget_stops_grpo_early"],
+        "test_grpo_run.py": [
+            "test_all_equal_groups_are_dropped_or_refilled",
+            "test_async_never_trains_on_batches_staler_than_the_bound",
+        ],
+        "test_harness_self_correction.py": ["test_grpo_trains_on_self_correction_rollouts"],
+        "test_harness_tactic_loop.py": ["test_tactics_are_prescanned_under_the_taskset_rules"],
+        "test_infra_training.py": ["test_grpo_leaves_infra_attempts_out_of_groups_and_rewards"],
+        "test_install_identity.py": ["test_a_foreign_leanrl_distribution_is_named_with_the_fix"],
+        "test_lean_project.py": [
+            "test_doctor_reports_everything_missing_with_fixes",
+            "test_setup_without_elan_fails_fast_with_the_fix",
+        ],
+        "test_local_runtime.py": [
+            "test_check_sync_from_plain_code",
+            "test_tactic_session",
+            "test_verify_cli",
+        ],
+        "test_log_recovery.py": ["test_the_cli_reports_a_full_disk_in_one_line"],
+        "test_modal.py": ["test_the_service_needs_no_heavy_packages"],
+        "test_policy_hf.py": [
+            "test_generation_runs_off_the_event_loop",
+            "test_stop_strings_cut_text_and_tokens",
+        ],
+        "test_policy_openai.py": [
+            "test_a_200_that_is_not_json_is_retried_then_reported",
+            "test_gives_up_after_max_retries_and_on_client_errors",
+        ],
+        "test_pool.py": [
+            "test_crash_garbage_and_memory_each_cost_one_attempt",
+            "test_hang_costs_one_attempt_and_the_spare_is_already_warm",
+            "test_recycle_after_n_attempts",
+        ],
+        "test_prescan_hostile.py": [
+            "test_comments_kept_or_not_give_the_same_code",
+            "test_deep_nesting_is_judged_never_raised",
+            "test_ten_thousand_hostile_texts_never_raise",
+        ],
+        "test_service.py": [
+            "test_client_retry_after_lost_answer_does_not_check_twice",
+            "test_hanging_backend_gets_504_and_the_service_keeps_serving",
+            "test_leanrl_serve_command_runs_and_stops_cleanly",
+            "test_serve_refuses_public_bind_without_token",
+            "test_serve_reports_a_runtime_that_cannot_start_cleanly",
+            "test_unix_socket_transport_and_container_healthcheck",
+        ],
+        "test_service_hardening.py": [
+            "test_requests_without_a_key_are_not_retried_after_being_sent"
+        ],
+        "test_service_trust.py": [
+            "test_the_unix_socket_is_private_unless_a_token_guards_it",
+            "test_without_a_token_hostile_headers_and_statements_are_refused",
+        ],
+        "test_trl_names.py": ["test_the_cli_names_leanrls_flag_for_a_trl_flag"],
+        "test_trust_lexer.py": ["test_hostile_nesting_is_an_error_not_a_crash"],
+        "test_trust_processes.py": [
+            "test_a_judge_that_hangs_costs_one_attempt",
+            "test_kill_9_of_the_owner_kills_busy_lean_processes_and_the_next_start_cleans_up",
+            "test_oneshot_kills_what_the_attempt_left_running_before_the_check",
+        ],
+    }.items()
+}
+"""Single slow tests, by file: a test function's name (all its parameters), or one parametrized
+case (``test_name[param]``)."""
+
+
+def is_slow(item: pytest.Item) -> bool:
+    """Whether ``item`` is in the slow set above."""
+    module = item.path.name
+    if module in SLOW_MODULES:
+        return True
+    names = SLOW_TESTS.get(module, frozenset())
+    return item.name in names or getattr(item, "originalname", item.name) in names
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_lean = pytest.mark.skip(
         reason="needs a real Lean toolchain: `lean` is not on PATH and LEANRL_LEAN_PROJECT is unset"
@@ -50,6 +194,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason="needs Modal credentials and network (set LEANRL_TEST_MODAL=1 to run)"
     )
     for item in items:
+        if is_slow(item):
+            item.add_marker(pytest.mark.slow)
         if "lean" in item.keywords and not lean_available():
             item.add_marker(skip_lean)
         if "gpu" in item.keywords and not gpu:
