@@ -14,7 +14,7 @@ Reports:
    generation and more) on the same batch, each measured in a fresh process as the rise of peak
    RSS over the process's RSS after loading the model;
 4. the history's size per iteration for ``--population`` members (plain and mirrored), written
-   by the real :class:`~leanrl.train.es_history.ESHistory`.
+   by the real :class:`~leanrl.train.es.history.ESHistory`.
 
 Ratios are the figures to compare across machines; absolute times depend on the CPU.
 """
@@ -72,7 +72,7 @@ def memory_child(args: argparse.Namespace) -> None:
     """Run one step kind in this (fresh) process and print its peak RSS rise as JSON."""
     import torch
 
-    from leanrl.train.es_weights import ESWeights
+    from leanrl.train.es.weights import ESWeights
 
     torch.set_num_threads(args.threads)
     model = make_model(args)
@@ -106,7 +106,7 @@ def memory_child(args: argparse.Namespace) -> None:
 def timing(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from leanrl.train.es_weights import ESWeights
+    from leanrl.train.es.weights import ESWeights
 
     torch.set_num_threads(args.threads)
     model = make_model(args)
@@ -209,7 +209,7 @@ def history_bytes(population: int) -> dict[str, int]:
     import tempfile
     from pathlib import Path
 
-    from leanrl.train.es_history import ESHistory, HistoryMeta, HistoryRecord, draw_seeds
+    from leanrl.train.es.history import ESHistory, HistoryMeta, HistoryRecord, draw_seeds
 
     out = {}
     for key, k in (("", population), ("_mirrored", population // 2)):

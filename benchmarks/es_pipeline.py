@@ -3,7 +3,7 @@
 A simulated iteration of ``--members`` members (30, the reference population) on one engine:
 every member's generation holds the engine for G seconds (fake generation: the engine is busy,
 nothing else may use its weights) and its checking takes V seconds (fake Lean: a sandbox batch
-that needs no weights). The real :class:`~leanrl.train.es_pipeline.PipelinedScorer`, the real
+that needs no weights). The real :class:`~leanrl.train.es.pipeline.PipelinedScorer`, the real
 environment rollout path and a real weights gate run; only generation and checking are sleeps.
 
 - serial (``scorer.pipeline = 1``): generate, check, next member: the engine idles V/(G+V).
@@ -34,8 +34,8 @@ from leanrl.rollout import Rollout, Turn
 from leanrl.runtime import Runtime
 from leanrl.task import Task
 from leanrl.taskset import Taskset
-from leanrl.train.es_pipeline import PipelinedScorer
-from leanrl.train.es_workers import IterationState, Member
+from leanrl.train.es.pipeline import PipelinedScorer
+from leanrl.train.es.workers import IterationState, Member
 from leanrl.verdict import Attempt, Reason, Verdict
 
 

@@ -1,10 +1,10 @@
 """Peak memory of ES member scoring: chosen-token log-probs kept step by step vs every score.
 
-The ES scoring policy (:class:`leanrl.train.es_policy.TorchPolicy`) needs one log-prob per
+The ES scoring policy (:class:`leanrl.train.es.policy.TorchPolicy`) needs one log-prob per
 generated token. ``old`` is how it got them before: ``generate(output_scores=True)`` keeps every
 step's full-vocabulary scores (steps x batch x vocab floats), then ``compute_transition_scores``
 picks the chosen ones. ``new`` is what it does now: a logits processor keeps only the chosen
-token's log-prob each step (:class:`leanrl.train.es_policy._ChosenLogprobs`). Each measurement
+token's log-prob each step (:class:`leanrl.train.es.policy._ChosenLogprobs`). Each measurement
 runs in a fresh process (the peak RSS of a process only grows); modes alternate; reported is the
 peak RSS above the process's RSS just before generating, and the two log-prob tables are
 checked to agree.
@@ -32,7 +32,7 @@ def child(mode: str, batch: int, tokens: int, vocab: int) -> dict[str, float]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
 
-    from leanrl.train.es_policy import _ChosenLogprobs
+    from leanrl.train.es.policy import _ChosenLogprobs
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -54,8 +54,8 @@ def _free_port() -> int:
 def _engine(a: dict[str, Any], world: Any, strategy: str, lora: int) -> Any:
     from leanrl.policy import PolicyConfig
     from leanrl.train.common import RunDir
-    from leanrl.train.grpo_config import GRPOConfig
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.config import GRPOConfig
+    from leanrl.train.grpo.engine import GRPOEngine
 
     cfg = GRPOConfig(
         policy=PolicyConfig(model=a["model"], device="cpu"),
@@ -76,7 +76,7 @@ def _engine(a: dict[str, Any], world: Any, strategy: str, lora: int) -> Any:
 def _batch(a: dict[str, Any], step: int) -> Any:
     import random
 
-    from leanrl.train.grpo_data import _Batch, _Sample
+    from leanrl.train.grpo.data import _Batch, _Sample
 
     rng = random.Random(step)
     samples = [

@@ -66,7 +66,7 @@ def texts(n: int) -> list[tuple[str, str]]:
     """(prompt, answer) strings exactly as leanrl's SFT builds them (for TRL)."""
     from leanrl import HarnessConfig, Task
     from leanrl.harnesses.whole_proof.prompts import build_prompt
-    from leanrl.train.sft_data import Pair, target_text
+    from leanrl.train.sft.data import Pair, target_text
 
     harness = HarnessConfig(prompt_format="deepseek")
     out = []
@@ -91,7 +91,7 @@ def run_leanrl(
     from leanrl import Task
     from leanrl.policy import PolicyConfig
     from leanrl.train.sft import SFTConfig, SFTTrainer
-    from leanrl.train.sft_data import Pair
+    from leanrl.train.sft.data import Pair
 
     pairs = [
         Pair(Task(name=n, header="", formal_statement=s), p) for n, s, p in examples(args.examples)

@@ -119,7 +119,7 @@ def main() -> None:
     from leanrl.config import merge
     from leanrl.testing import make_tiny_model
     from leanrl.train.es import ESTrainer
-    from leanrl.train.es_cli import ESCommand
+    from leanrl.train.es.cli import ESCommand
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/es-cpu", help="run folder (rerun to resume)")

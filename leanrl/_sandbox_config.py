@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from leanrl.lean.versions import REPL_REVS
+
 __all__ = [
     "DEFAULT_TOOLCHAIN",
     "REDACTED",
@@ -275,8 +277,6 @@ def image_pins(
     """(toolchain, Mathlib revision, REPL revision) to build a sandbox image with, from the
     taskset's pins (the default environment's Lean when there is no taskset): the Mathlib and
     REPL tags of the Lean version fill in what is missing."""
-    from leanrl.lean.project import REPL_REVS
-
     lean_toolchain = lean_toolchain or DEFAULT_TOOLCHAIN
     tag = "v" + lean_toolchain.rsplit(":v", 1)[-1] if ":v" in lean_toolchain else lean_toolchain
     return lean_toolchain, mathlib_rev or tag, repl_rev or REPL_REVS.get(tag, tag)

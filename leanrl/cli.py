@@ -81,10 +81,10 @@ _COMMANDS: dict[str, str] = {
     "verify": "leanrl.lean.commands:VerifyCommand",
     "decontaminate": "leanrl.decontam_cli:DecontaminateCommand",
     "serve": "leanrl.service.cli:ServeCommand",
-    "train grpo": "leanrl.train.grpo_cli:GRPOCommand",
-    "train es": "leanrl.train.es_cli:ESCommand",
-    "train sft": "leanrl.train.sft_cli:SFTCommand",
-    "train expert-iteration": "leanrl.train.ei_cli:ExpertIterationCommand",
+    "train grpo": "leanrl.train.grpo.cli:GRPOCommand",
+    "train es": "leanrl.train.es.cli:ESCommand",
+    "train sft": "leanrl.train.sft.cli:SFTCommand",
+    "train expert-iteration": "leanrl.train.sft.expert_iteration_cli:ExpertIterationCommand",
     "compare": "leanrl.compare:CompareCommand",
 }
 # -------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The decontamination options (a small module of its own: tasksets import it at start-up, while
-the matching itself, :mod:`leanrl.decontam`, loads benchmarks and is imported only when used)."""
+the matching itself, :mod:`leanrl.decontam_match`, is imported only when used)."""
 
 from __future__ import annotations
 

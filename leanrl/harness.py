@@ -18,11 +18,11 @@ from leanrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from leanrl.policy import Policy, Prompt, SamplingConfig
+    from leanrl.proofs import Pair
     from leanrl.rollout import Rollout
     from leanrl.runtime import Runtime
     from leanrl.task import Task
     from leanrl.taskset import Taskset
-    from leanrl.train.sft_data import Pair
 
 __all__ = ["Harness", "HarnessConfig"]
 

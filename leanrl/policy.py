@@ -14,9 +14,19 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leanrl.rollout import ChatMessage
+__all__ = ["ChatMessage", "Completion", "Policy", "PolicyConfig", "Prompt", "SamplingConfig"]
 
-__all__ = ["Completion", "Policy", "PolicyConfig", "Prompt", "SamplingConfig"]
+
+class ChatMessage(BaseModel):
+    """One chat message (OpenAI format)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    """Who speaks."""
+    content: str
+    """What is said."""
+
 
 Prompt = str | list[ChatMessage]
 """A text prompt (completion models) or a list of chat messages (chat models)."""

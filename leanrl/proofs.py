@@ -17,6 +17,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from leanrl.errors import DatasetError
 from leanrl.rollout import Rollout
 from leanrl.task import Task
 
-__all__ = ["PROOFS_FILE", "KeptProof", "ProofStore", "proof_digest", "read_proofs"]
+__all__ = ["PROOFS_FILE", "KeptProof", "Pair", "ProofStore", "proof_digest", "read_proofs"]
 
 PROOFS_FILE = "proofs.jsonl"
 """Name of the kept-proofs file in a run folder."""
@@ -84,6 +85,19 @@ class KeptProof(BaseModel):
             formal_statement=self.formal_statement,
             informal_statement=self.informal_statement,
         )
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One training pair: a task and a proof of it (what SFT trains on, and what
+    :meth:`leanrl.Harness.sft_example` lays out as a prompt and an answer)."""
+
+    task: Task
+    proof: str
+    preamble: str = ""
+    completion: str = ""
+    statement: str = ""
+    """The statement the proof was written against, when the model restated it differently."""
 
 
 def proof_digest(proof: str, preamble: str = "") -> str:

@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from leanrl.policy import ChatMessage, Completion
 from leanrl.verdict import Reason, Verdict
 
-if TYPE_CHECKING:
-    from leanrl.policy import Completion
-
 __all__ = ["ChatMessage", "Rollout", "Turn"]
-
-
-class ChatMessage(BaseModel):
-    """One chat message (OpenAI format)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    role: Literal["system", "user", "assistant", "tool"]
-    """Who speaks."""
-    content: str
-    """What is said."""
 
 
 class Turn(BaseModel):

@@ -26,7 +26,7 @@ from leanrl.task import Task
 from leanrl.verdict import Verdict, VerificationPolicy
 
 if TYPE_CHECKING:
-    from leanrl.decontam import DecontaminationReport
+    from leanrl.decontam_match import BenchmarkLoader, DecontaminationReport
     from leanrl.rollout import Rollout
 
 __all__ = [
@@ -175,6 +175,10 @@ class Taskset:
         self._tasks: list[Task] | None = None
         self.decontamination: DecontaminationReport | None = None
         """What ``config.decontaminate`` dropped (set by :meth:`tasks`, None when it is off)."""
+        self.load_benchmark: BenchmarkLoader | None = None
+        """How ``config.decontaminate`` loads its benchmarks by id: :func:`leanrl.load_environment`,
+        handed over by the :class:`~leanrl.Environment` that made this taskset (the taskset
+        layer sits below the environments it would load)."""
 
     @property
     def split(self) -> str | None:
@@ -279,11 +283,21 @@ class Taskset:
 
     def _decontaminate(self, tasks: list[Task]) -> list[Task]:
         """``tasks`` without those that match an evaluation benchmark (when configured)."""
-        if not self.config.decontaminate.against:
+        config = self.config.decontaminate
+        if not config.against:
             return tasks
-        from leanrl.decontam import decontaminate  # loads the benchmarks: only when asked
+        load = getattr(self, "load_benchmark", None)
+        if load is None:
+            raise ConfigError(
+                f"taskset {self.name or type(self).__name__!r}: decontaminate.against needs the "
+                "benchmarks loaded as environments; make the taskset through an environment "
+                "(leanrl.load_environment(...).tasks()), or set taskset.load_benchmark = "
+                "leanrl.load_environment"
+            )
+        from leanrl.decontam_match import BenchmarkIndex, drop_matches
 
-        kept, self.decontamination = decontaminate(tasks, self.config.decontaminate)
+        index = BenchmarkIndex.load(config, load)  # loads the benchmarks: only when asked
+        kept, self.decontamination = drop_matches(tasks, config, index)
         return kept
 
     def __len__(self) -> int:

@@ -35,7 +35,7 @@ def _forbid_writes(rank: int) -> None:
 
     for name in _WRITES:
         setattr(RunDir, name, refuse(f"RunDir.{name}"))
-    from leanrl.train.es_history import ESHistory
+    from leanrl.train.es.history import ESHistory
 
     for name in ("append", "_create"):
         setattr(ESHistory, name, refuse(f"ESHistory.{name}"))

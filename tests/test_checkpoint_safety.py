@@ -24,8 +24,8 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.integrity import checkpoint_problem, safetensors_problem, torch_file_problem
 from leanrl.train.common import RunDir
 from leanrl.train.es import ESTrainer
-from leanrl.train.es_history import master_equal, replay
-from leanrl.train.grpo_engine import load_optimizer_file
+from leanrl.train.es.history import master_equal, replay
+from leanrl.train.grpo.engine import load_optimizer_file
 
 
 class _Payload:

@@ -284,7 +284,7 @@ def test_sft_trains_on_countdowns_own_prompt(
     # code", the puzzle as a theorem) and a Lean code block as the answer.
     from transformers import AutoTokenizer
 
-    from leanrl.train.sft_data import IGNORE, Pair, encode_pairs
+    from leanrl.train.sft.data import IGNORE, Pair, encode_pairs
 
     tok = AutoTokenizer.from_pretrained(countdown_model)
     env = load_environment("countdown", split="train")
@@ -324,8 +324,8 @@ def test_expert_iteration_on_countdown_fine_tunes_on_its_own_prompt(
     # Expert iteration needs no Lean: the environment's checker keeps the right answers. Its SFT
     # phase trained them under the Lean whole-proof prompt, a prompt it never samples with.
     import leanrl.eval.runner as runner
-    import leanrl.train.sft_data as sft_data
-    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+    import leanrl.train.sft.data as sft_data
+    from leanrl.train.sft.expert_iteration import ExpertIteration, ExpertIterationConfig
 
     env_cfg = {"id": "countdown", "taskset": {"split": "train", "limit": 3}}
     env_cfg["harness"] = {"options": {"style": "direct"}}

@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from leanrl.errors import ConfigError
-from leanrl.train.es import ESConfig, es_coefficients, population, shape_rewards
-from leanrl.train.es_history import (
+from leanrl.train.es.history import (
     MAGIC_V1,
     ESHistory,
     HistoryMeta,
@@ -20,8 +19,9 @@ from leanrl.train.es_history import (
     draw_seeds,
     f32,
 )
-from leanrl.train.es_weights import ESWeights, noise, noise_seed
-from leanrl.train.es_workers import Member
+from leanrl.train.es.trainer import ESConfig, es_coefficients, population, shape_rewards
+from leanrl.train.es.weights import ESWeights, noise, noise_seed
+from leanrl.train.es.workers import Member
 
 
 def two_layer(dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -9,7 +9,7 @@ import pytest
 
 from leanrl.cli import main
 from leanrl.config import merge
-from leanrl.train.es_cli import ESCommand
+from leanrl.train.es.cli import ESCommand
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_TOML = REPO / "examples" / "train-es-cpu.toml"
@@ -64,6 +64,6 @@ def test_bad_config_fails_before_loading(
 def test_command_module_imports_no_torch() -> None:
     import subprocess
 
-    code = "import sys, leanrl.train.es_cli; print('torch' in sys.modules)"
+    code = "import sys, leanrl.train.es.cli; print('torch' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"

@@ -18,9 +18,9 @@ from test_es_learning import toy_config
 from leanrl.policy import SamplingConfig
 from leanrl.runtime import run_sync
 from leanrl.train.distributed import World
-from leanrl.train.es_fanout import DistributedScorer, ScorerBase, in_member_order
-from leanrl.train.es_history import ESHistory
-from leanrl.train.es_workers import IterationState, Member, MemberScore
+from leanrl.train.es.fanout import DistributedScorer, ScorerBase, in_member_order
+from leanrl.train.es.history import ESHistory
+from leanrl.train.es.workers import IterationState, Member, MemberScore
 from tests._ranks import run_ranks
 
 pytestmark = pytest.mark.slow

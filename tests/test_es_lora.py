@@ -10,7 +10,7 @@ import torch
 from test_es_learning import toy_config
 
 from leanrl.train.es import ESTrainer
-from leanrl.train.es_history import replay
+from leanrl.train.es.history import replay
 
 pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
 

@@ -20,8 +20,8 @@ from leanrl.rollout import Rollout, Turn
 from leanrl.runtime import Runtime, run_sync
 from leanrl.task import Task
 from leanrl.taskset import Taskset
-from leanrl.train.es_pipeline import EngineGate, MemberPolicy, PipelinedScorer
-from leanrl.train.es_workers import IterationState, Member
+from leanrl.train.es.pipeline import EngineGate, MemberPolicy, PipelinedScorer
+from leanrl.train.es.workers import IterationState, Member
 from leanrl.verdict import Attempt, Reason, Verdict
 
 EVENTS: list[tuple[str, str, float]] = []

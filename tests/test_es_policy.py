@@ -9,8 +9,8 @@ import pytest
 from leanrl.errors import PolicyError
 from leanrl.policy import SamplingConfig
 from leanrl.rollout import ChatMessage
-from leanrl.train.es_policy import TorchPolicy, load_model
-from leanrl.train.es_weights import ESWeights
+from leanrl.train.es.policy import TorchPolicy, load_model
+from leanrl.train.es.weights import ESWeights
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from test_es_learning import toy_config
 
 from leanrl.errors import ConfigError
 from leanrl.train.es import ESTrainer
-from leanrl.train.es_history import ESHistory, HistoryMeta, master_equal, replay
-from leanrl.train.es_weights import MASTER_FILE
+from leanrl.train.es.history import ESHistory, HistoryMeta, master_equal, replay
+from leanrl.train.es.weights import MASTER_FILE
 
 
 def run_steps(cfg, n: int) -> ESTrainer:  # type: ignore[no-untyped-def]

@@ -18,9 +18,9 @@ from test_es_learning import toy_config
 from leanrl.errors import ConfigError, LeanNotFoundError
 from leanrl.runtime import run_sync
 from leanrl.train.es import ESConfig, ESTrainer
-from leanrl.train.es_history import ESHistory, checkpoint_usable, replay
-from leanrl.train.es_weights import MASTER_FILE, ESWeights
-from leanrl.train.es_workers import IterationState, Member, MemberScore
+from leanrl.train.es.history import ESHistory, checkpoint_usable, replay
+from leanrl.train.es.weights import MASTER_FILE, ESWeights
+from leanrl.train.es.workers import IterationState, Member, MemberScore
 
 
 class ScriptedScorer:
@@ -92,7 +92,7 @@ def test_mirrored_pairs_scoring_alike_are_a_skipped_update(
 def test_a_member_with_only_infra_attempts_has_no_say(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A member whose attempts the checker could not judge has no reward: it is left out of the
     shaping and of the update, which is the one the judged members alone would give."""
-    from leanrl.train.es import es_coefficients, population, shape_rewards
+    from leanrl.train.es.trainer import es_coefficients, population, shape_rewards
 
     cfg = toy_config(tiny_model_dir, tmp_path / "i", population=4, save_every=100)
     _, rows = run_steps(cfg, ScriptedScorer([[1.0, None, 0.0, 1.0]]), 1)
@@ -164,7 +164,7 @@ def test_no_lean_fails_before_the_weights_load(
     def load(*a: Any, **kw: Any) -> None:
         raise AssertionError("the model was loaded before Lean was looked for")
 
-    monkeypatch.setattr("leanrl.train.es.load_weights", load)
+    monkeypatch.setattr("leanrl.train.es.trainer.load_weights", load)
     toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
     env = {"id": "dataset", "taskset": {"path": str(toy), "split": "train"}}
     cfg = toy_config(tiny_model_dir, tmp_path / "run", population=4, env=env)
@@ -190,7 +190,7 @@ def test_sampling_uses_one_seed_per_iteration(
 ) -> None:
     """greedy = false: every member of an iteration samples with the same seed (common random
     numbers), at the configured temperature; the seed changes between iterations."""
-    from leanrl.train.es_policy import TorchPolicy
+    from leanrl.train.es.policy import TorchPolicy
 
     calls: list[tuple[int | None, float]] = []
     real = TorchPolicy.generate_sync

@@ -17,8 +17,8 @@ def vllm_scorer(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     from leanrl.environment import EnvironmentConfig
     from leanrl.policy import PolicyConfig
     from leanrl.runtime import run_sync
-    from leanrl.train.es_history import WeightsSource
-    from leanrl.train.es_workers import VLLMScorer
+    from leanrl.train.es.history import WeightsSource
+    from leanrl.train.es.workers import VLLMScorer
 
     source = WeightsSource(str(tiny_model_dir), "float32", "cuda")
     env = ToyEnv(EnvironmentConfig(id="test_es_learning:ToyEnv"))
@@ -60,7 +60,7 @@ def test_engine_update_matches_hf_replay_bitwise(
 ) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import load_file
 
-    from leanrl.train.es_history import HistoryRecord, WeightsSource, load_weights
+    from leanrl.train.es.history import HistoryRecord, WeightsSource, load_weights
 
     rec = HistoryRecord(1, ((11, 0.01), (12, -0.02)))
     vllm_scorer.sync([rec])

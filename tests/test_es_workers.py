@@ -15,10 +15,10 @@ from test_es_learning import toy_config
 from leanrl.environment import EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig, SamplingConfig
-from leanrl.train.es import ESTrainer, population
-from leanrl.train.es_history import HistoryRecord, WeightsSource, load_weights
-from leanrl.train.es_policy import TorchPolicy
-from leanrl.train.es_workers import (
+from leanrl.train.es.history import HistoryRecord, WeightsSource, load_weights
+from leanrl.train.es.policy import TorchPolicy
+from leanrl.train.es.trainer import ESTrainer, population
+from leanrl.train.es.workers import (
     ESVLLMWorkerExtension,
     InProcessScorer,
     IterationState,

@@ -35,7 +35,7 @@ TACTICS[-1] = "omega"
 def warm_model(toy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The toy model after a warm-up SFT on twelve other theorems (one proved by omega)."""
     from leanrl.train.sft import SFTConfig, SFTTrainer
-    from leanrl.train.sft_data import Pair
+    from leanrl.train.sft.data import Pair
 
     pairs = [
         Pair(
@@ -104,7 +104,7 @@ def _rows(run: Path) -> list[dict[str, Any]]:
 
 
 def test_a_round_grows_the_solved_set(warm_model: Path, tmp_path: Path) -> None:
-    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+    from leanrl.train.sft.expert_iteration import ExpertIteration, ExpertIterationConfig
 
     run = tmp_path / "run"
     ei = ExpertIteration(ExpertIterationConfig(**_config(warm_model, run)))
@@ -135,7 +135,7 @@ def test_a_round_grows_the_solved_set(warm_model: Path, tmp_path: Path) -> None:
 def test_rerun_resumes_after_the_last_finished_round(
     warm_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+    from leanrl.train.sft.expert_iteration import ExpertIteration, ExpertIterationConfig
 
     run = tmp_path / "run"
     first = ExpertIteration(
@@ -177,7 +177,7 @@ def test_lora_rounds_train_adapters_and_publish_merged_models(
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+    from leanrl.train.sft.expert_iteration import ExpertIteration, ExpertIterationConfig
 
     run = tmp_path / "run"
     cfg = _config(warm_model, run, rounds=2, eval=InRunEvalConfig(), lora={"rank": 4})
@@ -200,12 +200,12 @@ def test_no_lean_fails_before_the_model_loads(
 ) -> None:
     """Without Lean, the runtime's own error comes before the baseline evaluation loads the
     model."""
-    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+    from leanrl.train.sft.expert_iteration import ExpertIteration, ExpertIterationConfig
 
     def load(*a: Any, **kw: Any) -> None:
         raise AssertionError("the model was loaded before Lean was looked for")
 
-    monkeypatch.setattr("leanrl.train.sft.load_model", load)
+    monkeypatch.setattr("leanrl.train.sft.trainer.load_model", load)
     lean = EnvironmentConfig(id="dataset", taskset={"path": TOY, "split": "train"})
     held_out = EnvironmentConfig(id="dataset", taskset={"path": TOY, "split": "test"})
     cfg = _config(
@@ -219,8 +219,8 @@ def test_no_lean_fails_before_the_model_loads(
 
 
 def test_checks_and_command_line(tmp_path: Path, toy_model_dir: Path) -> None:
-    from leanrl.train.ei_cli import ExpertIterationCommand
-    from leanrl.train.expert_iteration import ExpertIteration, ExpertIterationConfig
+    from leanrl.train.sft.expert_iteration import ExpertIteration, ExpertIterationConfig
+    from leanrl.train.sft.expert_iteration_cli import ExpertIterationCommand
 
     cmd = parse_command(
         ExpertIterationCommand,

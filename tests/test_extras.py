@@ -157,7 +157,7 @@ def test_a_trainer_with_in_run_eval_finishes_without_matplotlib(
     from leanrl.policy import PolicyConfig, SamplingConfig
     from leanrl.train.inrun_eval_config import InRunEvalConfig
     from leanrl.train.sft import SFTConfig, SFTTrainer
-    from leanrl.train.sft_data import Pair
+    from leanrl.train.sft.data import Pair
 
     toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
     _missing(monkeypatch, "matplotlib")

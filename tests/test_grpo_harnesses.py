@@ -68,7 +68,7 @@ def _config(model: Path, out: Path, **kw: Any) -> Any:
 
 
 def test_tactic_loop_feedback_tokens_are_masked(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     cfg = _config(tiny_model_dir, tmp_path / "run")
     engine = GRPOEngine(cfg, RunDir(tmp_path / "run"))
@@ -156,7 +156,7 @@ def test_tactic_loop_records_exactly_the_ids_the_model_saw(
         inner: Any = HFPolicy(PolicyConfig(model=str(tiny_model_dir)))
         asyncio.run(inner.start())
     else:
-        from leanrl.train.grpo_engine import GRPOEngine
+        from leanrl.train.grpo.engine import GRPOEngine
 
         engine = GRPOEngine(_config(tiny_model_dir, tmp_path / "run"), RunDir(tmp_path / "run"))
         engine.load(resumed=False)

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from leanrl.rollout import Rollout, Turn
-from leanrl.train.rl import aggregate, clipped_token_loss, group_advantages, kl_k3, token_logprobs
+from leanrl.train.grpo.loss import (
+    aggregate,
+    clipped_token_loss,
+    group_advantages,
+    kl_k3,
+    token_logprobs,
+)
 
 # -- advantages ---------------------------------------------------------------------------------
 
@@ -155,7 +161,7 @@ def test_samples_mask_environment_tokens_and_truncated_rollouts(tmp_path: object
     from leanrl.policy import PolicyConfig
     from leanrl.train.common import RunDir
     from leanrl.train.grpo import GRPOConfig
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     cfg = GRPOConfig(policy=PolicyConfig(model="x"), group_size=2, scale_rewards="none")
     engine = GRPOEngine(cfg, RunDir(str(tmp_path)))

@@ -30,7 +30,7 @@ ADVS = [1.0, -0.5, 0.25]
 
 def _engine(model: Path, out: Path, **kw: Any) -> Any:
     from leanrl.train.grpo import GRPOConfig
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     base: dict[str, Any] = dict(
         policy=PolicyConfig(model=str(model)),
@@ -51,7 +51,7 @@ def _engine(model: Path, out: Path, **kw: Any) -> Any:
 def _samples(engine: Any) -> list[Any]:
     """Three sequences of different lengths (the third with 2 environment tokens, mask 0) whose
     ``old`` is the current model's own log-prob, so that ρ = 1 exactly as given."""
-    from leanrl.train.grpo_data import _Sample
+    from leanrl.train.grpo.data import _Sample
 
     tok = engine.tokenizer
     prompt = tok.encode("theorem t1 : 1 + 1 = 2 := by", add_special_tokens=False)
@@ -67,7 +67,7 @@ def _samples(engine: Any) -> list[Any]:
 
 
 def _batch(samples: list[Any]) -> Any:
-    from leanrl.train.grpo_data import _Batch
+    from leanrl.train.grpo.data import _Batch
 
     return _Batch(
         step=0, groups=[], kept=[], samples=samples, version=0, t_rollout=0.0, t_generate=0.0
@@ -206,7 +206,7 @@ def test_training_logprobs_use_the_sampling_temperature(
 ) -> None:
     """Completions sampled at T = 0.7 carry log softmax(logits / 0.7); the first pass must see
     ρ = 1 (no clipping, behaviour KL 0, loss = the ρ = 1 value)."""
-    from leanrl.train.grpo_data import _Sample
+    from leanrl.train.grpo.data import _Sample
 
     sampling = SamplingConfig(max_tokens=12, top_p=1.0, temperature=0.7, seed=3)
     engine = _engine(tiny_model_dir, tmp_path / "r", sampling=sampling)
@@ -317,8 +317,8 @@ def test_infra_rollouts_get_no_sequence_and_no_say(tiny_model_dir: Path, tmp_pat
 def test_dropout_is_off_in_the_loss_forward(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A model with attention dropout 0.1: with ``disable_dropout`` (the default) the training
     forward reproduces the sampler's log-probs; without it, it does not."""
-    from leanrl.train.grpo_data import _Sample
-    from leanrl.train.rl import token_logprobs
+    from leanrl.train.grpo.data import _Sample
+    from leanrl.train.grpo.loss import token_logprobs
 
     drop = tmp_path / "tiny-dropout"
     shutil.copytree(tiny_model_dir, drop)

@@ -15,7 +15,7 @@ from test_es_pipeline import EVENTS, EchoEnv
 from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
 from leanrl.runtime import run_sync
 from leanrl.task import Task
-from leanrl.train.overlap import chunked_rollout
+from leanrl.train.grpo.overlap import chunked_rollout
 
 
 class LockedPolicy(Policy):

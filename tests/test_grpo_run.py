@@ -107,7 +107,7 @@ def test_async_never_trains_on_batches_staler_than_the_bound(
 ) -> None:
     """Training is made slow, so generation runs as far ahead as it is allowed: the logged
     staleness reaches the bound and never passes it."""
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     slow = GRPOEngine.train_step
 
@@ -153,7 +153,7 @@ def test_dual_clip_defaults() -> None:
 @pytest.fixture
 def no_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading a model is a test failure: these errors must come first."""
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     def load(self: Any, resumed: bool) -> None:
         raise AssertionError("the model was loaded before the config error was reported")

@@ -205,7 +205,7 @@ def test_first_pass_ratio_is_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The trainer's forward reproduces the sampler's log-probs: ρ = 1 before any update."""
     import asyncio
 
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     cfg = _config(tiny_model_dir, tmp_path / "run", group_size=3)
     engine = GRPOEngine(cfg, RunDir(tmp_path / "run"))
@@ -217,7 +217,7 @@ def test_first_pass_ratio_is_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     )
     samples = engine.make_samples(groups)
     logits, targets = engine._forward(samples, engine.model)
-    from leanrl.train.rl import token_logprobs
+    from leanrl.train.grpo.loss import token_logprobs
 
     logp = token_logprobs(logits, targets)
     for k, s in enumerate(samples):
@@ -268,7 +268,7 @@ def test_no_lean_fails_before_the_model_loads(
     """An environment that needs Lean, on a machine without it: the runtime's own error (how to
     set Lean up), before the model is loaded and before the run folder holds a config."""
     from leanrl.train.grpo import GRPOTrainer
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     def load(*a: Any, **kw: Any) -> None:
         raise AssertionError("the model was loaded before Lean was looked for")
@@ -467,7 +467,7 @@ def test_cli_trains_and_resumes(
 
 def test_cli_module_imports_without_torch() -> None:
     """`leanrl` lists every command at start-up: the GRPO command must not pull in torch."""
-    code = "import sys, leanrl.train.grpo_cli; sys.exit('torch' in sys.modules)"
+    code = "import sys, leanrl.train.grpo.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

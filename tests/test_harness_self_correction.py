@@ -224,7 +224,7 @@ def test_revisions_condition_on_exactly_the_ids_a_trainer_replays(
 ) -> None:
     from leanrl.train.common import RunDir
     from leanrl.train.grpo import GRPOConfig
-    from leanrl.train.grpo_engine import GRPOEngine
+    from leanrl.train.grpo.engine import GRPOEngine
 
     cfg = GRPOConfig(policy=PolicyConfig(model=str(toy_model_dir)), out=tmp_path / "run")
     engine = GRPOEngine(cfg, RunDir(tmp_path / "run"))

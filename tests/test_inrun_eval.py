@@ -137,7 +137,7 @@ def test_es_with_vllm_cannot_evaluate_in_run(tmp_path: Path, toy_model_dir: Path
 def test_sft_evaluates_every_n_steps(toy_model_dir: Path, tmp_path: Path) -> None:
     from leanrl import load_environment
     from leanrl.train.sft import SFTConfig, SFTTrainer
-    from leanrl.train.sft_data import Pair
+    from leanrl.train.sft.data import Pair
 
     tasks = load_environment("dataset", path=TOY, split="train").tasks()
     cfg = SFTConfig(

@@ -187,7 +187,7 @@ def test_es_fanned_out_equals_a_local_run(
 ) -> None:
     from leanrl.launch.launcher import launch
     from leanrl.train.es import ESTrainer
-    from leanrl.train.es_history import ESHistory
+    from leanrl.train.es.history import ESHistory
 
     local = ESTrainer(_es_config(toy_model_dir, tmp_path / "local"))
     local_rows = local.train_sync()
@@ -212,11 +212,11 @@ def test_es_fanned_out_equals_a_local_run(
     summary = json.loads((vol / "summary.json").read_text())
     assert summary["trainer"] == "es" and "usd" in summary["cost"]
     # the checkpoint on the Volume is the run's weights at iteration 3
-    from leanrl.train.es_history import replay
+    from leanrl.train.es.history import replay
 
     _, _, w_local = replay(tmp_path / "local")
-    from leanrl.train.es_policy import load_model
-    from leanrl.train.es_weights import ESWeights
+    from leanrl.train.es.policy import load_model
+    from leanrl.train.es.weights import ESWeights
 
     m3, _ = load_model(str(vol / "checkpoint-3"), "float32", "cpu")
     assert w_local.equal(ESWeights.from_model(m3).master)
@@ -241,7 +241,7 @@ def test_a_killed_orchestrator_resumes_from_the_volume(
 ) -> None:
     from leanrl.launch.launcher import launch
     from leanrl.train.es import ESTrainer
-    from leanrl.train.es_history import ESHistory
+    from leanrl.train.es.history import ESHistory
 
     reference = ESTrainer(_es_config(toy_model_dir, tmp_path / "ref", steps=4))
     reference.train_sync()

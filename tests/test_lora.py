@@ -181,7 +181,7 @@ def _sft_config(model: Path, out: Path, **kw: Any) -> Any:
 
 def _sft_pairs() -> list[Any]:
     from leanrl import load_environment
-    from leanrl.train.sft_data import Pair
+    from leanrl.train.sft.data import Pair
 
     tasks = load_environment("dataset", path=TOY, split="train").tasks()[:6]
     return [Pair(t, "\n  omega") for t in tasks]
@@ -195,7 +195,7 @@ def test_lora_sft_learns_and_saves_peft_adapters_and_a_merged_model(
 
     from leanrl.harness import HarnessConfig
     from leanrl.train.sft import SFTTrainer, answer_loss
-    from leanrl.train.sft_data import encode_pairs
+    from leanrl.train.sft.data import encode_pairs
 
     tok = AutoTokenizer.from_pretrained(lora_model)
     examples = encode_pairs(_sft_pairs(), HarnessConfig(), tok)
@@ -246,8 +246,8 @@ def test_lora_sft_resumes_from_its_adapters(lora_model: Path, tmp_path: Path) ->
 
 def test_lora_on_the_sft_command_line(tmp_path: Path) -> None:
     from leanrl.cli import parse_command
-    from leanrl.train.ei_cli import ExpertIterationCommand
-    from leanrl.train.sft_cli import SFTCommand
+    from leanrl.train.sft.cli import SFTCommand
+    from leanrl.train.sft.expert_iteration_cli import ExpertIterationCommand
 
     cfg = parse_command(SFTCommand, ["--model", "m", "--lora.rank", "16"]).to_sft_config()
     assert cfg.lora.rank == 16 and cfg.lora.lora_alpha == 32

@@ -22,7 +22,7 @@ from leanrl.errors import RuntimeUnavailable
 from leanrl.policy import PolicyConfig
 from leanrl.proofs import ProofStore, kept_from
 from leanrl.train.common import RunDir
-from leanrl.train.sft_data import (
+from leanrl.train.sft.data import (
     IGNORE,
     Pair,
     SFTDataConfig,
@@ -303,7 +303,7 @@ def test_steps_given_alone_wins_and_with_epochs_is_refused(
     default of 1 epoch); `--epochs` and `--steps` together are refused, naming both; neither
     is one epoch."""
     from leanrl.train.sft import SFTTrainer
-    from leanrl.train.sft_cli import SFTCommand
+    from leanrl.train.sft.cli import SFTCommand
 
     def cli(*flags: str) -> Any:
         return parse_command(SFTCommand, ["--model", str(toy_model_dir), *flags]).to_sft_config()
@@ -336,7 +336,7 @@ def test_no_lean_for_the_in_run_eval_fails_before_the_model_loads(
     def load(*a: Any, **kw: Any) -> None:
         raise AssertionError("the model was loaded before Lean was looked for")
 
-    monkeypatch.setattr("leanrl.train.sft.load_model", load)
+    monkeypatch.setattr("leanrl.train.sft.trainer.load_model", load)
     held_out = {"id": "dataset", "taskset": {"path": str(TOY), "split": "test"}}
     cfg = _config(toy_model_dir, tmp_path / "run", eval=InRunEvalConfig(every=2, env=held_out))
     with pytest.raises(LeanNotFoundError, match="leanrl setup"):
@@ -352,7 +352,7 @@ def test_the_default_micro_batch_follows_the_batch_size() -> None:
     """`leanrl train sft --batch-size 2` runs (micro-batches of 2) instead of being refused for
     the default micro-batch of 4; a micro-batch given explicitly must still divide the batch."""
     from leanrl.train.sft import SFTConfig, SFTOptions
-    from leanrl.train.sft_cli import SFTCommand
+    from leanrl.train.sft.cli import SFTCommand
 
     cfg = parse_command(SFTCommand, ["--model", "m", "--batch-size", "2"]).to_sft_config()
     assert (cfg.batch_size, cfg.micro_batch_size) == (2, 2)
@@ -364,7 +364,7 @@ def test_the_default_micro_batch_follows_the_batch_size() -> None:
 
 
 def test_command_line(tmp_path: Path) -> None:
-    from leanrl.train.sft_cli import SFTCommand
+    from leanrl.train.sft.cli import SFTCommand
 
     cmd = parse_command(
         SFTCommand,

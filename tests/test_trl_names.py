@@ -61,7 +61,7 @@ def test_a_toml_file_with_trl_names(tmp_path: object, capsys: pytest.CaptureFixt
     from pathlib import Path
 
     from leanrl.config import merge
-    from leanrl.train.grpo_cli import GRPOCommand
+    from leanrl.train.grpo.cli import GRPOCommand
 
     toml = Path(str(tmp_path)) / "trl.toml"
     toml.write_text("learning_rate = 2e-6\nnum_generations = 4\ntasks_per_step = 2\n")
@@ -82,7 +82,7 @@ def test_trl_only_trainers_and_typos_get_a_helpful_message() -> None:
         from leanrl import DPOTrainer  # noqa: F401
     from leanrl import SFTTrainer  # leanrl has its own
 
-    assert SFTTrainer.__module__ == "leanrl.train.sft"
+    assert SFTTrainer.__module__ == "leanrl.train.sft.trainer"
     import leanrl
 
     with pytest.raises(AttributeError, match=r"Did you mean leanrl\.GRPOTrainer"):

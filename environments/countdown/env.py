@@ -29,7 +29,7 @@ from leanrl.verdict import Attempt, Reason, Verdict
 from .arith import check_answer
 
 if TYPE_CHECKING:
-    from leanrl.train.sft_data import Pair
+    from leanrl.proofs import Pair
 
 __all__ = [
     "Countdown",

@@ -24,12 +24,12 @@ from typing import Any, Literal, Protocol
 from leanrl.costs import Usage, sandbox_usage
 from leanrl.environment import EnvironmentConfig
 from leanrl.errors import PolicyError
-from leanrl.launch.functions import CheckpointCall, MemberCall, MemberResult
+from leanrl.launch.specs import CheckpointCall, MemberCall, MemberResult
 from leanrl.policy import PolicyConfig
 from leanrl.train.common import RunDir
-from leanrl.train.es_fanout import ScorerBase, in_member_order
-from leanrl.train.es_history import HistoryRecord, WeightsSource
-from leanrl.train.es_workers import IterationState, Member, MemberScore
+from leanrl.train.es.fanout import ScorerBase, in_member_order
+from leanrl.train.es.history import HistoryRecord, WeightsSource
+from leanrl.train.es.workers import IterationState, Member, MemberScore
 
 __all__ = ["Functions", "MapScorer"]
 

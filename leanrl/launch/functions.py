@@ -7,7 +7,7 @@ the next member it scores reuses the model and applies only the history records 
 - :func:`es_member`: one ES member: rebuild θ from (base model or checkpoint on the Volume,
   history records), perturb, generate, check in Lean sandboxes, reward. Several members may
   run at once in one container; they share its engine through a gate (member i+1 generates
-  while member i is checked: :mod:`leanrl.train.es_pipeline`).
+  while member i is checked: :mod:`leanrl.train.es.pipeline`).
 - :func:`es_checkpoint`: rebuild θ at iteration t on a GPU and save ``checkpoint-t`` into the
   run folder on the Volume (the orchestrator holds no weights).
 - :func:`run_job`: run a whole command (the ES orchestrator, GRPO training, an eval) with the
@@ -19,18 +19,29 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from leanrl.environment import EnvironmentConfig
-from leanrl.policy import PolicyConfig, SamplingConfig
-from leanrl.task import Task
-from leanrl.train.es_history import HistoryRecord, WeightsSource
-from leanrl.train.es_workers import Member, MemberScore
+from leanrl.launch.specs import (
+    ROLE_ENV,
+    VOLUME_ENV,
+    VOLUME_NAME_ENV,
+    CheckpointCall,
+    JobCall,
+    MemberCall,
+    MemberResult,
+    commit_volume,
+    container_id,
+    container_started,
+    reload_volume,
+    volume_root,
+)
 
 __all__ = [
+    "ROLE_ENV",
+    "VOLUME_ENV",
+    "VOLUME_NAME_ENV",
     "CheckpointCall",
     "JobCall",
     "MemberCall",
@@ -42,88 +53,8 @@ __all__ = [
     "volume_root",
 ]
 
-ROLE_ENV = "LEANRL_LAUNCH_ROLE"
-"""Set in every launched container: ``orchestrator`` or ``gpu`` (what the job runs as)."""
-VOLUME_ENV = "LEANRL_VOLUME_ROOT"
-"""The Volume's mount point in this container."""
-VOLUME_NAME_ENV = "LEANRL_VOLUME_NAME"
-"""The Modal Volume's name (unset for the local backend, whose Volume is a folder)."""
-
-_CONTAINER_ID = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-_CONTAINER_T0 = time.time()
-
-
-def container_id() -> str:
-    """Who this container is (results carry it, so the caller can account per container)."""
-    return _CONTAINER_ID
-
-
-def volume_root() -> Path:
-    """Where the Volume is in this container (the current folder outside one)."""
-    return Path(os.environ.get(VOLUME_ENV, ".")).resolve()
-
-
-def commit_volume() -> None:
-    """Make this container's writes to the Volume durable and visible (no-op for a folder)."""
-    name = os.environ.get(VOLUME_NAME_ENV)
-    if name:
-        import modal
-
-        modal.Volume.from_name(name).commit()
-
-
-def reload_volume() -> None:
-    """See writes other containers committed since this one started (no-op for a folder)."""
-    name = os.environ.get(VOLUME_NAME_ENV)
-    if name:
-        import modal
-
-        modal.Volume.from_name(name).reload()
-
 
 # -- ES members -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MemberCall:
-    """Everything a container needs to score one member (all of it small)."""
-
-    index: int
-    """Position of the member in the population (results are put back in this order)."""
-    member: Member
-    source: WeightsSource
-    """Base model (hub id or a path on the Volume) or checkpoint, and the device kind."""
-    records: tuple[HistoryRecord, ...]
-    """The history so far; the container applies the ones it lacks."""
-    iteration: int
-    tasks: tuple[Task, ...]
-    sampling: SamplingConfig
-    sigma: float
-    env: EnvironmentConfig
-    policy: PolicyConfig
-    engine: Literal["inprocess", "vllm"] = "inprocess"
-    """What generates in the container: transformers, or a vLLM engine (GPU)."""
-
-
-@dataclass
-class MemberResult:
-    """One member's score and what its container spent."""
-
-    index: int
-    score: MemberScore
-    container: str
-    """Id of the container that scored it."""
-    container_t0: float
-    """When that container started (epoch seconds)."""
-    t_start: float
-    """When this call started and ended in the container (epoch seconds)."""
-    t_end: float
-    busy_s: float
-    """Seconds this member held the engine (perturbing and generating)."""
-    gpu_kind: str | None
-    gpus: int
-    sandbox: dict[str, float] = field(default_factory=dict)
-    """The container's Lean runtime figures so far (cumulative; sandbox-seconds...)."""
 
 
 class _Warm:
@@ -154,9 +85,9 @@ def _resolve(path: str | None) -> str | None:
 
 async def _engine_for(call: MemberCall) -> _Warm:
     from leanrl.environment import load_environment
-    from leanrl.train.es_history import load_weights
-    from leanrl.train.es_pipeline import EngineGate, TorchEngine
-    from leanrl.train.es_policy import TorchPolicy
+    from leanrl.train.es.history import load_weights
+    from leanrl.train.es.pipeline import EngineGate, TorchEngine
+    from leanrl.train.es.policy import TorchPolicy
 
     w = _WARM
     src = call.source
@@ -173,8 +104,8 @@ async def _engine_for(call: MemberCall) -> _Warm:
             local = replace(src, model=model, checkpoint=ckpt)  # LoRA settings and all
             records = [r for r in call.records if r.iteration > src.iteration]
             if call.engine == "vllm":
-                from leanrl.train.es_pipeline import VLLMEngine
-                from leanrl.train.es_workers import VLLMScorer, _EnginePolicy
+                from leanrl.train.es.pipeline import VLLMEngine
+                from leanrl.train.es.workers import VLLMScorer, _EnginePolicy
 
                 scorer = VLLMScorer(None, local, call.policy, None)  # type: ignore[arg-type]
                 await scorer.start()
@@ -204,8 +135,8 @@ async def _engine_for(call: MemberCall) -> _Warm:
 async def es_member(call: MemberCall) -> MemberResult:
     """Score one member in this container (see the module docstring)."""
     from leanrl.costs import local_gpus
-    from leanrl.train.es_pipeline import MemberPolicy
-    from leanrl.train.es_workers import score_rollouts
+    from leanrl.train.es.pipeline import MemberPolicy
+    from leanrl.train.es.workers import score_rollouts
 
     t_start = time.time()
     w = await _engine_for(call)
@@ -220,8 +151,8 @@ async def es_member(call: MemberCall) -> MemberResult:
     return MemberResult(
         index=call.index,
         score=score,
-        container=_CONTAINER_ID,
-        container_t0=_CONTAINER_T0,
+        container=container_id(),
+        container_t0=container_started(),
         t_start=t_start,
         t_end=time.time(),
         # the gate's busy time grew by this member's turns and any other member's in between;
@@ -236,24 +167,11 @@ async def es_member(call: MemberCall) -> MemberResult:
 # -- checkpoints ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CheckpointCall:
-    """Save ``checkpoint-<iteration>`` of an ES run whose weights live only in member engines."""
-
-    run_dir: str
-    """The run folder (a path on the Volume)."""
-    source: WeightsSource
-    records: tuple[HistoryRecord, ...]
-    iteration: int
-    state: dict[str, Any]
-    keep: int
-
-
 def es_checkpoint(call: CheckpointCall) -> str:
     """Rebuild θ at ``iteration`` from source + records and save it as a checkpoint."""
     from leanrl.train.common import RunDir
-    from leanrl.train.es_history import load_weights
-    from leanrl.train.es_weights import MASTER_FILE
+    from leanrl.train.es.history import load_weights
+    from leanrl.train.es.weights import MASTER_FILE
 
     src = call.source
     local = replace(
@@ -276,16 +194,6 @@ def es_checkpoint(call: CheckpointCall) -> str:
 
 
 # -- whole jobs -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobCall:
-    """A whole command to run in a container: ``kind`` with its resolved config."""
-
-    kind: Literal["es", "grpo", "eval"]
-    config: dict[str, Any]
-    """The command's config (``model_dump(mode="json")``); paths are relative to the Volume."""
-    role: Literal["orchestrator", "gpu"]
 
 
 def run_job(call: JobCall) -> dict[str, Any]:

@@ -24,18 +24,10 @@ from typing import Any, Literal
 
 from leanrl.errors import ConfigError
 from leanrl.launch.config import ModalLaunchConfig
-from leanrl.launch.functions import ROLE_ENV, JobCall, volume_root
 from leanrl.launch.local_functions import FunctionSpec, LocalFunctions
+from leanrl.launch.specs import FUNCTION_BODIES, ROLE_ENV, JobCall, volume_root
 
 __all__ = ["functions_for", "launch", "local_specs", "run_here"]
-
-_BODIES = {
-    "es_member": "leanrl.launch.functions:es_member",
-    "es_checkpoint": "leanrl.launch.functions:es_checkpoint",
-    "orchestrate": "leanrl.launch.functions:run_job",
-    "train_grpo": "leanrl.launch.functions:run_job",
-    "evaluate": "leanrl.launch.functions:run_job",
-}
 
 
 def local_specs(m: ModalLaunchConfig) -> dict[str, FunctionSpec]:
@@ -43,12 +35,14 @@ def local_specs(m: ModalLaunchConfig) -> dict[str, FunctionSpec]:
     gpu = {"LEANRL_GPU_KIND": "none"}  # local processes are priced by their own device
     return {
         "es_member": FunctionSpec(
-            _BODIES["es_member"], m.member_containers, m.members_per_container, gpu
+            FUNCTION_BODIES["es_member"], m.member_containers, m.members_per_container, gpu
         ),
-        "es_checkpoint": FunctionSpec(_BODIES["es_checkpoint"], 1, 1, gpu),
-        "orchestrate": FunctionSpec(_BODIES["orchestrate"], 1, 1, {ROLE_ENV: "orchestrator"}),
-        "train_grpo": FunctionSpec(_BODIES["train_grpo"], 1, 1, {ROLE_ENV: "gpu"}),
-        "evaluate": FunctionSpec(_BODIES["evaluate"], 1, 1, {ROLE_ENV: "gpu"}),
+        "es_checkpoint": FunctionSpec(FUNCTION_BODIES["es_checkpoint"], 1, 1, gpu),
+        "orchestrate": FunctionSpec(
+            FUNCTION_BODIES["orchestrate"], 1, 1, {ROLE_ENV: "orchestrator"}
+        ),
+        "train_grpo": FunctionSpec(FUNCTION_BODIES["train_grpo"], 1, 1, {ROLE_ENV: "gpu"}),
+        "evaluate": FunctionSpec(FUNCTION_BODIES["evaluate"], 1, 1, {ROLE_ENV: "gpu"}),
     }
 
 
@@ -109,7 +103,7 @@ async def _orchestrate(
 ) -> dict[str, Any]:
     """The ES loop with the population fanned out over ``es_member`` calls."""
     from leanrl.launch.es_map import MapScorer
-    from leanrl.launch.functions import commit_volume
+    from leanrl.launch.specs import commit_volume
     from leanrl.train.es import ESTrainer
 
     m = config.launcher.modal

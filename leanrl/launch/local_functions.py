@@ -1,7 +1,8 @@
 """The launched functions run in local processes, behind the same interface as Modal.
 
-:class:`LocalFunctions` stands in for a deployed Modal app: each function name has a body
-(:mod:`leanrl.launch.functions`), a most number of containers and of inputs per container.
+:class:`LocalFunctions` stands in for a deployed Modal app: each function name has a body (its
+import path, :data:`~leanrl.launch.specs.FUNCTION_BODIES`), a most number of containers and of
+inputs per container.
 A *container* is a spawned process with the Volume (a folder) as its working folder; it keeps
 what it loaded between calls, and runs up to ``concurrency`` calls at once on its event loop.
 ``map`` streams ``(index, result)`` pairs as calls finish (like ``Function.map`` with
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from leanrl.errors import LeanrlError
-from leanrl.launch.functions import ROLE_ENV, VOLUME_ENV
+from leanrl.launch.specs import ROLE_ENV, VOLUME_ENV
 
 __all__ = ["FunctionError", "FunctionSpec", "LocalFunctions"]
 

@@ -24,19 +24,10 @@ from typing import Any
 
 from leanrl._sandbox_config import ModalConfig
 from leanrl.launch.config import ModalLaunchConfig
-from leanrl.launch.functions import ROLE_ENV, VOLUME_ENV, VOLUME_NAME_ENV
 from leanrl.launch.local_functions import FunctionError
+from leanrl.launch.specs import FUNCTION_ROLES, ROLE_ENV, VOLUME_ENV, VOLUME_NAME_ENV
 
 __all__ = ["FUNCTION_ROLES", "AppDefinition", "ModalFunctions", "build_app", "function_env"]
-
-FUNCTION_ROLES: dict[str, str] = {
-    "es_member": "gpu",
-    "es_checkpoint": "gpu",
-    "orchestrate": "orchestrator",
-    "train_grpo": "gpu",
-    "evaluate": "gpu",
-}
-"""Every Function of the app and the image (role) it runs in."""
 
 _GPU_PIP = ("torch>=2.4,<2.15", "transformers>=4.45", "accelerate>=1.0")
 _SLIM_PIP = ("pydantic>=2.7", "pydantic-settings>=2.6", "httpx>=0.27", "modal>=0.64",
@@ -161,22 +152,23 @@ def build_app(m: ModalLaunchConfig, lean: ModalConfig | None = None) -> AppDefin
 
 
 def _bodies() -> dict[str, Any]:
-    """Thin wrappers the containers run (they import leanrl there, not here)."""
+    """Thin wrappers the containers run: each imports its body there
+    (:data:`~leanrl.launch.specs.FUNCTION_BODIES`), not here."""
 
     async def es_member(call: Any) -> Any:
-        from leanrl.launch.functions import es_member as body
+        from leanrl.launch.specs import FUNCTION_BODIES, body
 
-        return await body(call)
+        return await body(FUNCTION_BODIES["es_member"])(call)
 
     def es_checkpoint(call: Any) -> Any:
-        from leanrl.launch.functions import es_checkpoint as body
+        from leanrl.launch.specs import FUNCTION_BODIES, body
 
-        return body(call)
+        return body(FUNCTION_BODIES["es_checkpoint"])(call)
 
     def run_job(call: Any) -> Any:
-        from leanrl.launch.functions import run_job as body
+        from leanrl.launch.specs import FUNCTION_BODIES, body
 
-        return body(call)
+        return body(FUNCTION_BODIES["orchestrate"])(call)
 
     return {
         "es_member": es_member,

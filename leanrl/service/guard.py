@@ -10,20 +10,29 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse
 
-if TYPE_CHECKING:
-    from leanrl.service.app import VerificationService
+from leanrl._sandbox_config import ServiceLimits
 
-__all__ = ["Guard", "error"]
+__all__ = ["Counted", "Guard", "error"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Counted(Protocol):
+    """What the guard reads and counts on the service it guards
+    (:class:`~leanrl.service.app.VerificationService`)."""
+
+    limits: ServiceLimits
+    requests_total: int
+    rejected_requests: int
+    request_timeouts: int
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -38,7 +47,7 @@ class Guard:
     oversized body is refused while it streams in, before more than the limit is in memory.
     """
 
-    def __init__(self, app: ASGIApp, service: VerificationService, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, service: Counted, token: str | None) -> None:
         self.app = app
         self.service = service
         self.token = token

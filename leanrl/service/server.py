@@ -6,18 +6,32 @@ import asyncio
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
 from leanrl import registry
+from leanrl._sandbox_config import ServiceLimits
 from leanrl.errors import ConfigError
 from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.service.app import ServiceConfig, create_app
 from leanrl.service.connections import set_nodelay, uvicorn_settings
 
-if TYPE_CHECKING:
-    from leanrl.service.cli import ServeCommand
+__all__ = ["ServeSettings", "build_runtime", "serve"]
 
-__all__ = ["build_runtime", "serve"]
+
+class ServeSettings(Protocol):
+    """What :func:`serve` reads: the options of ``leanrl serve``
+    (:class:`~leanrl.service.cli.ServeCommand`, which documents each one)."""
+
+    host: str
+    port: int
+    uds: str | None
+    uds_mode: str
+    token: str | None
+    port_file: Path | None
+    log_level: Literal["critical", "error", "warning", "info", "debug"]
+    limits: ServiceLimits
+    warm_headers: list[str]
+    runtime: RuntimeConfig
 
 
 def build_runtime(config: RuntimeConfig) -> Runtime:
@@ -28,7 +42,7 @@ def build_runtime(config: RuntimeConfig) -> Runtime:
     return cls(config)
 
 
-def _bind(cmd: ServeCommand) -> socket.socket:
+def _bind(cmd: ServeSettings) -> socket.socket:
     if cmd.uds:
         path = Path(cmd.uds)
         path.unlink(missing_ok=True)
@@ -56,7 +70,7 @@ def _bind(cmd: ServeCommand) -> socket.socket:
     return sock
 
 
-def serve(cmd: ServeCommand) -> None:
+def serve(cmd: ServeSettings) -> None:
     """Serve until interrupted (SIGINT/SIGTERM shut down cleanly, closing the runtime)."""
     import uvicorn
 

@@ -18,6 +18,7 @@ from leanrl.policy import Policy, PolicyConfig, Prompt
 from leanrl.train.common import RunDir
 from leanrl.train.hf_policy import TrainPolicy
 from leanrl.train.inrun_eval_config import InRunEvalConfig
+from leanrl.train.prompt_ids import prompt_token_ids
 
 __all__ = ["LivePolicy", "evaluate", "plot_eval"]
 
@@ -31,8 +32,6 @@ class LivePolicy(TrainPolicy):
     name = "live"
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
-        from leanrl.train.sft_data import prompt_token_ids
-
         return prompt_token_ids(self.tokenizer, prompt, self.config.chat)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import leanrl
+import leanrl.errors
 from leanrl._sandbox_config import ModalConfig, image_pins
 from leanrl.errors import ConfigError
 
@@ -72,7 +72,7 @@ def _leanrl_source() -> tuple[Path, str, tuple[str, ...], dict[str, str], tuple[
     # Installed wheel: leanrl/ holds everything (runtimes/, environments/ nested in it), so
     # copying the package and putting it on PYTHONPATH is enough. Source checkout: the built-in
     # folders live beside leanrl/, so copy the checkout and pip-install it (without deps).
-    pkg = Path(leanrl.__file__).resolve().parent
+    pkg = Path(leanrl.errors.__file__).resolve().parent  # the package folder
     if (pkg / "runtimes").is_dir():
         remote = f"{REMOTE_SRC}/site"
         return pkg, f"{remote}/leanrl", (), {"PYTHONPATH": remote}, (".",)

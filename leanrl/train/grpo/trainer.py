@@ -89,10 +89,10 @@ from leanrl.train.common import (
     check_runtimes,
     runtime_metrics,
 )
-from leanrl.train.grpo_config import GRPOConfig
-from leanrl.train.grpo_data import _Batch, ends_truncated
+from leanrl.train.grpo.config import GRPOConfig
+from leanrl.train.grpo.data import _Batch, ends_truncated
+from leanrl.train.grpo.overlap import chunked_rollout
 from leanrl.train.infra import infra_metrics, warn_if_mostly_infra
-from leanrl.train.overlap import chunked_rollout
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
 
@@ -172,7 +172,7 @@ class GRPOTrainer:
         cfg = self.config
         check_model_path(cfg.policy.model)
         _check_relative_model_path(cfg.policy.model)
-        from leanrl.train.grpo_engine import device_and_precision
+        from leanrl.train.grpo.engine import device_and_precision
 
         device, _ = device_and_precision(cfg)
         backend = cfg.policy.backend
@@ -223,7 +223,7 @@ class GRPOTrainer:
         """Train to ``config.steps``; returns the metrics rows this call wrote."""
         self.check()
         from leanrl.train.distributed import World
-        from leanrl.train.grpo_engine import GRPOEngine, device_and_precision
+        from leanrl.train.grpo.engine import GRPOEngine, device_and_precision
 
         # torchrun: every rank runs this; rank 0 alone writes the run folder
         world = World.from_env(self.config.distributed, device_and_precision(self.config)[0].type)
@@ -251,7 +251,7 @@ class GRPOTrainer:
             # preflight cannot see (a Docker daemon, a Modal sandbox) also fails first.
             async with env:
                 await asyncio.to_thread(engine.load, resumed)
-                from leanrl.train.grpo_engine import device_and_precision
+                from leanrl.train.grpo.engine import device_and_precision
 
                 # every rank holds one GPU; rank 0's rows count them all
                 self._costs.start(self.run, str(device_and_precision(self.config)[0]), world.size)

@@ -1,9 +1,9 @@
 """The torch side of GRPO: the model, the optimizer, one optimisation step, checkpoints.
 
-:class:`GRPOEngine` owns everything with weights in it. :mod:`leanrl.train.grpo` drives it:
+:class:`GRPOEngine` owns everything with weights in it. :mod:`leanrl.train.grpo.trainer` drives it:
 ``load`` -> ``make_generation_policy`` -> per step ``sync_generation_weights``, ``make_samples``,
 ``train_step``, ``save_checkpoint``. The loss itself is the pure functions of
-:mod:`leanrl.train.rl`; see :mod:`leanrl.train.grpo` for the objective.
+:mod:`leanrl.train.grpo.loss`; see :mod:`leanrl.train.grpo.trainer` for the objective.
 """
 
 from __future__ import annotations
@@ -35,12 +35,18 @@ from leanrl.train.distributed import (
     shard_model,
     unwrap,
 )
-from leanrl.train.grpo_data import _Batch, _Sample, ends_truncated
+from leanrl.train.grpo.data import _Batch, _Sample, ends_truncated
+from leanrl.train.grpo.loss import (
+    aggregate,
+    clipped_token_loss,
+    group_advantages,
+    kl_k3,
+    token_logprobs,
+)
 from leanrl.train.hf_policy import TrainPolicy
-from leanrl.train.rl import aggregate, clipped_token_loss, group_advantages, kl_k3, token_logprobs
 
 if TYPE_CHECKING:
-    from leanrl.train.grpo_config import GRPOConfig
+    from leanrl.train.grpo.config import GRPOConfig
 
 __all__ = ["GRPOEngine", "load_optimizer_file"]
 

@@ -30,9 +30,9 @@ Where this departs from the paper's reference code, and why:
 - the coefficients are rounded to float32 *before* being applied, so the history (which stores
   float32) replays the live run bit for bit.
 
-The run state is the base model + the history (``es_history.py``); full checkpoints every
+The run state is the base model + the history (``history.py``); full checkpoints every
 ``save_every`` iterations bound replay time. Members are scored through a
-:class:`~leanrl.train.es_workers.MemberScorer` (in-process, local processes, or vLLM).
+:class:`~leanrl.train.es.workers.MemberScorer` (in-process, local processes, or vLLM).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from leanrl.train.common import (
     resume_line,
     runtime_metrics,
 )
-from leanrl.train.es_history import (
+from leanrl.train.es.history import (
     HISTORY_FILE,
     ESHistory,
     HistoryMeta,
@@ -77,8 +77,8 @@ from leanrl.train.es_history import (
     f32,
     load_weights,
 )
-from leanrl.train.es_weights import MASTER_FILE
-from leanrl.train.es_workers import (
+from leanrl.train.es.weights import MASTER_FILE
+from leanrl.train.es.workers import (
     IterationState,
     Member,
     MemberScore,
@@ -351,7 +351,7 @@ class ESTrainer:
         if self._scorer is None:
             self._scorer = self._make_scorer(source, records)
             if world.distributed:
-                from leanrl.train.es_fanout import DistributedScorer
+                from leanrl.train.es.fanout import DistributedScorer
 
                 self._scorer = DistributedScorer(self._scorer, world)
         await self._scorer.start()
@@ -366,7 +366,7 @@ class ESTrainer:
         """The ranks of a torchrun launch (one engine per rank, one rank per GPU), or one."""
         if self.world is None:
             from leanrl.train.distributed import World
-            from leanrl.train.es_policy import resolve_device_dtype
+            from leanrl.train.es.policy import resolve_device_dtype
 
             device, _ = resolve_device_dtype(self.config.policy)
             self.world = World.from_env(device_type=device_kind(device))
@@ -374,7 +374,7 @@ class ESTrainer:
 
     def _meta(self) -> HistoryMeta:
         """What this run's history records: run seed, and the noise device kind and dtype."""
-        from leanrl.train.es_policy import resolve_device_dtype
+        from leanrl.train.es.policy import resolve_device_dtype
 
         device, dtype = resolve_device_dtype(self.config.policy)
         # the vLLM scorer draws the noise inside the engine, on its GPU, whatever policy.device
@@ -406,7 +406,7 @@ class ESTrainer:
 
     def _source(self) -> WeightsSource:
         """Base model, or the newest complete checkpoint the history reaches."""
-        from leanrl.train.es_policy import resolve_device_dtype
+        from leanrl.train.es.policy import resolve_device_dtype
 
         device, dtype = resolve_device_dtype(self.config.policy)
         if self._remote:
@@ -447,11 +447,11 @@ class ESTrainer:
         return {**self.config.lora.model_dump(mode="json"), "seed": self.config.seed}
 
     def _make_scorer(self, source: WeightsSource, records: list[HistoryRecord]) -> MemberScorer:
-        from leanrl.train.es_policy import TorchPolicy
+        from leanrl.train.es.policy import TorchPolicy
 
         sc = self.config.scorer
         if sc.backend == "inprocess":
-            from leanrl.train.es_pipeline import PipelinedScorer, TorchEngine
+            from leanrl.train.es.pipeline import PipelinedScorer, TorchEngine
 
             policy = TorchPolicy(self.model, self.tokenizer, self.config.policy)
             return PipelinedScorer(self.env, TorchEngine(self.weights, policy), sc.pipeline)
@@ -467,7 +467,7 @@ class ESTrainer:
         master = None
         if source.checkpoint and (Path(source.checkpoint) / MASTER_FILE).is_file():
             master = str(Path(source.checkpoint) / MASTER_FILE)
-        from leanrl.train.es_pipeline import PipelinedVLLMScorer
+        from leanrl.train.es.pipeline import PipelinedVLLMScorer
 
         return PipelinedVLLMScorer(self.env, source, self.config.policy, master, depth=sc.pipeline)
 
@@ -652,8 +652,8 @@ class ESTrainer:
     def _save_checkpoint_from_engine(self, it: int, state: dict[str, Any]) -> Path:
         import tempfile
 
-        from leanrl.train.es_policy import load_model
-        from leanrl.train.es_weights import ESWeights, load_master_file
+        from leanrl.train.es.policy import load_model
+        from leanrl.train.es.weights import ESWeights, load_master_file
 
         assert isinstance(self._scorer, VLLMScorer)
         self._scorer.sync(self.history.records)  # the engine applies updates lazily

@@ -1,7 +1,7 @@
 """What flows through one GRPO step: the sequences the loss sees and the batch of one step.
 
-Shared by the trainer loop (:mod:`leanrl.train.grpo`) and the torch side
-(:mod:`leanrl.train.grpo_engine`), so neither imports the other.
+Shared by the trainer loop (:mod:`leanrl.train.grpo.trainer`) and the torch side
+(:mod:`leanrl.train.grpo.engine`), so neither imports the other.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pydantic import model_validator
 from leanrl.config import ConfigCommand
 from leanrl.launch.cli import launched
 from leanrl.train.common import print_run_summary
-from leanrl.train.grpo import GRPOConfig
+from leanrl.train.grpo.trainer import GRPOConfig
 
 __all__ = ["GRPOCommand"]
 
@@ -58,7 +58,7 @@ class GRPOCommand(ConfigCommand, GRPOConfig):
         )
 
     def cli_cmd(self) -> None:
-        from leanrl.train.grpo import GRPOTrainer
+        from leanrl.train.grpo.trainer import GRPOTrainer
 
         config = self.to_grpo_config()
         if launched("grpo", config, self.dry_run):

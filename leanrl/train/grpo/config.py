@@ -1,8 +1,9 @@
 """The GRPO configuration: every option of :class:`leanrl.train.grpo.GRPOTrainer`, validated.
 
 Kept apart from the trainer so that the CLI (which lists every command at start-up) and the torch
-side (:mod:`leanrl.train.grpo_engine`) can import it without importing each other; importing it
-does not import torch. The objective the options configure is in :mod:`leanrl.train.grpo`.
+side (:mod:`leanrl.train.grpo.engine`) can import it without importing each other; importing it
+does not import torch. The objective the options configure is in
+:mod:`leanrl.train.grpo.trainer`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from pydantic import Field, field_validator, model_validator
 from leanrl.policy import SamplingConfig
 from leanrl.train.common import TrainConfig
 from leanrl.train.distributed import DistributedConfig
+from leanrl.train.grpo.trl_names import TRL_DIFFERENT, TRL_SAME, translate_trl
 from leanrl.train.lora import LoRAConfig
-from leanrl.train.trl_names import TRL_DIFFERENT, TRL_SAME, translate_trl
 from leanrl.train.vllm_server import VLLMServerConfig
 
 __all__ = ["GRPOConfig", "LossAgg", "RewardScale"]
 
-# The same literals as leanrl.train.rl's, spelled out here so that importing the config (the CLI
-# does, at start-up) does not import torch.
+# The same literals as leanrl.train.grpo.loss's, spelled out here so that importing the config (the
+# CLI does, at start-up) does not import torch.
 LossAgg = Literal["grpo", "dr_grpo", "dapo"]
 RewardScale = Literal["group", "batch", "none"]
 
@@ -39,7 +40,7 @@ class GRPOSamplingConfig(SamplingConfig):
 class GRPOConfig(TrainConfig):
     """GRPO options. Defaults follow the papers each field cites. TRL's ``GRPOConfig`` names
     are accepted where they mean the same (``learning_rate``, ``num_generations``, ...; see
-    ``leanrl.train.trl_names``)."""
+    ``leanrl.train.grpo.trl_names``)."""
 
     foreign_names: ClassVar[dict[str, str]] = {
         **{k: f"--{v.replace('_', '-')}" for k, v in TRL_SAME.items()},

@@ -1,7 +1,7 @@
 """Supervised fine-tuning on verified proofs, on transformers' ``Trainer``.
 
 ``SFTTrainer`` turns (statement, proof) pairs (``proofs.jsonl`` files, or a dataset's proof
-column; see :mod:`leanrl.train.sft_data`) into examples in the configured harness prompt format,
+column; see :mod:`leanrl.train.sft.data`) into examples in the configured harness prompt format,
 with loss on the answer's tokens only, and trains with the maintained ``transformers.Trainer``
 (AdamW, the schedule, gradient accumulation, bf16, gradient checkpointing, checkpoint
 save/resume). It writes the run folder every leanrl trainer writes: ``config.json``,
@@ -44,7 +44,7 @@ from leanrl.train.common import (
     resume_line,
 )
 from leanrl.train.lora import LoRAConfig, check_peft
-from leanrl.train.sft_data import Pair, SFTDataConfig
+from leanrl.train.sft.data import Pair, SFTDataConfig
 
 __all__ = [
     "SFTConfig",
@@ -188,7 +188,7 @@ class SFTTrainer:
         env = self.env or load_environment(cfg.env)
         pairs = self.pairs
         if pairs is None:
-            from leanrl.train.sft_data import load_pairs
+            from leanrl.train.sft.data import load_pairs
 
             env_tasks = env.tasks() if cfg.data.from_env else None
             pairs = load_pairs(cfg.data, env_tasks)
@@ -210,7 +210,7 @@ class SFTTrainer:
         elif resumed:
             log.info("%s holds no checkpoint yet: starting the run over", self.run.path)
         self._load()
-        from leanrl.train.sft_data import encode_pairs
+        from leanrl.train.sft.data import encode_pairs
 
         examples = encode_pairs(
             pairs,
@@ -403,7 +403,7 @@ def _without_tied(model: Any, load_result: Any) -> Any:
 
 
 def _collate(features: Sequence[dict[str, list[int]]], pad: int) -> dict[str, Any]:
-    from leanrl.train.sft_data import collate
+    from leanrl.train.sft.data import collate
 
     return collate(features, pad)
 
@@ -520,7 +520,7 @@ def answer_loss(
     """Mean loss per answer token of ``model`` on ``examples`` (no gradients)."""
     import torch
 
-    from leanrl.train.sft_data import IGNORE, collate
+    from leanrl.train.sft.data import IGNORE, collate
 
     total, count = 0.0, 0
     was = model.training

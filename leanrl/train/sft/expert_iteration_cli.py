@@ -1,5 +1,5 @@
 """``leanrl train expert-iteration``: the command-line face of
-:class:`leanrl.train.expert_iteration.ExpertIteration`.
+:class:`leanrl.train.sft.expert_iteration.ExpertIteration`.
 
 Imports nothing heavy at module level (the CLI lists every command at start-up).
 """
@@ -10,7 +10,7 @@ from typing import Literal
 
 from leanrl.config import ConfigCommand
 from leanrl.train.common import print_run_summary
-from leanrl.train.expert_iteration import ExpertIterationConfig
+from leanrl.train.sft.expert_iteration import ExpertIterationConfig
 
 __all__ = ["ExpertIterationCommand"]
 
@@ -41,7 +41,7 @@ class ExpertIterationCommand(ConfigCommand, ExpertIterationConfig):
         )
 
     def cli_cmd(self) -> None:
-        from leanrl.train.expert_iteration import ExpertIteration
+        from leanrl.train.sft.expert_iteration import ExpertIteration
 
         ei = ExpertIteration(self.to_config())
         ei.check()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from leanrl.errors import PolicyError
 from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
-from leanrl.train.es_workers import (
+from leanrl.train.es.workers import (
     IterationState,
     Member,
     MemberScore,
@@ -37,7 +37,7 @@ from leanrl.train.es_workers import (
 
 if TYPE_CHECKING:
     from leanrl.environment import Environment
-    from leanrl.train.es_weights import ESWeights
+    from leanrl.train.es.weights import ESWeights
 
 __all__ = [
     "Engine",
@@ -63,7 +63,7 @@ class Engine(Protocol):
 
 
 class TorchEngine:
-    """A transformers model in this process (:class:`~leanrl.train.es_weights.ESWeights`)."""
+    """A transformers model in this process (:class:`~leanrl.train.es.weights.ESWeights`)."""
 
     def __init__(self, weights: ESWeights, policy: Policy) -> None:
         self.weights = weights
@@ -244,7 +244,7 @@ class PipelinedVLLMScorer(VLLMScorer):
         self.last_idle_frac: float | None = None
 
     async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
-        from leanrl.train.es_workers import _EnginePolicy
+        from leanrl.train.es.workers import _EnginePolicy
 
         self.sync(state.records)
         engine = VLLMEngine(self.llm, _EnginePolicy(self.llm, self.policy_config))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from leanrl.config import ConfigCommand
 from leanrl.train.common import print_run_summary
-from leanrl.train.sft import SFTConfig
+from leanrl.train.sft.trainer import SFTConfig
 
 __all__ = ["SFTCommand"]
 
@@ -31,7 +31,7 @@ class SFTCommand(ConfigCommand, SFTConfig):
         return self.build_config(SFTConfig, "SFT config", {"model": ("policy", "model")})
 
     def cli_cmd(self) -> None:
-        from leanrl.train.sft import SFTTrainer
+        from leanrl.train.sft.trainer import SFTTrainer
 
         trainer = SFTTrainer(self.to_sft_config())
         trainer.check()  # a bad model path fails here, before anything is loaded

@@ -1,0 +1,463 @@
+"""The ES history: the whole training state as per-iteration coefficients, and ``replay``.
+
+An ES run's weights after iteration ``t`` are a pure function of the base model and the records of
+iterations ``1..t``: ``θ_t = θ_{t-1} + Σ_k c_{t,k} ε(seed_{t,k})``. The seeds of iteration ``t``
+are themselves a pure function of (run seed, ``t``) (:func:`draw_seeds`), so a record stores only
+the coefficients: 16 + 4·K bytes per iteration, 136 bytes for a population of 30 (K = 30 seeds),
+76 with mirrored pairs (K = 15), 16 for a skipped iteration.
+
+File layout, format 2 (little-endian)::
+
+    MAGIC "leanrl-es-hist2\\n" (16 bytes) | header length u16 | header JSON | crc32 u32
+    record*:  b"ESIT" | iteration u32 | count u16 | flags u16 | coeff f32 * count | crc32 u32
+
+The header JSON holds ``run_seed`` (the seeds are regenerated from it), and ``device_type`` and
+``dtype``: the kind of device the noise was drawn on and the model dtype. CPU and CUDA generators
+draw different numbers from the same seed, so records only mean the same update on the same kind
+of device; a resume or ``replay`` elsewhere is refused (replay can be forced). The file is created
+atomically (written aside, then renamed), so a crash cannot leave a torn header.
+
+``flags`` bit 0 marks an iteration whose update was skipped (all members scored the same, or
+every coefficient was zero); its record has no coefficients. A record is appended and fsynced
+after every iteration, so a crash can only tear the *last* record: fewer bytes than one whole
+record at the very end. :meth:`ESHistory.open` cuts exactly that off. Anything else that does not
+decode (a bad CRC on a whole record, a gap in iteration numbers, bytes after a bad record) is
+corruption: it raises :class:`~leanrl.errors.ConfigError` naming the byte offset and never
+truncates, since cutting there would silently drop every iteration after it. ``read_only``
+opening (what ``replay`` uses) never writes or creates anything.
+
+Format 1 files (``leanrl-es-hist1``: seeds stored in every record, 8 bytes per seed, no header)
+are still read and appended to in format 1; they record no device kind, so it is not checked.
+
+``replay`` rebuilds the weights: load the latest full checkpoint at or before the wanted iteration
+(or the base model), then apply the remaining records with the same code the live run used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from leanrl.errors import ConfigError, disk_errors
+
+if TYPE_CHECKING:
+    import torch
+
+    from leanrl.train.es.weights import ESWeights
+
+__all__ = [
+    "ESHistory",
+    "HistoryMeta",
+    "HistoryRecord",
+    "WeightsSource",
+    "draw_seeds",
+    "load_weights",
+    "replay",
+]
+
+MAGIC_V1 = b"leanrl-es-hist1\n"
+MAGIC = b"leanrl-es-hist2\n"
+FORMAT_VERSION = 2
+"""The format new history files are written in."""
+_HLEN = struct.Struct("<H")
+_HEAD = struct.Struct("<4sIHH")
+_PAIR = struct.Struct("<If")  # format 1: (seed, coeff)
+_COEF = struct.Struct("<f")  # format 2: coeff only
+_CRC = struct.Struct("<I")
+_TAG = b"ESIT"
+FLAG_SKIPPED = 1
+HISTORY_FILE = "es_history.bin"
+"""The history's file name inside the run folder."""
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    """One iteration: the (seed, coefficient) pairs of its update, in the order applied."""
+
+    iteration: int
+    """1-based iteration number."""
+    coeffs: tuple[tuple[int, float], ...]
+    """(seed, c) pairs; ``c`` is exactly representable in float32. Empty when skipped. In a
+    format 2 file the seeds must be ``draw_seeds(run_seed, iteration, len(coeffs))``."""
+    skipped: bool = False
+    """True when no update was made (all members scored the same, or all c were zero)."""
+
+    def encode(self, version: int = FORMAT_VERSION, run_seed: int | None = None) -> bytes:
+        """The record's bytes in file format ``version`` (2 checks the seeds against ``run_seed``)."""
+        body = _HEAD.pack(_TAG, self.iteration, len(self.coeffs), FLAG_SKIPPED * self.skipped)
+        if version == 1:
+            body += b"".join(_PAIR.pack(s, c) for s, c in self.coeffs)
+        else:
+            if self.coeffs:
+                if run_seed is None:
+                    raise ValueError("format 2 records need the run seed to check their seeds")
+                want = draw_seeds(run_seed, self.iteration, len(self.coeffs))
+                if [s for s, _ in self.coeffs] != want:
+                    raise ValueError(
+                        f"iteration {self.iteration}: seeds are not draw_seeds(run seed "
+                        f"{run_seed}, {self.iteration}, {len(self.coeffs)}), so the history "
+                        "could not regenerate them"
+                    )
+            body += b"".join(_COEF.pack(c) for _, c in self.coeffs)
+        return body + _CRC.pack(zlib.crc32(body))
+
+
+@dataclass(frozen=True)
+class HistoryMeta:
+    """What a history's header records about its run (format 2)."""
+
+    run_seed: int
+    """The run seed: member seeds are ``draw_seeds(run_seed, iteration, count)``."""
+    device_type: str
+    """Kind of device the noise is drawn on (``cpu``, ``cuda``): it decides the noise numbers."""
+    dtype: str
+    """Model dtype (``float32``, ``bfloat16``...): it decides the starting fp32 master."""
+
+    def to_json(self) -> bytes:
+        data = {"run_seed": self.run_seed, "device_type": self.device_type, "dtype": self.dtype}
+        return json.dumps(data, sort_keys=True).encode()
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to the nearest float32 (what the history can store exactly)."""
+    return float(struct.unpack("<f", struct.pack("<f", x))[0])
+
+
+@dataclass
+class _Decoded:
+    records: list[HistoryRecord] = field(default_factory=list)
+    end: int = 0
+    """Offset just past the last whole, valid record."""
+    problem: str | None = None
+    """Why decoding stopped before the end of the data (None: it reached the end)."""
+    torn: bool = False
+    """The bytes left are fewer than one whole record: a write cut short by a crash."""
+
+
+def decode_records(
+    data: bytes, offset: int, version: int = FORMAT_VERSION, run_seed: int | None = None
+) -> _Decoded:
+    """Parse records from ``data[offset:]`` and say why (and where) decoding stopped."""
+    out = _Decoded(end=offset)
+    pos = offset
+    item = _PAIR.size if version == 1 else _COEF.size
+    while pos < len(data):
+        if pos + _HEAD.size > len(data):
+            out.problem, out.torn = "an incomplete record header", True
+            break
+        tag, it, count, flags = _HEAD.unpack_from(data, pos)
+        if tag != _TAG:
+            out.problem = "no record tag (not a record boundary)"
+            break
+        end = pos + _HEAD.size + count * item + _CRC.size
+        if end > len(data):
+            out.problem, out.torn = (
+                f"a record cut short ({len(data) - pos} of {end - pos} bytes)",
+                True,
+            )
+            break
+        (crc,) = _CRC.unpack_from(data, end - _CRC.size)
+        if crc != zlib.crc32(data[pos : end - _CRC.size]):
+            out.problem = f"a CRC mismatch in the record of iteration {it}"
+            break
+        expected = (out.records[-1].iteration + 1) if out.records else 1
+        if it != expected:
+            out.problem = f"iteration {it} where iteration {expected} was expected"
+            break
+        base = pos + _HEAD.size
+        if version == 1:
+            pairs = [_PAIR.unpack_from(data, base + i * item) for i in range(count)]
+            coeffs = tuple((int(s), float(c)) for s, c in pairs)
+        else:
+            if count and run_seed is None:
+                raise ConfigError("a format 2 history without a run seed in its header")
+            seeds = draw_seeds(run_seed, it, count) if count else []  # type: ignore[arg-type]
+            cs = [_COEF.unpack_from(data, base + i * item)[0] for i in range(count)]
+            coeffs = tuple((s, float(c)) for s, c in zip(seeds, cs, strict=True))
+        out.records.append(HistoryRecord(it, coeffs, bool(flags & FLAG_SKIPPED)))
+        pos = end
+        out.end = pos
+    return out
+
+
+class ESHistory:
+    """The append-only, crash-safe history file of one run."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.records: list[HistoryRecord] = []
+        self.version = FORMAT_VERSION
+        """File format of the open file (1 or 2)."""
+        self.meta: HistoryMeta | None = None
+        """The header of a format 2 file (None for format 1, which has none)."""
+
+    def open(
+        self, meta: HistoryMeta | None = None, *, read_only: bool = False
+    ) -> list[HistoryRecord]:
+        """Read the file and return its records.
+
+        Not ``read_only``: a missing file is created with header ``meta``, and a torn last record
+        (fewer bytes than one record at the very end, from a crash mid-append) is cut off so
+        appends continue cleanly. ``read_only``: nothing is ever written or created; a torn tail
+        is ignored. Corruption anywhere else raises :class:`ConfigError` and changes nothing.
+        """
+        if not self.path.exists():
+            if read_only:
+                raise ConfigError(
+                    f"{self.path} does not exist: this is not an ES run folder, or its history "
+                    "was deleted (without it the run cannot be replayed)"
+                )
+            if meta is None:
+                raise ValueError("creating a history needs its HistoryMeta")
+            self._create(meta)
+        data = self.path.read_bytes()
+        start = self._read_header(data)
+        dec = decode_records(data, start, self.version, self.meta.run_seed if self.meta else None)
+        if dec.problem is not None and not dec.torn:
+            n = len(dec.records)
+            raise ConfigError(
+                f"{self.path} is corrupt at byte offset {dec.end}: {dec.problem}. The "
+                f"{n} iteration(s) before it are intact; {len(data) - dec.end} bytes follow. "
+                "Restore the file from a backup if you have one. To keep only the intact "
+                f"iterations, cut the file there (`truncate -s {dec.end} {self.path}`) and "
+                f"delete any checkpoint-N folder with N > {n} before resuming."
+            )
+        if dec.torn and not read_only:  # a crash mid-append: drop the partial record
+            with self.path.open("r+b") as f:
+                f.truncate(dec.end)
+                f.flush()
+                os.fsync(f.fileno())
+        self.records = dec.records
+        return list(dec.records)
+
+    def _create(self, meta: HistoryMeta) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        head = meta.to_json()
+        blob = MAGIC + _HLEN.pack(len(head)) + head + _CRC.pack(zlib.crc32(head))
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with disk_errors(self.path, "the ES history"):
+            with tmp.open("wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)  # atomic: the file appears whole or not at all
+
+    def _read_header(self, data: bytes) -> int:
+        """Check the magic (and header, format 2); set version/meta; return the records' offset."""
+        if data.startswith(MAGIC_V1):
+            self.version, self.meta = 1, None
+            return len(MAGIC_V1)
+        hint = (
+            "Point --out at the run folder that wrote it, or move this file away to start a "
+            "new run there."
+        )
+        if not data.startswith(MAGIC):
+            raise ConfigError(
+                f"{self.path} is not an ES history file (its first bytes are {data[:16]!r}, "
+                f"expected {MAGIC!r}). {hint}"
+            )
+        pos = len(MAGIC)
+        try:
+            (hlen,) = _HLEN.unpack_from(data, pos)
+            head = data[pos + _HLEN.size : pos + _HLEN.size + hlen]
+            (crc,) = _CRC.unpack_from(data, pos + _HLEN.size + hlen)
+            if len(head) != hlen or crc != zlib.crc32(head):
+                raise ValueError("header CRC mismatch")
+            info = json.loads(head)
+            self.meta = HistoryMeta(
+                int(info["run_seed"]), str(info["device_type"]), str(info["dtype"])
+            )
+        except (struct.error, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"{self.path}: the ES history header is damaged ({e}). Restore the file from a "
+                f"backup; the run cannot be replayed without it. {hint}"
+            ) from None
+        self.version = 2
+        return pos + _HLEN.size + hlen + _CRC.size
+
+    def append(self, record: HistoryRecord) -> None:
+        """Append one iteration and fsync (after this returns, the iteration survives a crash)."""
+        want = len(self.records) + 1
+        if record.iteration != want:
+            raise ValueError(f"history expects iteration {want}, got {record.iteration}")
+        blob = record.encode(self.version, self.meta.run_seed if self.meta else None)
+        with disk_errors(self.path, f"the ES history (iteration {record.iteration})"):
+            with self.path.open("ab") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+        self.records.append(record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def draw_seeds(run_seed: int, iteration: int, count: int) -> list[int]:
+    """The member seeds of ``iteration`` (u32, distinct); a pure function, so resumes repeat it."""
+    rng = random.Random(f"leanrl-es:{run_seed}:{iteration}")
+    seeds: list[int] = []
+    while len(seeds) < count:
+        s = rng.getrandbits(32)
+        if s not in seeds:
+            seeds.append(s)
+    return seeds
+
+
+def device_kind(device: str) -> str:
+    """``cuda:1`` -> ``cuda``: the part of a device that decides which numbers a generator draws."""
+    return device.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """Where a process gets its starting weights: the base model or a full checkpoint.
+
+    Workers and ``replay`` build the weights of iteration ``t`` from this plus history records
+    ``iteration+1 .. t``; no full weights ever travel between processes.
+    """
+
+    model: str
+    """Base model folder or hub id (``policy.model``)."""
+    dtype: str
+    """Resolved torch dtype name of the model (``float32``, ``bfloat16``...)."""
+    device: str
+    """Resolved device (``cpu``, ``cuda:0``)."""
+    checkpoint: str | None = None
+    """A full checkpoint folder to start from instead of the base model."""
+    iteration: int = 0
+    """The iteration the starting weights are at (0 for the base model)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Extra ``from_pretrained`` keyword arguments (``policy.options``)."""
+    lora: dict[str, Any] | None = None
+    """LoRA runs: the ``LoRAConfig`` fields plus ``seed`` (the adapters' init); ES then perturbs
+    only the adapters, and a checkpoint holds adapters, not a full model."""
+
+
+def load_weights(
+    source: WeightsSource, records: list[HistoryRecord] | None = None
+) -> tuple[Any, Any, ESWeights]:
+    """Load model + tokenizer from ``source`` and apply ``records`` past its iteration.
+
+    Returns ``(model, tokenizer, weights)``; the model holds ``cast(θ_t)``.
+    """
+    from leanrl.train.es.policy import load_model
+    from leanrl.train.es.weights import MASTER_FILE, ESWeights, load_master_file
+
+    if source.lora is not None:
+        from leanrl.train.lora import LoRAConfig, apply_lora, load_adapter
+
+        spec = dict(source.lora)
+        seed = int(spec.pop("seed"))
+        model, tokenizer = load_model(source.model, source.dtype, source.device, source.options)
+        model = apply_lora(model, LoRAConfig(**spec), seed)
+        if source.checkpoint is not None:
+            load_adapter(model, source.checkpoint)
+        model.eval()
+        weights = ESWeights.from_model(model, trainable_only=True)
+    else:
+        path = source.checkpoint or source.model
+        model, tokenizer = load_model(path, source.dtype, source.device, source.options)
+        weights = ESWeights.from_model(model)
+    if source.checkpoint is not None and (Path(source.checkpoint) / MASTER_FILE).is_file():
+        weights.load_master(load_master_file(Path(source.checkpoint) / MASTER_FILE))
+    for rec in records or []:
+        if rec.iteration > source.iteration:
+            weights.apply_update(rec.coeffs)
+    return model, tokenizer, weights
+
+
+def replay(
+    run_dir: str | Path,
+    upto: int | None = None,
+    *,
+    device: str | None = None,
+    use_checkpoints: bool = True,
+    allow_other_device: bool = False,
+) -> tuple[Any, Any, ESWeights]:
+    """Rebuild the weights of a run after iteration ``upto`` (default: the last one recorded).
+
+    Reads ``config.json`` and the history of ``run_dir`` (read-only: the run folder is never
+    changed), starts from the newest complete checkpoint at or before ``upto`` (unless
+    ``use_checkpoints`` is False: then from the base model) and applies the remaining records.
+    The result is bitwise identical to the live weights, which needs the kind of device and the
+    dtype the run used (both recorded in the history): by default replay uses them, and it
+    refuses another kind of device, whose generators draw different noise, unless
+    ``allow_other_device`` (the result is then *not* the run's weights).
+    """
+    import torch
+
+    from leanrl.policy import PolicyConfig
+    from leanrl.train.common import RunDir
+    from leanrl.train.es.policy import resolve_device_dtype
+
+    run = RunDir(run_dir)
+    cfg_file = run.path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"{run.path} is not a run folder (no config.json): pass the --out folder")
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        pcfg = PolicyConfig.model_validate(cfg["policy"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{cfg_file} is damaged ({type(e).__name__}: {e}): replay needs the run's policy "
+            "settings from it. Restore it from a backup."
+        ) from None
+    hist = ESHistory(run.path / HISTORY_FILE)
+    records = hist.open(read_only=True)
+    meta = hist.meta
+    if device is None and pcfg.device == "auto" and meta is not None:
+        # the recorded kind, when this machine has it (else auto, and the check below explains)
+        if meta.device_type != "cuda" or torch.cuda.is_available():
+            device = meta.device_type
+    if device is not None:
+        pcfg = pcfg.model_copy(update={"device": device})
+    if meta is not None:
+        pcfg = pcfg.model_copy(update={"dtype": meta.dtype})
+    dev, dtype = resolve_device_dtype(pcfg)
+    if meta is not None and device_kind(dev) != meta.device_type and not allow_other_device:
+        raise ConfigError(
+            f"{run.path} was trained with noise drawn on {meta.device_type!r}, and this replay "
+            f"would run on {dev!r}. The two kinds of device draw different noise from the same "
+            f"seeds, so the result would not be the run's weights. Replay on a "
+            f"{meta.device_type} machine (device={meta.device_type!r}), or pass "
+            "allow_other_device=True if you knowingly want those different weights."
+        )
+    upto = len(records) if upto is None else upto
+    if upto > len(records):
+        raise ConfigError(
+            f"the history of {run.path} has {len(records)} iterations, not {upto}: "
+            f"pass upto <= {len(records)}"
+        )
+    records = records[:upto]
+    opts = dict(pcfg.options)
+    lora = cfg.get("lora") or {}
+    spec = {**lora, "seed": int(cfg.get("seed", 0))} if int(lora.get("rank", 0)) > 0 else None
+    source = WeightsSource(model=pcfg.model, dtype=dtype, device=dev, options=opts, lora=spec)
+    if use_checkpoints:  # a damaged checkpoint is skipped, with a warning, for an older one
+        for step, path in run.resumable_checkpoints():
+            if step <= upto and checkpoint_usable(path):
+                source = WeightsSource(pcfg.model, dtype, dev, str(path), step, opts, spec)
+                break
+    return load_weights(source, records)
+
+
+def checkpoint_usable(path: Path) -> bool:
+    """A checkpoint that promised an fp32 master file has it (older runs could crash in between)."""
+    from leanrl.train.common import RunDir
+    from leanrl.train.es.weights import MASTER_FILE
+
+    state = RunDir.load_state(path)
+    return not state.get("es_master") or (path / MASTER_FILE).is_file()
+
+
+def master_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Bitwise equality of two sets of master weights."""
+    import torch
+
+    return set(a) == set(b) and all(torch.equal(a[k], b[k].to(a[k].device)) for k in a)
