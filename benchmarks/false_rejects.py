@@ -188,13 +188,11 @@ def cases(spec: str, statements: dict[str, dict]) -> Iterator[Case]:
 # -- judging ----------------------------------------------------------------------------------------
 
 
-def judge(case: Case, policy: VerificationPolicy) -> tuple[str, str] | None:
-    """(stage and reason, detail) when extraction or the pre-scan refuses the proof; an
-    accepted proof whose statement differs from the reference gives ("restated", statement)."""
+def attempt_of(case: Case, policy: VerificationPolicy) -> Attempt:
+    """The attempt the whole-proof harness makes of a published proof."""
     ex = extract_proof(case.text, case.task, completion_style=case.completion_style)
-    if ex.reason is not None or ex.proof is None:
-        return f"extract:{ex.reason.value if ex.reason else '?'}", ex.detail
-    attempt = Attempt(
+    assert ex.proof is not None, "extraction failed"
+    return Attempt(
         name=case.task.name,
         header=case.task.header,
         formal_statement=case.task.formal_statement,
@@ -202,8 +200,17 @@ def judge(case: Case, policy: VerificationPolicy) -> tuple[str, str] | None:
         preamble=ex.preamble,
         restated_statement=ex.restated_statement,
         policy=policy,
+        id=f"{case.source}/{case.name}",
     )
-    v = judge_prescan(attempt)
+
+
+def judge(case: Case, policy: VerificationPolicy) -> tuple[str, str] | None:
+    """(stage and reason, detail) when extraction or the pre-scan refuses the proof; an
+    accepted proof whose statement differs from the reference gives ("restated", statement)."""
+    ex = extract_proof(case.text, case.task, completion_style=case.completion_style)
+    if ex.reason is not None or ex.proof is None:
+        return f"extract:{ex.reason.value if ex.reason else '?'}", ex.detail
+    v = judge_prescan(attempt_of(case, policy))
     if v is None:
         return ("restated", ex.restated_statement) if ex.restated_statement else None
     return f"prescan:{v.reason.value}", v.detail
@@ -222,23 +229,7 @@ def judge_with_lean(
         got = judge(c, policy)
         if got is not None and got[0] != "restated":  # refused before Lean: counted above
             continue
-        ex = extract_proof(c.text, c.task, completion_style=c.completion_style)
-        assert ex.proof is not None
-        passed.append(
-            (
-                c,
-                Attempt(
-                    name=c.task.name,
-                    header=c.task.header,
-                    formal_statement=c.task.formal_statement,
-                    proof=ex.proof,
-                    preamble=ex.preamble,
-                    restated_statement=ex.restated_statement,
-                    policy=policy,
-                    id=f"{c.source}/{c.name}",
-                ),
-            )
-        )
+        passed.append((c, attempt_of(c, policy)))
     rt = LocalRuntime(RuntimeConfig(workers=workers, timeout_s=600.0))
     verdicts = rt.check_sync([a for _, a in passed])
     false = restated = 0
