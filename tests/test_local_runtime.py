@@ -322,3 +322,26 @@ async def test_metrics_report_the_pools_counters() -> None:
         assert len(vs) == 3
         m = rt.metrics()
     assert m["checked"] == 3.0 and m["started"] >= 1.0 and m["killed"] == 0.0
+
+
+async def test_a_long_tactic_is_prescanned_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A megabyte of hostile tactic text must not stall every other session's answers.
+    import threading
+
+    import leanrl.runtimes.local as local
+
+    seen: list[tuple[int, bool]] = []
+    real = local.prescan_tactic
+
+    def spy(text: str, policy: VerificationPolicy) -> str | None:
+        seen.append((len(text), threading.current_thread() is threading.main_thread()))
+        return real(text, policy)
+
+    monkeypatch.setattr(local, "prescan_tactic", spy)
+    policy = VerificationPolicy()
+    assert await local._prescan("simp", policy) is None
+    long = "run_tac pure ()\n" + "simp\n" * 10_000
+    assert "run_tac" in (await local._prescan(long, policy) or "")
+    assert seen == [(4, True), (len(long), False)]

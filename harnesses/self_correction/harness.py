@@ -36,7 +36,7 @@ from leanrl.verdict import Verdict
 
 from ..tactic_loop.context import ids_capable, record_turn
 from ..whole_proof.extract import extract_proof
-from ..whole_proof.harness import check_and_reward
+from ..whole_proof.harness import check_and_reward, off_loop
 from ..whole_proof.prompts import DEEPSEEK_INSTRUCTION, build_prompt, default_stop, informal_comment
 from ..whole_proof.prompts import is_completion_style as _completion_style
 from .feedback import checked_text, render_errors
@@ -139,9 +139,10 @@ class SelfCorrectionHarness(Harness):
             else:
                 outs = await self._revise(live, policy, turn_sampling, seed)
             gen_s = (time.perf_counter() - t0) / max(1, len(live))
-            for ep, c in zip(live, outs, strict=True):
+            for ep in live:
                 ep.gen_s += gen_s
-                self._attempt(ep, c)
+            # Extraction is CPU work on model text: long texts are read off the event loop.
+            await off_loop(sum(len(c.text) for c in outs), self._attempt_all, live, outs)
             await self._check(live, runtime, taskset)
             for ep, c in zip(live, outs, strict=True):
                 self._after(ep, c, policy, round_)
@@ -169,6 +170,10 @@ class SelfCorrectionHarness(Harness):
             ep.mode = "text"
         got = await policy.generate([ep.context for ep in live], one)
         return [g[0] for g in got]
+
+    def _attempt_all(self, live: list[_Episode], outs: list[Completion]) -> None:
+        for ep, c in zip(live, outs, strict=True):
+            self._attempt(ep, c)
 
     def _attempt(self, ep: _Episode, c: Completion) -> None:
         """Pull the proof out of this turn's completion (a failed extraction is a verdict)."""

@@ -16,7 +16,6 @@ policies get the growing text (or message list). ``Rollout.meta["context"]`` say
 from __future__ import annotations
 
 import asyncio
-import re
 import textwrap
 import time
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from leanrl.taskset import Taskset
 from leanrl.verdict import Reason, Verdict, VerificationPolicy
 
 from ..whole_proof.extract import strip_reasoning
-from ..whole_proof.harness import check_and_reward
+from ..whole_proof.harness import check_and_reward, off_loop
 from .context import ids_capable, record_turn
 
 __all__ = ["TacticLoopHarness", "extract_tactics", "join_tactics"]
@@ -50,9 +49,33 @@ def extract_tactics(text: str, chat: bool) -> str:
         return ""
     if not chat:
         return textwrap.dedent(body.split("```", 1)[0]).strip("\n").rstrip()
-    blocks = re.findall(r"```[ \t]*(?:lean4|lean)?[^\n]*\n(.*?)```", body, flags=re.S)
-    code = blocks[-1] if blocks else body
+    block = _last_block(body)
+    code = body if block is None else block
     return textwrap.dedent(code).strip("\n").rstrip()
+
+
+def _last_block(body: str) -> str | None:
+    """The last fenced block's text: from the line after a ```` ``` ```` (whatever follows it on
+    that line) to the next ```` ``` ````; None when there is none. Read with ``str.find``, so a
+    text of a thousand backticks and no newline costs its length once (a pattern retried at
+    every ```` ``` ```` costs its length each time)."""
+    last: str | None = None
+    pos = 0
+    while (tick := body.find("```", pos)) >= 0:
+        newline = body.find("\n", tick + 3)
+        if newline < 0:
+            break  # no line after it: no block opens here, nor at any later backticks
+        end = body.find("```", newline + 1)
+        if end < 0:
+            break  # never closed: nor is any block opened after it
+        last = body[newline + 1 : end]
+        pos = end + 3
+    return last
+
+
+def _read_tactics(texts: list[str], chat: bool) -> list[str]:
+    # (looked up at call time, so a test can watch `extract_tactics`)
+    return [extract_tactics(t, chat) for t in texts]
 
 
 def join_tactics(steps: Sequence[str]) -> str:
@@ -227,10 +250,14 @@ class TacticLoopHarness(Harness):
                 t0 = time.perf_counter()
                 outs = await self._generate(live, policy, turn_sampling, first=turn == 0)
                 gen_s = (time.perf_counter() - t0) / len(live)
+                # Reading the tactics is CPU work on model text: long texts are read off the
+                # event loop, for the whole turn at once, before the steps start in order.
+                texts = [out[0].text for out in outs]
+                tactics = await off_loop(sum(map(len, texts)), _read_tactics, texts, self.chat)
                 await asyncio.gather(
                     *(
-                        self._step(ep, out[0], policy, gen_s)
-                        for ep, out in zip(live, outs, strict=True)
+                        self._step(ep, out[0], policy, gen_s, tac)
+                        for ep, out, tac in zip(live, outs, tactics, strict=True)
                     )
                 )
             for ep in eps:
@@ -269,10 +296,12 @@ class TacticLoopHarness(Harness):
         ep.state, ep.goals = st.proof_state, st.goals
         ep.prompt = ep.context = self.first_prompt(ep.task, st.goals)
 
-    async def _step(self, ep: _Episode, c: Completion, policy: Policy, gen_s: float) -> None:
+    async def _step(
+        self, ep: _Episode, c: Completion, policy: Policy, gen_s: float, tactics: str
+    ) -> None:
+        """One turn of ``ep``: ``tactics`` (read from ``c`` by :func:`extract_tactics`) applied."""
         assert ep.session is not None and ep.state is not None
         ep.gen_s += gen_s
-        tactics = extract_tactics(c.text, self.chat)
         state: TacticState | None = None
         note = ""
         if not tactics:

@@ -17,6 +17,7 @@ task's name, the theorem declared twice, or a redefinition of what the statement
 
 from __future__ import annotations
 
+import heapq
 import re
 import textwrap
 
@@ -27,6 +28,12 @@ from leanrl.task import Task
 from leanrl.verdict import Reason
 
 __all__ = ["Extracted", "extract_proof", "normalize_statement", "strip_reasoning"]
+
+# The kinds as plain names: on Python 3.11 each `Kind.IDENT` is a slow attribute look-up, and
+# these are read for every token.
+_IDENT, _SYMBOL, _NUMBER = Kind.IDENT, Kind.SYMBOL, Kind.NUMBER
+_STRING, _CHAR, _NAME = Kind.STRING, Kind.CHAR, Kind.NAME
+_DOC, _COMMENT, _ERROR = Kind.DOC, Kind.COMMENT, Kind.ERROR
 
 
 class Extracted(BaseModel):
@@ -49,7 +56,8 @@ class Extracted(BaseModel):
     """One line saying what went wrong."""
 
 
-_FENCE_OPEN = re.compile(r"```[ \t]*([\w+\-]*)[^\n]*\n")
+# After a fence's backticks: spaces, then its language (the rest of the line is ignored).
+_FENCE_LANG = re.compile(r"[ \t]*([\w+\-]*)")
 _DECL_LINE = re.compile(
     r"^(?:@\[|theorem\b|lemma\b|def\b|example\b|abbrev\b|instance\b|structure\b|inductive\b|"
     r"noncomputable\b|private\b|protected\b|namespace\b|section\b|end\b|open\b|import\b|#)"
@@ -89,19 +97,30 @@ def strip_reasoning(text: str) -> tuple[str, str | None]:
 
 
 def _fenced(text: str) -> tuple[str | None, bool]:
-    """(the last Lean code block, whether the last block opened is unclosed)."""
+    """(the last Lean code block, whether the last block opened is unclosed).
+
+    A block opens at a ```` ``` ```` with a newline somewhere after it (the language is what
+    follows the backticks on that line) and closes at the next ```` ``` ````. Read with
+    ``str.find``, never a pattern retried at every ```` ``` ````, so a line of a thousand
+    backticks costs its length once."""
     blocks: list[tuple[str, str]] = []
     pos = 0
     unclosed_from: int | None = None
     while True:
-        m = _FENCE_OPEN.search(text, pos)
-        if m is None:
+        tick = text.find("```", pos)
+        if tick < 0:
             break
-        end = text.find("```", m.end())
+        newline = text.find("\n", tick + 3)
+        if newline < 0:
+            break  # no newline after it: nothing opens here, nor at any later backticks
+        m = _FENCE_LANG.match(text, tick + 3, newline)
+        lang = m.group(1) if m is not None else ""
+        start = newline + 1
+        end = text.find("```", start)
         if end < 0:
-            unclosed_from = m.end()
+            unclosed_from = start
             break
-        blocks.append((m.group(1).lower(), text[m.end() : end]))
+        blocks.append((lang.lower(), text[start:end]))
         pos = end + 3
     if unclosed_from is not None:
         return text[unclosed_from:], True
@@ -119,11 +138,11 @@ def _fenced(text: str) -> tuple[str | None, bool]:
 
 def _significant(tokens: list[Token]) -> list[Token]:
     """Tokens that make up the statement: doc comments and modifiers in front dropped."""
-    out = [t for t in tokens if t.kind is not Kind.DOC]
+    out = [t for t in tokens if t.kind is not _DOC]
     i = 0
     while i < len(out):
         t = out[i]
-        if t.kind is Kind.SYMBOL and t.text == "@[":
+        if t.kind is _SYMBOL and t.text == "@[":
             depth = 0
             while i < len(out):
                 depth += bracket_delta(out[i])
@@ -131,7 +150,7 @@ def _significant(tokens: list[Token]) -> list[Token]:
                     break
                 i += 1
             i += 1
-        elif t.kind is Kind.IDENT and t.text in _MODIFIERS:
+        elif t.kind is _IDENT and t.text in _MODIFIERS:
             i += 1
         else:
             break
@@ -141,56 +160,134 @@ def _significant(tokens: list[Token]) -> list[Token]:
 def _unwrap(words: list[str], colon: int) -> list[str]:
     """Drop parentheses that cannot change the meaning: ``((e))`` -> ``(e)``, a whole type
     ``: (P)`` -> ``: P`` (after a colon, up to a closing bracket or the end), and ``(x)`` around
-    one name or number in the type (never around a binder before the top-level colon)."""
-    if len(words) > _MAX_UNWRAP:
-        return words  # quadratic below; no statement is that long except on purpose
-    changed = True
-    while changed:
-        changed = False
-        for a, w in enumerate(words):
-            if w != "(":
-                continue
-            b = _match(words, a)
-            if b < 0:
-                continue
-            before = words[a - 1] if a > 0 else ""
-            after = words[b + 1] if b + 1 < len(words) else ""
-            closes = after in (")", "]", "}", "⟩", "")
-            if (
-                (before == "(" and after == ")")
-                or (before == ":" and closes)
-                or (b == a + 2 and a > colon and _atom(words[a + 1]))
-            ):
-                del words[b]
-                del words[a]
-                if a < colon:
-                    colon -= 2
-                changed = True
-                break
+    one name or number in the type (never around a binder before the top-level colon).
+
+    Pairs go one at a time, always the leftmost one a rule allows, until none does. Done
+    naively (rescan from the start after each removal) that is cubic in the statement; here a
+    removal only sends the few pairs whose neighbours it changed back to be looked at, so the
+    result is the same in O(n log n)."""
+    n = len(words)
+    if n > _MAX_UNWRAP:
+        return words  # no statement is that long except on purpose
+    match = [-1] * n  # the `)` of each `(` (-1: never closed)
+    opener: dict[int, int] = {}  # the `(` of each matched `)`
+    stack: list[int] = []
+    for j, w in enumerate(words):
+        if w == "(":
+            stack.append(j)
+        elif w == ")" and stack:
+            o = stack.pop()
+            match[o], opener[j] = j, o
+    prv = list(range(-1, n - 1))
+    nxt = [*range(1, n), -1]
+    alive = [True] * n
+    fen = _Alive(n)
+
+    def removable(a: int) -> bool:
+        b = match[a]
+        if b < 0:
+            return False
+        before = words[prv[a]] if prv[a] >= 0 else ""
+        after = words[nxt[b]] if nxt[b] >= 0 else ""
+        if before == "(" and after == ")":
+            return True
+        if before == ":" and after in (")", "]", "}", "⟩", ""):
+            return True
+        inner = nxt[a]
+        return inner != b and nxt[inner] == b and fen.index(a) > colon and _atom(words[inner])
+
+    def unlink(j: int) -> None:
+        alive[j] = False
+        fen.remove(j)
+        p, q = prv[j], nxt[j]
+        if p >= 0:
+            nxt[p] = q
+        if q >= 0:
+            prv[q] = p
+
+    # Every `(` before `cursor` that is not in `again` is known to stay: the next removal is
+    # the smallest of `again` and `cursor` that a rule allows.
+    again: list[int] = []
+    cursor = 0 if n else -1
+    while True:
+        if again and (cursor < 0 or again[0] < cursor):
+            a = heapq.heappop(again)
+        elif cursor >= 0:
+            a, cursor = cursor, nxt[cursor]
+        else:
+            break
+        if not alive[a] or words[a] != "(" or not removable(a):
+            continue
+        b = match[a]
+        # Whose rule can change: the pairs next to either parenthesis (their word before or
+        # after, or their one word inside), and those at the colon's index (it moves by two).
+        near = [prv[a], nxt[a], prv[b], nxt[b]]
+        near += [prv[j] for j in near if j >= 0]
+        near += [opener[j] for j in near if j in opener]
+        near += [fen.at(colon + k) for k in range(3)]
+        moved = fen.index(a) < colon
+        unlink(b)
+        unlink(a)
+        if moved:
+            colon -= 2
+        while cursor >= 0 and not alive[cursor]:
+            cursor = nxt[cursor]
+        for j in near:
+            if j >= 0 and alive[j] and words[j] == "(":
+                heapq.heappush(again, j)
+    words[:] = [w for j, w in enumerate(words) if alive[j]]
     return words
+
+
+class _Alive:
+    """Which of ``n`` positions are still there (a Fenwick tree): index and position queries
+    in O(log n)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.tree = [0] * (n + 1)
+        for i in range(1, n + 1):
+            self.tree[i] += 1
+            if (up := i + (i & -i)) <= n:
+                self.tree[up] += self.tree[i]
+        self.top = 1 << max(0, n.bit_length() - 1)
+
+    def remove(self, j: int) -> None:
+        i = j + 1
+        while i <= self.n:
+            self.tree[i] -= 1
+            i += i & -i
+
+    def index(self, j: int) -> int:
+        """How many positions before ``j`` are still there (``j``'s index in the list)."""
+        total, i = 0, j
+        while i > 0:
+            total += self.tree[i]
+            i -= i & -i
+        return total
+
+    def at(self, k: int) -> int:
+        """The position whose index is ``k`` (-1 when there is none)."""
+        if k < 0:
+            return -1
+        pos, rest, step = 0, k + 1, self.top
+        while step:
+            if pos + step <= self.n and self.tree[pos + step] < rest:
+                pos += step
+                rest -= self.tree[pos]
+            step >>= 1
+        return pos if pos < self.n else -1
 
 
 def _atom(word: str) -> bool:
     return bool(word) and (word[0].isalnum() or word[0] in "_«") and " " not in word
 
 
-def _match(words: list[str], a: int) -> int:
-    depth = 0
-    for j in range(a, len(words)):
-        if words[j] == "(":
-            depth += 1
-        elif words[j] == ")":
-            depth -= 1
-            if depth == 0:
-                return j
-    return -1
-
-
 def _words(tokens: list[Token]) -> list[str]:
     out: list[str] = []
     for k, t in enumerate(tokens):
-        word = t.value if t.kind in (Kind.IDENT, Kind.NAME) else t.text
-        word = _SAME.get(word, word) if t.kind in (Kind.IDENT, Kind.SYMBOL) else word
+        word = t.value if t.kind in (_IDENT, _NAME) else t.text
+        word = _SAME.get(word, word) if t.kind in (_IDENT, _SYMBOL) else word
         prev = tokens[k - 1] if k else None
         glued = not t.space_before and prev is not None
         if glued and (t.text in _SPACE_MATTERS or (prev is not None and prev.text == ".")):
@@ -203,7 +300,7 @@ def _top_colon(tokens: list[Token]) -> int:
     depth = 0
     for i, t in enumerate(tokens):
         depth += bracket_delta(t)
-        if depth == 0 and t.kind is Kind.SYMBOL and t.text == ":":
+        if depth == 0 and t.kind is _SYMBOL and t.text == ":":
             return i
     return len(tokens)
 
@@ -225,7 +322,7 @@ def normalize_statement(s: str) -> str:
 def _norm_words(s: str) -> list[str]:
     """Text as canonical tokens (comments, doc comments and layout dropped), for comparing the
     definitions a reference statement starts with."""
-    return _words([t for t in tokenize(s) if t.kind is not Kind.DOC])
+    return _words([t for t in tokenize(s) if t.kind is not _DOC])
 
 
 # -- finding declarations ----------------------------------------------------------------------
@@ -233,12 +330,13 @@ def _norm_words(s: str) -> list[str]:
 
 class _Decl:
     """A declaration found in code: where its text starts (its first modifier, attribute or doc
-    comment), its keyword, and its name token."""
+    comment), its keyword, its name token, and the index of its first token in the code's."""
 
-    def __init__(self, start: int, keyword: Token, name: Token | None) -> None:
+    def __init__(self, start: int, keyword: Token, name: Token | None, index: int) -> None:
         self.start = start
         self.keyword = keyword
         self.name = name
+        self.index = index
 
 
 def _declarations(code: str, words: tuple[str, ...]) -> list[_Decl]:
@@ -248,15 +346,15 @@ def _declarations(code: str, words: tuple[str, ...]) -> list[_Decl]:
     tokens = tokenize(code)
     found: list[_Decl] = []
     for k, t in enumerate(tokens):
-        if t.kind is not Kind.IDENT or t.escaped or t.text not in words:
+        if t.kind is not _IDENT or t.escaped or t.text not in words:
             continue
         first = k
         j = k - 1
         while j >= 0:
             u = tokens[j]
-            if u.kind is Kind.DOC or (u.kind is Kind.IDENT and u.text in _MODIFIERS):
+            if u.kind is _DOC or (u.kind is _IDENT and u.text in _MODIFIERS):
                 j -= 1
-            elif u.kind is Kind.SYMBOL and u.text == "]":
+            elif u.kind is _SYMBOL and u.text == "]":
                 opener = _attribute_open(tokens, j)
                 if opener < 0:
                     break
@@ -269,8 +367,8 @@ def _declarations(code: str, words: tuple[str, ...]) -> list[_Decl]:
         if prev is not None and prev.line == head.line and prev.text != "in":
             continue  # something else on the line before it: not a declaration start
         nxt = tokens[k + 1] if k + 1 < len(tokens) else None
-        name = nxt if nxt is not None and nxt.kind is Kind.IDENT else None
-        found.append(_Decl(head.start, t, name))
+        name = nxt if nxt is not None and nxt.kind is _IDENT else None
+        found.append(_Decl(head.start, t, name, first))
     return found
 
 
@@ -278,7 +376,7 @@ def _attribute_open(tokens: list[Token], close: int) -> int:
     depth = 0
     for j in range(close, max(close - _MAX_ATTRIBUTE, -1), -1):
         u = tokens[j]
-        if u.kind is not Kind.SYMBOL:
+        if u.kind is not _SYMBOL:
             continue
         if u.text == "]":
             depth += 1
@@ -311,6 +409,8 @@ def _cut_after_proof(proof: str) -> str:
     """Drop whatever follows the proof at column 0 (a new declaration, ``end``, ``#eval``),
     looking only at code (a ``theorem`` inside a comment or string does not end the proof)."""
     lines = proof.split("\n")
+    if not any(_DECL_LINE.match(line) for line in lines[1:]):
+        return proof  # (blanking comments and literals never makes a line start a command)
     code_lines = code_only(proof).split("\n")
     for i, line in enumerate(code_lines):
         if i > 0 and _DECL_LINE.match(line):
@@ -320,11 +420,11 @@ def _cut_after_proof(proof: str) -> str:
 
 def _ends_in_line_comment(text: str) -> bool:
     """Whether the last line of ``text`` ends inside a ``--`` comment."""
+    if "--" not in text.rstrip("\n").rsplit("\n", 1)[-1]:
+        return False  # (a `--` comment starts on the line it is on)
     tokens = tokenize(text, keep_comments=True)
     last = text.rstrip("\n").count("\n") + 1
-    return any(
-        t.kind is Kind.COMMENT and t.text.startswith("--") and t.line == last for t in tokens
-    )
+    return any(t.kind is _COMMENT and t.text.startswith("--") and t.line == last for t in tokens)
 
 
 def _body(rest: str) -> str:
@@ -349,18 +449,22 @@ def _as_block(proof: str) -> str:
     return "\n" + "\n".join(("  " + ln) if ln.strip() else "" for ln in lines)
 
 
-def _statement_end(after: str) -> int | None:
-    """Offset in ``after`` (text from the theorem keyword) of the ``:=`` that ends the
-    statement: the first outside brackets that is not a ``let``/``have``'s in its type."""
+def _statement_end(tokens: list[Token], first: int, offset: int) -> int | None:
+    """Offset from ``offset`` (where a theorem's text starts in the code) of the ``:=`` that
+    ends the statement: the first outside brackets that is not a ``let``/``have``'s in its type.
+    ``tokens`` are the code's, read from the theorem's first token (index ``first``) on: they
+    are the theorem text's own (nothing before a declaration's first token changes how what
+    follows reads), and the text after the statement is not read again."""
     depth = 0
     local = False  # inside a `let x := v;` / `have h := v;` of the statement's type
-    for t in tokenize(after):
+    for k in range(first, len(tokens)):
+        t = tokens[k]
         depth += bracket_delta(t)
-        if t.kind is Kind.SYMBOL and t.text == ":=" and depth == 0:
+        if t.kind is _SYMBOL and t.text == ":=" and depth == 0:
             if not local:
-                return t.start
+                return t.start - offset
             local = False
-        elif t.kind is Kind.IDENT and t.text in ("let", "have") and depth == 0:
+        elif t.kind is _IDENT and t.text in ("let", "have") and depth == 0:
             local = True
     return None
 
@@ -377,38 +481,41 @@ def _clean_preamble(before: str, header: str) -> str:
     type), and namespaces/sections left open closed, so the reference statement is elaborated
     as a top-level declaration under its own name."""
     head = {ln.strip() for ln in header.splitlines() if ln.strip()}
+    # (code only: an `import` in a comment or string is not one; without the word, the text
+    # need not be read for it)
+    code = code_only(before) if "import" in before else before
     keep = [
         ln
-        for ln, c in zip(before.split("\n"), code_only(before).split("\n"), strict=True)
+        for ln, c in zip(before.split("\n"), code.split("\n"), strict=True)
         if not c.lstrip().startswith("import ") and ln.strip() not in head
     ]
     text = "\n".join(keep).strip()
     tokens = tokenize(text)  # removing tokens from the end leaves the ones before unchanged
     options: list[str] = []
     end = len(text)
-    while tokens and tokens[-1].kind is not Kind.ERROR:
+    while tokens and tokens[-1].kind is not _ERROR:
         last = tokens[-1]
-        if last.kind is Kind.DOC:
+        if last.kind is _DOC:
             end = last.start
             tokens.pop()
             continue
-        k = _scoped_prefix(tokens) if last.kind is Kind.IDENT and last.text == "in" else None
+        k = _scoped_prefix(tokens) if last.kind is _IDENT and last.text == "in" else None
         if k is None:
             break
-        options.insert(0, text[tokens[k].start : last.start].rstrip())
+        options.append(text[tokens[k].start : last.start].rstrip())  # last first
         end = tokens[k].start
         del tokens[k:]
-    return _close_scopes("\n".join([text[:end].rstrip(), *options]).strip())
+    return _close_scopes("\n".join([text[:end].rstrip(), *reversed(options)]).strip())
 
 
 def _scoped_prefix(tokens: list[Token]) -> int | None:
     """Index of the ``open``/``set_option`` that the final ``in`` of ``tokens`` belongs to."""
     for k in range(len(tokens) - 2, -1, -1):
         t = tokens[k]
-        if t.kind is Kind.IDENT and not t.escaped and t.text in ("open", "set_option"):
+        if t.kind is _IDENT and not t.escaped and t.text in ("open", "set_option"):
             return k
-        if t.kind is not Kind.IDENT and t.kind is not Kind.NUMBER and t.text != ".":
-            if t.kind is Kind.STRING or t.text in ("(", ")", "→", "=>", "-"):
+        if t.kind is not _IDENT and t.kind is not _NUMBER and t.text != ".":
+            if t.kind is _STRING or t.text in ("(", ")", "→", "=>", "-"):
                 continue  # `open Foo (bar)`, `open Foo renaming a → b`, option values
             return None
     return None
@@ -422,6 +529,8 @@ def _close_scopes(text: str) -> str:
     dropped (it would close the header's ``section`` and change how the reference statement is
     read), and every namespace/section left open gets its ``end`` (a namespace is opened again
     with ``open`` so the proof still sees the helper lemmas by their short names)."""
+    if not any(w in text for w in ("namespace", "section", "end")):
+        return text.strip()  # nothing to balance (the code has none of them if the text has not)
     stack: list[tuple[str, str]] = []
     stray: list[tuple[int, int]] = []
     for m in _SCOPE.finditer(code_only(text)):
@@ -433,14 +542,18 @@ def _close_scopes(text: str) -> str:
                 stray.append((m.start(), m.end()))
         else:
             stack.append((kind, name))
-    for a, b in reversed(stray):
-        text = text[:a] + text[b:]
-    text = text.strip()
+    pieces: list[str] = []  # joined once: cutting one `end` at a time copies the text each time
+    pos = 0
+    for a, b in stray:
+        pieces.append(text[pos:a])
+        pos = b
+    pieces.append(text[pos:])
+    out = ["".join(pieces).strip()]
     for kind, name in reversed(stack):
-        text += f"\nend{' ' + name if name else ''}"
+        out.append(f"\nend{' ' + name if name else ''}")
         if kind == "namespace" and name:
-            text += f"\nopen {name}"
-    return text
+            out.append(f"\nopen {name}")
+    return "".join(out)
 
 
 # -- extraction ----------------------------------------------------------------------------------
@@ -517,7 +630,7 @@ def _without_restated_prefix(before: str, prefix: str) -> str | None:
     want = _norm_words(prefix)
     if not want:
         return before
-    tokens = [t for t in tokenize(before) if t.kind is not Kind.DOC]
+    tokens = [t for t in tokenize(before) if t.kind is not _DOC]
     if len(tokens) >= len(want) and _words(tokens[-len(want) :]) == want:
         return before[: tokens[-len(want)].start]
     if _defined_names(prefix) & _defined_names(before):
@@ -574,7 +687,7 @@ def _from_code(code: str, task: Task) -> Extracted:
             reason=Reason.STATEMENT_CHANGED,
             detail=f"the code redefines what the reference statement is built on ({names})",
         )
-    assign = _statement_end(after)
+    assign = _statement_end(tokenize(code), decl.index, decl.start)  # (`_named` read the code)
     if assign is None:
         return Extracted(
             reason=Reason.NO_PROOF,

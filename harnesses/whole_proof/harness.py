@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from leanrl.errors import RuntimeUnavailable
 from leanrl.harness import Harness
@@ -17,7 +19,7 @@ from leanrl.verdict import Attempt, Verdict
 from .extract import Extracted, extract_proof
 from .prompts import build_prompt, default_stop, is_completion_style
 
-__all__ = ["WholeProofHarness", "check_and_reward"]
+__all__ = ["INLINE_CHARS", "WholeProofHarness", "check_and_reward", "off_loop"]
 
 
 class WholeProofHarness(Harness):
@@ -67,11 +69,19 @@ class WholeProofHarness(Harness):
         completions = await policy.generate(prompts, self.sampling(sampling))
         gen_s = time.perf_counter() - t0
         per_sample = gen_s / max(1, sum(len(c) for c in completions))
+
+        def extract_all() -> list[list[Extracted]]:
+            return [
+                [self.extract(task, c) for c in comps]
+                for task, comps in zip(tasks, completions, strict=True)
+            ]
+
+        size = sum(len(c.text) for comps in completions for c in comps)
+        extracted = await off_loop(size, extract_all)
         groups: list[list[Rollout]] = []
-        for task, prompt, comps in zip(tasks, prompts, completions, strict=True):
+        for task, prompt, comps, exs in zip(tasks, prompts, completions, extracted, strict=True):
             group = []
-            for i, c in enumerate(comps):
-                ex = self.extract(task, c)
+            for i, (c, ex) in enumerate(zip(comps, exs, strict=True)):
                 r = Rollout(
                     task_id=task.id,
                     sample=i,
@@ -88,6 +98,23 @@ class WholeProofHarness(Harness):
                 group.append(r)
             groups.append(group)
         return groups
+
+
+INLINE_CHARS = 16 * 1024
+"""Model text up to this many characters in all is read on the event loop (milliseconds); more
+goes to a worker thread, so a batch of long or hostile completions cannot stall everything
+else the loop serves (sessions, other chunks, a service's requests)."""
+
+T = TypeVar("T")
+
+
+async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, CPU work on ``size`` characters of model text: inline when small, else in
+    a worker thread (one hand-off for the whole batch; what it returns, and its order, are the
+    same either way)."""
+    if size <= INLINE_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 async def check_and_reward(

@@ -321,7 +321,7 @@ class LocalTacticSession(TacticSession):
 
     async def start(self, formal_statement: str, preamble: str = "") -> TacticState:
         """Elaborate ``formal_statement`` with a ``sorry`` hole and return its goal."""
-        rejected = prescan_tactic(preamble, self.policy) if preamble.strip() else None
+        rejected = await _prescan(preamble, self.policy) if preamble.strip() else None
         if rejected is not None:
             return TacticState(proof_state=None, error=rejected)
         return await self._guard(
@@ -330,7 +330,7 @@ class LocalTacticSession(TacticSession):
 
     async def apply(self, proof_state: int, tactic: str) -> TacticState:
         """Run ``tactic`` (one tactic or a block of them) on ``proof_state``."""
-        rejected = prescan_tactic(tactic, self.policy)
+        rejected = await _prescan(tactic, self.policy)
         if rejected is not None:
             return TacticState(proof_state=None, error=rejected)
         return await self._guard(self.worker.tactic_apply(proof_state, tactic, self.timeout_s))
@@ -355,6 +355,17 @@ class LocalTacticSession(TacticSession):
             self.broken = f"crash ({e})"
         await self.worker.proc.kill()
         return TacticState(proof_state=None, error=self.broken)
+
+
+_INLINE_CHARS = 16_000
+"""Tactic text up to this size is pre-scanned on the event loop (a few ms at most); a longer
+one goes to a thread, so a hostile megabyte of tactic cannot stall every other session."""
+
+
+async def _prescan(text: str, policy: VerificationPolicy) -> str | None:
+    if len(text) <= _INLINE_CHARS:
+        return prescan_tactic(text, policy)
+    return await asyncio.to_thread(prescan_tactic, text, policy)
 
 
 async def _ask_version(cmd: list[str], cwd: Path | None) -> str | None:

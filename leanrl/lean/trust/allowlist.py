@@ -31,6 +31,7 @@ __all__ = [
     "NOTATION_COMMANDS",
     "SORRY_NAMES",
     "TACTICS",
+    "TACTIC_WORDS",
     "WHY",
 ]
 
@@ -112,8 +113,14 @@ WHY: dict[str, str] = {
         "evaluation would then trust"
     ),
     "run_code": (
-        "it runs arbitrary code inside the Lean process (`run_tac`, `by_elab` run a "
-        "meta-program, `eval%` evaluates its term); use ordinary tactics"
+        "it runs arbitrary code inside the Lean process (`run_tac`, `run_conv` and `by_elab` run "
+        "a meta-program; `eval%`, `trace`, `success_if_fail_with_msg`, `from_lrat`, "
+        "`include_str` and `with_panel_widgets` evaluate a term of the proof); use ordinary "
+        "tactics"
+    ),
+    "external": (
+        "it runs an external program and reaches the network while elaborating (`polyrith` "
+        "sends the goal to a Sage server); use `linear_combination` with the coefficients"
     ),
     "hidden_command": (
         "a command inside a string literal or a `«»` name can run when Lean fails to read the "
@@ -328,14 +335,45 @@ NATIVE_NAMES: frozenset[str] = frozenset(
 #: Tactics whose proofs rest on `Lean.ofReduceBool` (they run compiled code in the kernel).
 NATIVE_TACTICS: frozenset[str] = frozenset("bv_decide bv_decide? bv_check".split())
 SORRY_NAMES: frozenset[str] = frozenset("sorry admit sorryAx".split())
-#: Tactics and terms that run code or test instead of proving (reason `forbidden`).
+#: Tactics and terms that run code or test instead of proving (reason `forbidden`). Each entry
+#: names the definition it stands for, read in the source (issue 19; revisions in
+#: docs/prescan.md). A keyword of the syntax, so the word is refused wherever it is code.
 TACTICS: dict[str, str] = {
+    # Lean core `Init/Tactics.lean` (`runTac`), elaborated by `evalRunTac` in
+    # `Lean/Elab/Tactic/BuiltinTactic.lean` (Mathlib's `Tactic/RunCmd.lean` before it moved):
+    # runs a `TacticM` program of the proof.
     "run_tac": "run_code",
+    # Lean core `Lean/Elab/BuiltinNotation.lean` (`elabRunElab`): runs a `TermElabM` program.
     "by_elab": "run_code",
+    # Mathlib `Mathlib/Tactic/Conv.lean`: `macro "run_conv" e:doSeq : conv =>
+    # `(conv| tactic' => run_tac $e)`, a `run_tac` the text never spells out.
+    "run_conv": "run_code",
+    # Mathlib `Mathlib/Tactic/SuccessIfFailWithMsg.lean`: the message is a term, evaluated with
+    # `unsafe Term.evalTerm String`.
+    "success_if_fail_with_msg": "run_code",
+    # Mathlib `Mathlib/Tactic/Sat/FromLRAT.lean` (`elab "from_lrat "`): both terms evaluated
+    # with `unsafe evalTerm String` (the command form `lrat_proof` is refused with commands).
+    "from_lrat": "run_code",
+    # Lean core `Lean/Elab/BuiltinTerm.lean` (`elabIncludeStr`): the path is a term evaluated
+    # with `evalTerm System.FilePath`, then the file is read.
+    "include_str": "run_code",
+    # ProofWidgets `ProofWidgets/Component/Panel/Basic.lean` (`withPanelWidgets`, a Mathlib
+    # dependency): each `M with props` term evaluated through `evalWidgetInstance`.
+    "with_panel_widgets": "run_code",
+    # Mathlib `Mathlib/Tactic/Polyrith.lean`: runs `curl` to a Sage server.
+    "polyrith": "external",
+    # Plausible (`plausible`, formerly Mathlib's `slim_check`): compiles and runs the goal's
+    # decidability code on random inputs.
     "plausible": "plausible",
     "slim_check": "plausible",
     "implemented_by": "implemented_by",
 }
+#: Tactics refused only where they stand as a tactic and take more than one string literal:
+#: the word is also an ordinary name (`Matrix.trace` opened as `trace`). Mathlib's
+#: `Mathlib/Tactic/Trace.lean` (`elab tk:"trace " val:term : tactic`) evaluates
+#: `toString val` with `unsafe evalExpr String`, so `trace f 12` runs the proof's `f`; core's
+#: `trace "message"` only logs its literal.
+TACTIC_WORDS: dict[str, str] = {"trace": "run_code"}
 #: Meta-programming and IO names (matched on the last or the first name component).
 METAPROGRAM_NAMES: frozenset[str] = frozenset(
     """
@@ -369,8 +407,12 @@ CONFIG_TACTICS: frozenset[str] = frozenset(
     apply_fun filter_upwards peel choose set generalize unfold_let says observe order
     finiteness rw_search aesop_cat wlog bv_normalize ac_rfl symm injection subst
     simp_intro decide! norm_num! grind! itauto group clear_value with_reducible
+    lia cutsat grobner try mvcgen mvcgen_no_trivial
     """.split()
 )
+# The last line: Lean core's `"lia"`/`"cutsat"`/`"grobner" optConfig` (the grind frontends),
+# `"try?" optConfig` (read as `try`: trailing `?` is ignored) and `"mvcgen" optConfig`, whose
+# configuration items are elaborated and evaluated like `grind`'s (issue 19).
 
 #: Tactics whose `(disch := tac)`/`(discharger := tac)` item is tactic syntax, not a value: the
 #: tactic is read by the other rules like any other. Elsewhere such a field is a value

@@ -42,6 +42,7 @@ from copy import copy
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
+from typing import NamedTuple
 
 __all__ = [
     "Kind",
@@ -78,9 +79,16 @@ class Kind(str, Enum):
     """Text Lean would reject, or that the lexer cannot read unambiguously (see ``error``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
-    """One token of Lean source text."""
+# The kinds as plain names: on Python 3.11 each `Kind.IDENT` is a slow attribute look-up, and
+# these are read for every token.
+_IDENT, _SYMBOL, _NUMBER = Kind.IDENT, Kind.SYMBOL, Kind.NUMBER
+_STRING, _CHAR, _NAME = Kind.STRING, Kind.CHAR, Kind.NAME
+_DOC, _COMMENT, _ERROR = Kind.DOC, Kind.COMMENT, Kind.ERROR
+
+
+class Token(NamedTuple):
+    """One token of Lean source text (immutable; a named tuple because a long text has hundreds
+    of thousands of them, and a tuple is made several times faster than a frozen dataclass)."""
 
     kind: Kind
     """What the token is."""
@@ -195,6 +203,11 @@ plain strings in others -- a string with ``{`` must read the same both ways (see
 
 _QUOTABLE = frozenset("\\\"'rnt")
 _ASCII_ID_REST = re.compile(r"[A-Za-z0-9_'!?]*")
+# A dotted name in ASCII only: most names, read in one match (see `ident_parts`).
+_ASCII_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_'!?]*(?:\.[A-Za-z_][A-Za-z0-9_'!?]*)*")
+# Characters that are a symbol token on their own unless a longer symbol starts with them
+# (no quote, backtick, `/`, digit or letter: those start literals, comments or names).
+_SINGLE = frozenset("()[]{},;~?|&!#$%*+-.:<=>@^\\⟨⟩⦃⦄⟦⟧")
 _MAX_DEPTH = 16  # interpolated strings inside interpolated strings, as far as the lexer follows
 
 
@@ -205,10 +218,12 @@ class _Lexer:
     keep_comments: bool
     tokens: list[Token] = field(default_factory=list)
     line_starts: list[int] = field(default_factory=list)
-    max_symbol: int = 1
-    id_symbols: list[str] = field(default_factory=list)
+    symbol_lengths: tuple[int, ...] = ()
+    id_symbols: frozenset[str] = frozenset()
+    id_symbol_lengths: tuple[int, ...] = ()
     id_firsts: frozenset[str] = frozenset()
     symbol_firsts: frozenset[str] = frozenset()
+    single: frozenset[str] = frozenset()
     spaced: bool = True  # whether whitespace came before the token being lexed
     n: int = 0  # where the text ends for this lexer (a probe reads only up to a bound)
     depth: int = 0  # interpolated strings being read inside each other
@@ -216,14 +231,20 @@ class _Lexer:
     def __post_init__(self) -> None:
         self.n = len(self.text)
         starts = [0]
-        starts.extend(i + 1 for i, c in enumerate(self.text) if c == "\n")
+        find = self.text.find
+        k = find("\n")
+        while k >= 0:  # (a loop over the newlines, not over every character)
+            starts.append(k + 1)
+            k = find("\n", k + 1)
         self.line_starts = starts
-        self.max_symbol = max((len(s) for s in self.symbols), default=1)
-        # Longest first, for `mkIdResult`'s "a token at least as long as the identifier wins".
-        ids = _ID_SYMBOLS | {s for s in self.symbols if is_id_first(s[0])}
-        self.id_symbols = sorted(ids, key=len, reverse=True)
-        self.id_firsts = frozenset(s[0] for s in ids)
-        self.symbol_firsts = frozenset(s[0] for s in self.symbols)
+        (
+            self.symbol_lengths,
+            self.id_symbols,
+            self.id_symbol_lengths,
+            self.id_firsts,
+            self.symbol_firsts,
+            self.single,
+        ) = _table(self.symbols)
 
     # -- positions ------------------------------------------------------------------------------
 
@@ -261,7 +282,7 @@ class _Lexer:
         return tok
 
     def error(self, start: int, end: int, msg: str, nested: bool = False) -> int:
-        self.emit(Kind.ERROR, start, max(end, start), nested, error=msg)
+        self.emit(_ERROR, start, max(end, start), nested, error=msg)
         return self.n  # stop: after an error nothing further can be trusted
 
     # -- whitespace and comments (Lean.Parser.whitespace) ---------------------------------------
@@ -287,7 +308,7 @@ class _Lexer:
                 j = self.text.find("\n", i, n)
                 j = n if j < 0 else j
                 if self.keep_comments:
-                    self.emit(Kind.COMMENT, i, j, nested)
+                    self.emit(_COMMENT, i, j, nested)
                 i = j
             elif c == "/" and self.at(i + 1) == "-" and self.at(i + 2) not in ("-", "!"):
                 if self._glued_comment(i, nested):
@@ -296,7 +317,7 @@ class _Lexer:
                 if j < 0:
                     return self.error(i, n, "unterminated comment", nested), True
                 if self.keep_comments:
-                    self.emit(Kind.COMMENT, i, j, nested)
+                    self.emit(_COMMENT, i, j, nested)
                 i = j
             else:
                 break
@@ -325,7 +346,7 @@ class _Lexer:
         opener's first character as one longer token (as it does for ``//-``), so what follows
         would be code to Lean. Reported rather than guessed."""
         prev = self.tokens[-1] if self.tokens else None
-        if prev is None or prev.end != i or prev.kind is not Kind.SYMBOL:
+        if prev is None or prev.end != i or prev.kind is not _SYMBOL:
             return False
         if prev.text[-1] in _SAFE_BEFORE_COMMENT:
             return False
@@ -360,15 +381,17 @@ class _Lexer:
             self.spaced = True
             if len(self.tokens) > before:
                 tok = self.tokens[before]
-                if tok.kind is Kind.ERROR:
+                if tok.kind is _ERROR:
                     return n
-                if stop_at_brace and tok.kind is Kind.SYMBOL:
+                if stop_at_brace and tok.kind is _SYMBOL:
                     depth += tok.text.count("{") - tok.text.count("}")
 
     def token(self, i: int, nested: bool) -> int:
         """Lex one token at ``i`` (not whitespace); return the position after it."""
         t = self.text
         c = t[i]
+        if c in self.single:  # a symbol of one character that starts no longer one: at once
+            return self.emit(_SYMBOL, i, i + 1, nested).end
         nxt = self.at(i + 1)
         if c == '"':
             return self.string(i, i + 1, nested, interpolated=self._interpolating())
@@ -380,7 +403,7 @@ class _Lexer:
             end, parts, err = self.ident_parts(i + 1)
             if err:
                 return self.error(i, end, err, nested)
-            return self._emit_name(Kind.NAME, i, end, parts, nested)
+            return self._emit_name(_NAME, i, end, parts, nested)
         if c == "r" and self._raw_start(i + 1):
             return self.raw_string(i, nested)
         if is_id_first(c) or c == "«":
@@ -393,6 +416,16 @@ class _Lexer:
         """Lean's ``identFnAux`` from ``i``: (end, components, error message or '')."""
         t = self.text
         n = self.n
+        m = _ASCII_NAME.match(t, i, n)
+        if m is not None:
+            # The common case at once: the name ends where an ASCII character that cannot go
+            # on with it comes (or a `.` then one). A non-ASCII one takes the general path.
+            e = m.end()
+            c = t[e] if e < n else ""
+            if c == "." and e + 1 < n:
+                c = t[e + 1]
+            if c < "\x80":
+                return e, t[i:e].split("."), ""
         parts: list[str] = []
         while True:
             c = self.at(i)
@@ -422,9 +455,12 @@ class _Lexer:
         if err:
             return self.error(i, end, err, nested)
         # `mkIdResult`: a token at least as long as the identifier wins (`ℝ≥0` is one token).
-        for sym in self.id_symbols if self.text[i] in self.id_firsts else ():
-            if self.text.startswith(sym, i, self.n) and len(sym) >= end - i:
-                return self.emit(Kind.SYMBOL, i, i + len(sym), nested).end
+        if self.text[i] in self.id_firsts:
+            for k in self.id_symbol_lengths:
+                if k < end - i:
+                    break
+                if k <= self.n - i and self.text[i : i + k] in self.id_symbols:
+                    return self.emit(_SYMBOL, i, i + k, nested).end
         word = self.text[i:end]
         if "'" in word and any(_version_letter(c) for c in word):
             # Before v4.22 these letters end an identifier, and the `'` after them starts a
@@ -432,7 +468,7 @@ class _Lexer:
             for q in (k for k in range(i, end) if self.text[k] == "'"):
                 if self._quote_then_comment(q, nested):
                     return self.n
-        return self._emit_name(Kind.IDENT, i, end, parts, nested)
+        return self._emit_name(_IDENT, i, end, parts, nested)
 
     def _quote_then_comment(self, q: int, nested: bool) -> bool:
         """A `'` at ``q`` that this lexer reads inside a longer token, but that a Lean without
@@ -461,9 +497,13 @@ class _Lexer:
     # -- literals ---------------------------------------------------------------------------------
 
     def _interpolating(self) -> bool | None:
-        """True after a keyword that takes an interpolated string; None when unknown."""
-        prev = self.tokens[-1] if self.tokens else None
-        if prev is not None and prev.kind is Kind.IDENT and prev.text in INTERPOLATING:
+        """True after a keyword that takes an interpolated string; None when unknown. Comments
+        kept as tokens (``keep_comments``) are whitespace here, as they are to Lean."""
+        k = len(self.tokens) - 1
+        while k >= 0 and self.tokens[k].kind is _COMMENT:
+            k -= 1
+        prev = self.tokens[k] if k >= 0 else None
+        if prev is not None and prev.kind is _IDENT and prev.text in INTERPOLATING:
             return True
         return None
 
@@ -525,7 +565,7 @@ class _Lexer:
             mark = len(probe.tokens)
             p_end = probe._interpolated(start, i, nested)
             inner = probe.tokens[mark:]
-            errors = [tok.error for tok in inner if tok.kind is Kind.ERROR]
+            errors = [tok.error for tok in inner if tok.kind is _ERROR]
             if not errors and p_end == end:
                 self.tokens.extend(inner)  # its `{...}` may be code to Lean: lexed as code
                 return end
@@ -539,7 +579,7 @@ class _Lexer:
                     nested,
                 )
             # otherwise Lean could not read it as interpolated at all: it is a plain string
-        self.emit(Kind.STRING, start, end, nested)
+        self.emit(_STRING, start, end, nested)
         return end
 
     def _interpolated(self, start: int, i: int, nested: bool) -> int:
@@ -566,9 +606,12 @@ class _Lexer:
                 self.depth += 1
                 j = self.run(i + 1, stop_at_brace=True, nested=True)
                 self.depth -= 1
-                code.extend(self.tokens[before:])
+                piece = self.tokens[before:]
                 del self.tokens[before:]
-                if any(tok.kind is Kind.ERROR for tok in code):
+                code.extend(piece)
+                # (only this piece's tokens are new: looking through all of `code` each time
+                # would make a string with many `{...}` quadratic)
+                if any(tok.kind is _ERROR for tok in piece):
                     self.tokens.extend(code)
                     return n
                 if j >= n or self.text[j] != "}":
@@ -577,7 +620,7 @@ class _Lexer:
             else:
                 i += 1
         del self.tokens[mark:]
-        self.emit(Kind.STRING, start, end, nested, space_before=spaced)
+        self.emit(_STRING, start, end, nested, space_before=spaced)
         self.tokens.extend(code)
         return end
 
@@ -598,7 +641,7 @@ class _Lexer:
         if j < 0:
             return self.error(start, self.n, "unterminated raw string literal", nested)
         end = j + len(close)
-        self.emit(Kind.STRING, start, end, nested)
+        self.emit(_STRING, start, end, nested)
         return end
 
     def char(self, start: int, nested: bool) -> int:
@@ -615,7 +658,7 @@ class _Lexer:
             i += 1
         if self.at(i) != "'":
             return self.error(start, i, "missing end of character literal", nested)
-        self.emit(Kind.CHAR, start, i + 1, nested)
+        self.emit(_CHAR, start, i + 1, nested)
         return i + 1
 
     def number(self, start: int, nested: bool) -> int:
@@ -627,12 +670,13 @@ class _Lexer:
             and prev.end == start
             and len(self.tokens) >= 2
             and self.tokens[-2].end == prev.start
+            and self.tokens[-2].kind is not _COMMENT  # (kept comments are whitespace)
         ):
             # A projection `h.2.1`: Lean's `fieldIdx` takes the digits only.
             j = start
             while _is_digit(self.at(j)):
                 j += 1
-            self.emit(Kind.NUMBER, start, j, nested)
+            self.emit(_NUMBER, start, j, nested)
             return j
         c, nxt = t[start], self.at(start + 1)
         if c == "0" and nxt in ("b", "B", "o", "O", "x", "X"):
@@ -641,7 +685,7 @@ class _Lexer:
             j, err = self._digits(start + 2, check, True)
             if err:
                 return self.error(start, j, err, nested)
-            self.emit(Kind.NUMBER, start, j, nested)
+            self.emit(_NUMBER, start, j, nested)
             return j
         j, _ = self._digits(start, _is_digit, False)
         if self.at(j) == ".":
@@ -655,7 +699,7 @@ class _Lexer:
             if not _is_digit(self.at(k)):
                 return self.error(start, k, "missing exponent digits in scientific literal", nested)
             j, _ = self._digits(k, _is_digit, False)
-        self.emit(Kind.NUMBER, start, j, nested)
+        self.emit(_NUMBER, start, j, nested)
         return j
 
     def _digits(self, i: int, check: Callable[[str], bool], need: bool) -> tuple[int, str]:
@@ -681,17 +725,44 @@ class _Lexer:
             j = self.block_end(i + 3)
             if j < 0:
                 return self.error(i, self.n, "unterminated doc comment", nested)
-            self.emit(Kind.DOC, i, j, nested)
+            self.emit(_DOC, i, j, nested)
             return j
-        longest = min(self.max_symbol, self.n - i) if t[i] in self.symbol_firsts else 1
-        for k in range(longest, 1, -1):
-            if t[i : i + k] in self.symbols:
+        lengths = self.symbol_lengths if t[i] in self.symbol_firsts else ()
+        room = self.n - i
+        for k in lengths:
+            if k <= room and t[i : i + k] in self.symbols:
                 if "'" in t[i : i + k]:  # `∑'`, `''`, `⁻¹'`: tokens only where Mathlib is
                     for q in (j for j in range(i, i + k) if t[j] == "'"):
                         if self._quote_then_comment(q, nested):
                             return self.n
-                return self.emit(Kind.SYMBOL, i, i + k, nested).end
-        return self.emit(Kind.SYMBOL, i, i + 1, nested).end
+                return self.emit(_SYMBOL, i, i + k, nested).end
+        return self.emit(_SYMBOL, i, i + 1, nested).end
+
+
+@lru_cache(maxsize=8)
+def _table(
+    symbols: frozenset[str],
+) -> tuple[
+    tuple[int, ...], frozenset[str], tuple[int, ...], frozenset[str], frozenset[str], frozenset[str]
+]:
+    """What the lexer derives from its symbol table, once per table (not once per text):
+    the lengths of the multi-character symbols, longest first (longest match is tried over the
+    lengths the table has: a long notation atom costs one look-up per distinct length, not one
+    per character); the symbols that start like an identifier, their lengths and first
+    characters (``mkIdResult``: a token at least as long as the identifier wins); the symbols'
+    first characters; the characters that are always a symbol on their own."""
+    lengths = tuple(sorted({len(s) for s in symbols if len(s) > 1}))[::-1]
+    ids = _ID_SYMBOLS | {s for s in symbols if is_id_first(s[0])}
+    id_lengths = tuple(sorted({len(s) for s in ids}))[::-1]
+    single = _SINGLE - {s[0] for s in symbols if len(s) > 1}
+    return (
+        lengths,
+        frozenset(ids),
+        id_lengths,
+        frozenset(s[0] for s in ids),
+        frozenset(s[0] for s in symbols),
+        single,
+    )
 
 
 def _version_letter(c: str) -> bool:
@@ -707,9 +778,17 @@ _CLOSES = frozenset(")]}⟩⦄⟧")
 def bracket_delta(tok: Token) -> int:
     """+1 for a symbol that opens a bracket (``(``, ``@[``, ``[MOD``, ``⟨``), -1 for one that
     closes it, 0 otherwise."""
-    if tok.kind is not Kind.SYMBOL:
+    if tok.kind is not _SYMBOL:
         return 0
-    return sum(c in _OPENS for c in tok.text) - sum(c in _CLOSES for c in tok.text)
+    delta = _DELTAS.get(tok.text)
+    if delta is None:
+        delta = sum(c in _OPENS for c in tok.text) - sum(c in _CLOSES for c in tok.text)
+        if len(_DELTAS) < 4096:  # symbols are few; the odd characters of hostile text are not
+            _DELTAS[tok.text] = delta
+    return delta
+
+
+_DELTAS: dict[str, int] = {}
 
 
 def tokenize(
@@ -745,14 +824,14 @@ def mask_comments(text: str, *, docs: bool = True) -> str:
     spans = [
         (t.start, t.end)
         for t in tokenize(text, keep_comments=True)
-        if t.kind is Kind.COMMENT or (docs and t.kind is Kind.DOC) or _open_comment(t)
+        if t.kind is _COMMENT or (docs and t.kind is _DOC) or _open_comment(t)
     ]
     return _blank(text, spans)
 
 
 def _open_comment(t: Token) -> bool:
     """An unterminated comment: Lean reads everything after its opener as comment."""
-    return t.kind is Kind.ERROR and t.text.startswith(("/-", "--"))
+    return t.kind is _ERROR and t.text.startswith(("/-", "--"))
 
 
 def code_only(text: str) -> str:
@@ -760,8 +839,8 @@ def code_only(text: str) -> str:
     blanked out (the quotes stay), positions kept: what is left is exactly the code Lean sees."""
     spans: list[tuple[int, int]] = []
     for t in tokenize(text, keep_comments=True):
-        if t.kind in (Kind.COMMENT, Kind.DOC) or _open_comment(t):
+        if t.kind in (_COMMENT, _DOC) or _open_comment(t):
             spans.append((t.start, t.end))
-        elif t.kind in (Kind.STRING, Kind.CHAR) and t.end - t.start >= 2:
+        elif t.kind in (_STRING, _CHAR) and t.end - t.start >= 2:
             spans.append((t.start + 1, t.end - 1))
     return _blank(text, spans)

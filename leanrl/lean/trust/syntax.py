@@ -24,6 +24,10 @@ What is checked, token by token:
   ``sorry``/``admit``/``sorryAx`` -> ``sorry``; ``axiom`` -> ``axiom``; ``unsafe*``,
   ``run_tac``, ``by_elab``, ``plausible``, meta-programming monads and IO -> ``forbidden``.
 
+Hostile text never makes it raise or crawl: every walk is a loop or bounded in depth, brackets
+nested deeper than :data:`MAX_NESTING` levels are refused (``forbidden``), and any failure inside
+the scan itself comes back as a refusal rather than an exception. Its cost is linear in the text.
+
 The pre-scan is a cheap first filter that gives a clear reason; it is never the defence on its
 own. The verdict comes from a separate checker process (see docs/verification.md), which is what
 stands behind anything this cannot know about (a command keyword of a library newer than its
@@ -32,6 +36,7 @@ tables reads to it as an identifier). See docs/prescan.md.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import NamedTuple
 
@@ -51,6 +56,7 @@ from leanrl.lean.trust.allowlist import (
     NATIVE_TACTICS,
     NOTATION_COMMANDS,
     SORRY_NAMES,
+    TACTIC_WORDS,
     TACTICS,
     UNSAFE_OPTION_PREFIXES,
     UNSAFE_OPTIONS,
@@ -59,7 +65,13 @@ from leanrl.lean.trust.allowlist import (
 from leanrl.lean.trust.lexer import Kind, Token, bracket_delta, tokenize
 from leanrl.verdict import Reason, VerificationPolicy
 
-__all__ = ["Finding", "scan"]
+__all__ = ["MAX_NESTING", "Finding", "scan"]
+
+# The kinds as plain names: on Python 3.11 each `Kind.IDENT` is a slow attribute look-up, and
+# these are read for every token.
+_IDENT, _SYMBOL, _NUMBER = Kind.IDENT, Kind.SYMBOL, Kind.NUMBER
+_STRING, _CHAR, _NAME = Kind.STRING, Kind.CHAR, Kind.NAME
+_DOC, _COMMENT, _ERROR = Kind.DOC, Kind.COMMENT, Kind.ERROR
 
 
 class Finding(NamedTuple):
@@ -75,14 +87,49 @@ class Finding(NamedTuple):
     """What the construct could do, and how to write the proof instead."""
 
 
+log = logging.getLogger("leanrl.lean")
+
 _REASON = {"native": Reason.NATIVE, "sorry": Reason.SORRY, "axiom": Reason.AXIOM}
+# Findings no taskset can waive: text the lexer cannot read, nesting past the bound.
+_UNWAIVABLE = frozenset({"lexing", "too_deep"})
+
+MAX_NESTING = 256
+"""Brackets (``( [ { ⟨ ⦃ ⟦``, ``@[``, ...) nested deeper than this are refused. Published proofs
+nest at most 8 deep (miniF2F, ProofNet, PutnamBench); Lean's parser and elaborator recurse on
+every level (``maxRecDepth`` defaults to 512), so much deeper text fails in Lean anyway or
+exhausts its stack; refusing it up front also keeps every walk over it shallow."""
+_MAX_CONFIG_DEPTH = 32
+"""Nesting followed inside one configuration value or one ``(attr := ...)`` chain; deeper is
+refused (a configuration nests two or three levels in practice)."""
 # Words after `#print` that are part of the command, not commands of their own.
 _PRINT_WORDS = frozenset("axioms prefix equations eqns sig".split())
 
 
 def scan(text: str, policy: VerificationPolicy) -> list[Finding]:
     """Every construct in ``text`` (model-written Lean) the pre-scan refuses, in text order, one
-    finding per distinct construct. Empty means the text passes."""
+    finding per distinct construct. Empty means the text passes.
+
+    Never raises on any text: a failure inside the scan (it should have none; a
+    ``RecursionError`` or ``MemoryError`` on text nobody foresaw) is itself a refusal, reason
+    ``forbidden``, so an attempt is judged instead of lost."""
+    try:
+        return _scan(text, policy)
+    except Exception as e:
+        # Hostile text must cost the attempt, not the caller. Logged: a failure here is a bug of
+        # the pre-scan (every walk in it is bounded), and must be seen.
+        log.warning("pre-scan failed on %d characters of text", len(text), exc_info=True)
+        return [
+            Finding(
+                Reason.FORBIDDEN,
+                "<unreadable text>",
+                1,
+                f"the pre-scan could not read the text ({type(e).__name__}); it refuses what it "
+                "cannot read",
+            )
+        ]
+
+
+def _scan(text: str, policy: VerificationPolicy) -> list[Finding]:
     # Per-taskset switches read with getattr: tasksets may carry them on their policy (see
     # docs/prescan.md, "Extending the allow-list").
     allow_notation = bool(getattr(policy, "allow_notation", False))
@@ -95,6 +142,14 @@ def scan(text: str, policy: VerificationPolicy) -> list[Finding]:
         if atoms:  # new tokens change how Lean splits the rest of the text: read it again
             tokens = tokenize(text, extra_symbols=atoms)
     return _Scan(tokens, policy.allow_native_decide, allow_notation, waived).run()
+
+
+class _TooDeep(Exception):
+    """A walk went deeper than its bound; ``at`` is the token where it stopped."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(at)
+        self.at = at
 
 
 class _Scan:
@@ -113,12 +168,13 @@ class _Scan:
         self.seen: set[tuple[Reason, str]] = set()
         self.names: set[int] = set()  # attribute and option names: no other rule applies
         self.args: set[int] = set()  # attribute arguments: name rules apply, command rules don't
-        self.closer = _closers(tokens)
+        self.closer, self.too_deep = _closers(tokens)
         self.checked: set[int] = set()  # attribute lists already read (`@[` indices)
         self._openers: dict[int, int] | None = None
         self._bad: int | None = None  # where the last configuration value stopped being literal
         self._instance: bool | None = None
         self._declared: frozenset[str] | None = None
+        self._heads: dict[int, str | None] = {}  # `_tactic_before` answers, by token index
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -129,7 +185,7 @@ class _Scan:
         # A taskset may allow a construct by the name its finding shows (`@[my_attr]`,
         # `set_option hygiene`, `alias`); never text the lexer cannot read, `sorry`, an axiom,
         # or native code (that has its own switch).
-        if reason is Reason.FORBIDDEN and kind != "lexing" and token in self.waived:
+        if reason is Reason.FORBIDDEN and kind not in _UNWAIVABLE and token in self.waived:
             return
         if (reason, token) in self.seen:
             return
@@ -141,22 +197,47 @@ class _Scan:
 
     def is_sym(self, i: int, text: str) -> bool:
         t = self.tok(i)
-        return t is not None and t.kind is Kind.SYMBOL and t.text == text
+        return t is not None and t.kind is _SYMBOL and t.text == text
 
     def keyword(self, i: int) -> str:
         """The token's text when it can be a keyword (an identifier not written with «»)."""
         t = self.tok(i)
-        return t.text if t is not None and t.kind is Kind.IDENT and not t.escaped else ""
+        return t.text if t is not None and t.kind is _IDENT and not t.escaped else ""
 
     def line_start(self, i: int) -> bool:
         prev = self.tok(i - 1)
         return prev is None or prev.line != self.toks[i].line
 
+    def tactic_start(self, i: int) -> bool:
+        """Token ``i`` stands where a tactic starts: first on its line, or after ``by``, ``;``,
+        ``<;>``, ``·``, ``=>``, ``(`` or ``|`` (not where a term goes: ``simp [trace]``)."""
+        prev = self.tok(i - 1)
+        return self.line_start(i) or (
+            prev is not None and prev.text in ("by", ";", "<;>", "·", ".", "=>", "(", "|")
+        )
+
+    def lone_string(self, j: int) -> bool:
+        """Token ``j`` is a string literal that ends the tactic (core's ``trace "message"``)."""
+        t, nxt = self.tok(j), self.tok(j + 1)
+        if t is None or t.kind is not Kind.STRING:
+            return False
+        return nxt is None or nxt.line != t.line or nxt.text in (";", ")", "<;>")
+
     # -- the pass ---------------------------------------------------------------------------------
 
     def run(self) -> list[Finding]:
+        if self.too_deep is not None:
+            t = self.toks[self.too_deep]
+            self.add(
+                "too_deep",
+                f"{t.text} nested deeper than {MAX_NESTING}",
+                t.line,
+                f"brackets are nested deeper than {MAX_NESTING} levels; no proof needs that, and "
+                "Lean's parser and elaborator recurse on every level: name the parts with `have` "
+                "or `let`",
+            )
         for i, t in enumerate(self.toks):
-            if t.kind is Kind.ERROR:
+            if t.kind is _ERROR:
                 snippet = t.text.strip().splitlines()[0][:40] if t.text.strip() else t.text
                 self.add(
                     "lexing",
@@ -165,19 +246,19 @@ class _Scan:
                     f"the text cannot be read safely ({t.error}); Lean would reject it, or could "
                     "read it differently from the pre-scan",
                 )
-            elif t.kind is Kind.SYMBOL and t.text == "@[":
+            elif t.kind is _SYMBOL and t.text == "@[":
                 self.attributes(i + 1, "@[")
-            elif t.kind is Kind.SYMBOL and t.text == "#":
+            elif t.kind is _SYMBOL and t.text == "#":
                 self.hash_command(i)
-            elif t.kind is Kind.SYMBOL and t.text == "(" and self.is_sym(i + 2, ":="):
+            elif t.kind is _SYMBOL and t.text == "(" and self.is_sym(i + 2, ":="):
                 self.config_item(i)
-            elif t.kind in (Kind.IDENT, Kind.NAME) and i not in self.names:
-                if t.kind is Kind.IDENT and not t.escaped and i not in self.args:
+            elif t.kind in (_IDENT, _NAME) and i not in self.names:
+                if t.kind is _IDENT and not t.escaped and i not in self.args:
                     self.command_word(i, t)
                 self.name_rules(t)
-            if t.kind is Kind.STRING or (t.kind in (Kind.IDENT, Kind.NAME) and "«" in t.text):
+            if t.kind is _STRING or (t.kind in (_IDENT, _NAME) and "«" in t.text):
                 self.hidden_command(t, anywhere=True)
-            elif t.kind is Kind.DOC:
+            elif t.kind is _DOC:
                 self.hidden_command(t, anywhere=False)
         return self.found
 
@@ -203,6 +284,8 @@ class _Scan:
             self.add(kind, word, t.line)
         if word in TACTICS:
             self.add(TACTICS[word], word, t.line)
+        if word in TACTIC_WORDS and self.tactic_start(i) and not self.lone_string(i + 1):
+            self.add(TACTIC_WORDS[word], word, t.line)
         if word == "eval" and self.is_sym(i + 1, "%") and not self.toks[i + 1].space_before:
             self.add("run_code", "eval%", t.line)
         if word in NATIVE_TACTICS:
@@ -219,11 +302,17 @@ class _Scan:
         is consumed whole by the declaration it starts, so for it only a refused command at the
         start of one of its lines counts."""
         body = t.text
+        prev_end = -1  # where the previous match ended (-1: none yet)
         for m in _COMMAND_START.finditer(body):
             word = m.group(0)
+            start, end = m.start(), m.end()
             if not anywhere:
-                line_start = body.rfind("\n", 0, m.start()) + 1
-                if body[line_start : m.start()].strip() or not _refused_command(word):
+                # Only what lies between the previous match and this one is looked at, so a
+                # long doc comment costs its length once.
+                nl = body.rfind("\n", max(prev_end, 0), start)
+                same_line = nl < 0 and prev_end >= 0  # the previous match is code before it
+                prev_end = end
+                if same_line or body[nl + 1 : start].strip() or not _refused_command(word):
                     continue
             shown = word if len(t.text) <= 40 else f"{word} (in {t.text[:30]}…)"
             self.add("hidden_command", shown, t.line)
@@ -240,7 +329,7 @@ class _Scan:
         instance it declares, a ``discharger`` field that is a tactic program. Only literal
         values are allowed."""
         field = self.tok(i + 1)
-        if field is None or field.kind is not Kind.IDENT:
+        if field is None or field.kind is not _IDENT:
             return
         name = field.value  # `«config»` is `config` to Lean
         head = self._tactic_before(i)
@@ -250,7 +339,17 @@ class _Scan:
             return
         end = self.closer[i]
         self._bad = None
-        stop = self._literal(i + 3, end)
+        try:
+            stop = self._literal(i + 3, end)
+        except _TooDeep:
+            self.add(
+                "too_deep",
+                f"({name} := ... nested deeper than {_MAX_CONFIG_DEPTH} ...)",
+                field.line,
+                f"a configuration value nested deeper than {_MAX_CONFIG_DEPTH} levels is not read "
+                "as a literal; write the configuration plainly",
+            )
+            return
         if stop != end:
             k = self._bad if stop is None and self._bad is not None else (stop or i + 3)
             bad = self.tok(k)
@@ -259,24 +358,40 @@ class _Scan:
 
     def _tactic_before(self, i: int) -> str | None:
         """The configurable tactic whose items include the one opened at ``i``, possibly after
-        other items (``simp +contextual (maxSteps := 5)``), or None."""
+        other items (``simp +contextual (maxSteps := 5)``), or None.
+
+        The walk back from a token always ends the same way, so where it has been is remembered:
+        ``simp (a := 1) (a := 1) ...`` costs its length once, not once per item."""
+        memo = self._heads
         j = i - 1
-        while (t := self.tok(j)) is not None:
-            if t.kind is Kind.NUMBER or (t.kind is Kind.SYMBOL and t.text in ("*", "!", "?")):
+        path: list[int] = []
+        head: str | None = None
+        while True:
+            if j in memo:
+                head = memo[j]
+                break
+            t = self.tok(j)
+            if t is None:
+                break
+            path.append(j)
+            if t.kind is _NUMBER or (t.kind is _SYMBOL and t.text in ("*", "!", "?")):
                 j -= 1  # `solve_by_elim* (...)`, `simpa ! (...)`, `congr! 2 (...)`
-            elif t.kind is Kind.SYMBOL and t.text == ")":
+            elif t.kind is _SYMBOL and t.text == ")":
                 o = self._opener(j)
                 if o is None or not self.is_sym(o + 2, ":="):
-                    return None
+                    break
                 j = o - 1
-            elif t.kind is Kind.IDENT and any(self.is_sym(j - 1, s) for s in "+-"):
+            elif t.kind is _IDENT and any(self.is_sym(j - 1, s) for s in "+-"):
                 j -= 2
-            elif t.kind is Kind.IDENT and not t.escaped:
+            elif t.kind is _IDENT and not t.escaped:
                 word = t.text.rstrip("?!")
-                return word if word in CONFIG_TACTICS else None
+                head = word if word in CONFIG_TACTICS else None
+                break
             else:
-                return None
-        return None
+                break
+        for k in path:
+            memo[k] = head
+        return head
 
     @property
     def declares_instance(self) -> bool:
@@ -284,7 +399,7 @@ class _Scan:
         [instance]``, ``@[default_instance]``): literals could then elaborate through it."""
         if self._instance is None:
             self._instance = any(
-                t.kind is Kind.IDENT
+                t.kind is _IDENT
                 and not t.escaped
                 and t.text in ("instance", "default_instance", "renaming")
                 for t in self.toks
@@ -299,18 +414,18 @@ class _Scan:
             out: set[str] = set()
             toks = self.toks
             for k, t in enumerate(toks):
-                if t.kind is not Kind.IDENT:
+                if t.kind is not _IDENT:
                     continue
                 prev = toks[k - 1] if k else None
-                after_kw = prev is not None and prev.kind is Kind.IDENT and prev.text in _DECLARING
+                after_kw = prev is not None and prev.kind is _IDENT and prev.text in _DECLARING
                 first = (
                     prev is None
                     or prev.line != t.line
-                    or (prev.kind is Kind.SYMBOL and prev.text == "|")
+                    or (prev.kind is _SYMBOL and prev.text == "|")
                 )
                 if first and not after_kw:
                     rest = [u for u in toks[k + 1 : k + 40] if u.line == t.line]
-                    first = any(u.kind is Kind.SYMBOL and u.text == ":=" for u in rest) or (
+                    first = any(u.kind is _SYMBOL and u.text == ":=" for u in rest) or (
                         prev is not None and prev.text == "|"
                     )
                 if after_kw or first:
@@ -323,44 +438,48 @@ class _Scan:
             self._openers = {c: o for o, c in enumerate(self.closer) if c < len(self.toks)}
         return self._openers.get(j)
 
-    def _literal(self, i: int, end: int) -> int | None:
+    def _literal(self, i: int, end: int, depth: int = 0) -> int | None:
         """The index after the literal configuration value at ``i`` (before ``end``), or None.
 
         literal := number | -number | true | false | string | char | name literal
                  | .C literal* | Namespace.C      (C in CONFIG_CONSTANTS)
                  | ( literal ) | [ literal, ... ] | { field := literal, ... }
+
+        Raises :class:`_TooDeep` past :data:`_MAX_CONFIG_DEPTH` levels (the walk recurses).
         """
-        out = self._literal_at(i, end)
+        if depth > _MAX_CONFIG_DEPTH:
+            raise _TooDeep(i)
+        out = self._literal_at(i, end, depth)
         if out is None and self._bad is None:
             self._bad = i  # the innermost token that is not a literal: shown in the finding
         return out
 
-    def _literal_at(self, i: int, end: int) -> int | None:
+    def _literal_at(self, i: int, end: int, depth: int) -> int | None:
         t = self.tok(i)
         if t is None or i >= end:
             return None
-        if t.kind in (Kind.NUMBER, Kind.STRING, Kind.CHAR, Kind.NAME):
+        if t.kind in (_NUMBER, _STRING, _CHAR, _NAME):
             # `100000` is `OfNat.ofNat 100000` and a string can be coerced: an instance the
             # text declares would make the literal run its code
             return None if self.declares_instance else i + 1
-        if t.kind is Kind.IDENT:
+        if t.kind is _IDENT:
             ok = (not t.escaped and t.text in ("true", "false")) or t.value in CONFIG_QUALIFIED
             # `namespace Foo def true := ...` makes `true` mean `Foo.true` there
             return i + 1 if ok and t.value.rsplit(".", 1)[-1] not in self.declared else None
-        if t.kind is not Kind.SYMBOL:
+        if t.kind is not _SYMBOL:
             return None
-        if t.text == "-" and (n := self.tok(i + 1)) is not None and n.kind is Kind.NUMBER:
+        if t.text == "-" and (n := self.tok(i + 1)) is not None and n.kind is _NUMBER:
             return i + 2
         if t.text == ".":
             name = self.tok(i + 1)
-            if name is None or name.kind is not Kind.IDENT or name.space_before:
+            if name is None or name.kind is not _IDENT or name.space_before:
                 return None
             if name.escaped or name.text not in CONFIG_CONSTANTS or name.text in self.declared:
                 # `.asFn` resolves in the field type's namespace: `def Nat.asFn` would be it
                 self._bad = i + 1
                 return None
             k = i + 2
-            while k < end and (nxt := self._literal(k, end)) is not None:
+            while k < end and (nxt := self._literal(k, end, depth + 1)) is not None:
                 k = nxt  # `.pos [1, 2]`
             return k
         if t.text in ("(", "[", "{"):
@@ -371,14 +490,14 @@ class _Scan:
             while k < close:
                 if t.text == "{":
                     f = self.tok(k)
-                    if f is None or f.kind is not Kind.IDENT or f.escaped:
+                    if f is None or f.kind is not _IDENT or f.escaped:
                         self._bad = k
                         return None
                     if not self.is_sym(k + 1, ":="):
                         self._bad = k  # `{ x }` means `{ x := x }`: a name, not a literal
                         return None
                     k += 2
-                nxt = self._literal(k, close)
+                nxt = self._literal(k, close, depth + 1)
                 if nxt is None:
                     return None
                 k = nxt
@@ -411,7 +530,7 @@ class _Scan:
 
     def hash_command(self, i: int) -> None:
         nxt = self.tok(i + 1)
-        if nxt is None or nxt.kind is not Kind.IDENT or nxt.space_before or nxt.escaped:
+        if nxt is None or nxt.kind is not _IDENT or nxt.space_before or nxt.escaped:
             return
         word = nxt.text
         kind = HASH_COMMANDS.get(word)
@@ -428,8 +547,8 @@ class _Scan:
         elif word == "print":
             after = self.tok(i + 2)
             if after is not None and (
-                after.kind is Kind.STRING
-                or (after.kind is Kind.ERROR and after.text.startswith(('"', "r")))
+                after.kind is _STRING
+                or (after.kind is _ERROR and after.text.startswith(('"', "r")))
             ):
                 self.add("print", "#print", line)
             elif self.keyword(i + 2) in _PRINT_WORDS:
@@ -439,7 +558,7 @@ class _Scan:
 
     def option(self, i: int) -> None:
         t = self.tok(i)
-        if t is None or t.kind is not Kind.IDENT:
+        if t is None or t.kind is not _IDENT:
             return  # not an option name: Lean rejects the command
         self.names.add(i)
         name = t.value
@@ -462,8 +581,9 @@ class _Scan:
             self.attribute(a, b, opener)
         return end + 1
 
-    def attribute(self, a: int, b: int, opener: str) -> None:
-        """One attribute instance, tokens [a, b): ``[-] [local|scoped] name args...``."""
+    def attribute(self, a: int, b: int, opener: str, depth: int = 0) -> None:
+        """One attribute instance, tokens [a, b): ``[-] [local|scoped] name args...``; ``depth``
+        counts the ``(attr := ...)`` it is inside (bounded: the walk recurses)."""
         k = a
         if opener.startswith("attribute") and self.is_sym(k, "-"):
             k += 1  # `attribute [-simp] foo` removes an attribute: harmless
@@ -474,7 +594,7 @@ class _Scan:
             self.names.add(k)
             k += 1
         t = self.tok(k)
-        if t is None or k >= b or t.kind is not Kind.IDENT:
+        if t is None or k >= b or t.kind is not _IDENT:
             where = self.tok(a) or self.toks[-1]
             self.add("attr_unknown", f"{opener}{where.text}]", where.line)
             return
@@ -491,16 +611,25 @@ class _Scan:
             # `(attr := simp, norm_cast)` (`to_additive`, `simps`): more attribute instances.
             if self.keyword(j) == "attr" and self.is_sym(j + 1, ":=") and self.is_sym(j - 1, "("):
                 close = self.closer[j - 1]
+                if depth >= _MAX_CONFIG_DEPTH:
+                    self.add(
+                        "too_deep",
+                        f"(attr := ...) nested deeper than {_MAX_CONFIG_DEPTH}",
+                        self.toks[j].line,
+                        f"`(attr := ...)` nested deeper than {_MAX_CONFIG_DEPTH} levels is not "
+                        "read; write the attributes plainly",
+                    )
+                    return
                 for x, y in self._split(j + 2, min(close, b)):
-                    self.attribute(x, y, "(attr := ")
+                    self.attribute(x, y, "(attr := ", depth + 1)
                 j = close + 1
                 continue
             arg = self.toks[j]
-            if arg.kind is Kind.SYMBOL and arg.text == "@[":
+            if arg.kind is _SYMBOL and arg.text == "@[":
                 j = self.closer[j] + 1  # a list of its own: read when the pass gets there
                 continue
             self.args.add(j)
-            if arg.kind in (Kind.IDENT, Kind.NAME) and _is_code_attribute(arg.value):
+            if arg.kind in (_IDENT, _NAME) and _is_code_attribute(arg.value):
                 # `simps (config := {attrs := [`norm_num]})` names attributes as data
                 self.add("attr_code", f"{opener}{name} … {arg.text}]", arg.line)
             j += 1
@@ -514,7 +643,7 @@ class _Scan:
             if bracket_delta(t) > 0:
                 j = self.closer[j] + 1  # skip the bracketed part at once
                 continue
-            if t.kind is Kind.SYMBOL and t.text == ",":
+            if t.kind is _SYMBOL and t.text == ",":
                 parts.append((start, j))
                 start = j + 1
             j += 1
@@ -544,18 +673,22 @@ def _refused_command(word: str) -> bool:
     return bool(COMMANDS.get(word))
 
 
-def _closers(tokens: list[Token]) -> list[int]:
+def _closers(tokens: list[Token]) -> tuple[list[int], int | None]:
     """For each opening bracket, the index of the token that closes it (``len(tokens)`` when
-    nothing does); other entries are unused."""
+    nothing does; other entries are unused), and the first opening bracket nested deeper than
+    :data:`MAX_NESTING` (None when there is none)."""
     closer = [len(tokens)] * len(tokens)
     stack: list[int] = []
+    too_deep: int | None = None
     for j, t in enumerate(tokens):
         delta = bracket_delta(t)
         if delta > 0:
             stack.append(j)
+            if too_deep is None and len(stack) > MAX_NESTING:
+                too_deep = j
         elif delta < 0 and stack:
             closer[stack.pop()] = j
-    return closer
+    return closer, too_deep
 
 
 def _is_code_attribute(name: str) -> bool:
@@ -572,14 +705,15 @@ def _notation_atoms(tokens: list[Token]) -> tuple[list[str], list[Finding]]:
     atoms: list[str] = []
     bad: list[Finding] = []
     for i, t in enumerate(tokens):
-        if t.kind is not Kind.IDENT or t.escaped or t.text not in NOTATION_COMMANDS:
+        if t.kind is not _IDENT or t.escaped or t.text not in NOTATION_COMMANDS:
             continue
-        for u in tokens[i + 1 :]:
-            if u.kind is Kind.SYMBOL and u.text == "=>":
+        for k in range(i + 1, len(tokens)):  # (no slice: a copy per command is quadratic)
+            u = tokens[k]
+            if u.kind is _SYMBOL and u.text == "=>":
                 break
-            if u.kind is Kind.IDENT and not u.escaped and u.text in COMMANDS:
+            if u.kind is _IDENT and not u.escaped and u.text in COMMANDS:
                 break
-            if u.kind is not Kind.STRING:
+            if u.kind is not _STRING:
                 continue
             atom = _atom_text(u.text)
             if any(s in atom for s in ('"', "`", "«", "»", "--", "/-", "-/")) or not atom:
