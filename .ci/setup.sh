@@ -18,10 +18,16 @@ python -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=
 torch_kind=${LEANRL_TORCH:-$(command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)}
 if ! python -c 'import torch' 2>/dev/null; then
   if [ "$torch_kind" = cpu ]; then
-    # The CPU build: small, and what tests and CPU examples need. A bare `pip install torch`
-    # would pull a CUDA build of several GB.
-    pip install -q --disable-pip-version-check torch==2.13.0 \
-      || pip install -q --disable-pip-version-check torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    # The CPU build, asked for by name: PyPI's Linux torch wheel is the CUDA build (triton, the
+    # CUDA toolkit and ~17 nvidia-* wheels, several GB), so `torch==2.13.0` alone would take it on
+    # any machine with internet access. `+cpu` is the local version PyTorch's CPU index serves;
+    # it is tried first from pip's configured sources (a machine with a local wheel or a mirror
+    # that has it), then from PyTorch's CPU index. macOS wheels on PyPI are CPU-only and carry no
+    # `+cpu` tag. tests/test_setup_torch.py checks this resolves without CUDA packages.
+    if [ "$(uname -s)" = Darwin ]; then torch_cpu="torch==2.13.0"; else torch_cpu="torch==2.13.0+cpu"; fi
+    pip install -q --disable-pip-version-check "$torch_cpu" 2>/dev/null \
+      || pip install -q --disable-pip-version-check "$torch_cpu" \
+        --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
   else
     pip install -q --disable-pip-version-check "torch>=2.4,<2.15"
   fi

@@ -43,14 +43,18 @@ def bare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return empty
 
 
-def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _cli(
+    args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": str(tmp_path / "bin"),
         "HOME": str(tmp_path),
         "LEANRL_CACHE": str(tmp_path / "cache"),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
+        "LEANRL_ALLOW_UNSANDBOXED": "1",  # these tests are about Lean tools; bwrap has its own
     }
+    env.update(extra_env or {})
     (tmp_path / "bin").mkdir(exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "leanrl.cli", *args],
@@ -72,6 +76,44 @@ def test_setup_without_elan_fails_fast_with_the_fix(tmp_path: Path) -> None:
     # ... and without the installer, the message is the plain "not on PATH" one.
     r = _cli(["setup", "--env", "minif2f", "--no-install_elan"], tmp_path)
     assert r.returncode == 2 and "`elan` is not on PATH" in r.stderr
+
+
+def test_setup_without_bubblewrap_stops_before_anything_with_the_install_command(
+    tmp_path: Path,
+) -> None:
+    # No bwrap on PATH: the local runtime would refuse to run Lean after the long Mathlib set-up,
+    # so setup says so first, with how to install it and what the opt-out gives up.
+    r = _cli(["setup", "--env", "minif2f"], tmp_path, {"LEANRL_ALLOW_UNSANDBOXED": "0"})
+    assert r.returncode == 2, r.stderr
+    assert "sandboxes every Lean process with bubblewrap" in r.stderr
+    assert "bubblewrap" in r.stderr.split("then rerun")[0]
+    assert "LEANRL_ALLOW_UNSANDBOXED=1" in r.stderr and "trusted source" in r.stderr
+    assert "elan" not in r.stderr  # it stopped before looking for the Lean tools
+    assert not (tmp_path / "cache" / "projects").exists()
+    # With the opt-out it warns and goes on to the Lean tools.
+    r = _cli(["setup", "--env", "minif2f"], tmp_path)
+    assert r.returncode == 2 and "warning: bubblewrap" in r.stderr
+    assert "elan (the Lean toolchain manager) is missing" in r.stderr
+
+
+def test_setup_bubblewrap_advice_per_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leanrl.lean import commands
+    from leanrl.lean.trust import containment
+
+    monkeypatch.delenv("LEANRL_ALLOW_UNSANDBOXED", raising=False)
+    monkeypatch.setattr(
+        containment, "isolation_problem", lambda: "bubblewrap (`bwrap`) is not installed (x)"
+    )
+    monkeypatch.setattr(commands.sys, "platform", "darwin")
+    with pytest.raises(LeanNotFoundError, match="does not exist on macOS") as e:
+        commands.sandbox_preflight()
+    assert "docker runtime" in str(e.value)
+    monkeypatch.setattr(commands.sys, "platform", "linux")
+    monkeypatch.setattr(containment, "isolation_problem", lambda: "bubblewrap does not run here: x")
+    with pytest.raises(LeanNotFoundError, match="unprivileged user namespaces"):
+        commands.sandbox_preflight()
+    monkeypatch.setattr(containment, "isolation_problem", lambda: None)
+    commands.sandbox_preflight()  # bubblewrap works: nothing to say
 
 
 def _stub(path: Path, body: str) -> None:

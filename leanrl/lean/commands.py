@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -154,6 +155,64 @@ def _no_lean(env_id: str) -> str | None:
     return f"environment {env_id!r} needs no Lean (it checks its answers in Python)"
 
 
+def _bubblewrap_install() -> str:
+    """How to install bubblewrap on this machine (by its package manager), or what to do where
+    it does not exist (macOS)."""
+    if sys.platform == "darwin":
+        return (
+            "bubblewrap is Linux-only, so on macOS use the docker runtime (--env.runtime.name "
+            "docker, docs/sandboxes.md), a Linux VM, or a Modal sandbox"
+        )
+    ids = ""
+    try:
+        for line in Path("/etc/os-release").read_text(encoding="utf-8").splitlines():
+            if line.startswith(("ID=", "ID_LIKE=")):
+                ids += " " + line.split("=", 1)[1].strip('"').lower()
+    except OSError:
+        pass
+    for names, cmd in (
+        (("debian", "ubuntu"), "sudo apt-get install bubblewrap"),
+        (("fedora", "rhel", "centos"), "sudo dnf install bubblewrap"),
+        (("arch",), "sudo pacman -S bubblewrap"),
+        (("suse",), "sudo zypper install bubblewrap"),
+        (("alpine",), "sudo apk add bubblewrap"),
+    ):
+        if any(n in ids for n in names):
+            return f"install it: {cmd}"
+    return "install bubblewrap with your package manager (the package is called bubblewrap)"
+
+
+def sandbox_preflight() -> None:
+    """Refuse, before the long set-up, on a machine where the local runtime will not run Lean:
+    it sandboxes every Lean process with bubblewrap and refuses to start without it unless
+    ``LEANRL_ALLOW_UNSANDBOXED=1`` (then this only warns)."""
+    from leanrl.lean.trust.containment import isolation_problem
+
+    problem = isolation_problem()
+    if problem is None:
+        return
+    if sys.platform == "darwin" and problem.startswith("bubblewrap (`bwrap`) is not installed"):
+        problem = "bubblewrap (`bwrap`) does not exist on macOS"
+    elif "not installed" not in problem:
+        problem += (
+            " (bubblewrap needs unprivileged user namespaces: in a container, run it with "
+            "--privileged or use the docker runtime from the host; on Ubuntu 24.04+, AppArmor "
+            "may block them: sysctl kernel.apparmor_restrict_unprivileged_userns=0)"
+        )
+    giving_up = (
+        "LEANRL_ALLOW_UNSANDBOXED=1 runs Lean without the sandbox: an attempt that manages to "
+        "run code while it is elaborated can then read your files, reach the network and "
+        "interfere with the trusted checker, so only do it for proofs from a trusted source"
+    )
+    if os.environ.get("LEANRL_ALLOW_UNSANDBOXED") == "1":
+        print(f"warning: {problem}; {giving_up}", file=sys.stderr)
+        return
+    raise LeanNotFoundError(
+        f"the local runtime sandboxes every Lean process with bubblewrap, and {problem}: "
+        f"{_bubblewrap_install()}, then rerun `leanrl setup`. ({giving_up}.)"
+    )
+
+
 class SetupCommand(BaseModel):
     """Create (or reuse) a Lean project with the toolchain and Mathlib an environment needs,
     fetch Mathlib's build cache and build the Lean REPL at the matching version (an environment
@@ -180,6 +239,7 @@ class SetupCommand(BaseModel):
         if no_lean is not None:
             print(f"{no_lean}: nothing to set up; `leanrl eval --env {self.env.id}` runs as it is")
             return
+        sandbox_preflight()
         toolchain, rev, repo = _taskset_pins(self.env.id)
         if toolchain is None:
             raise LeanNotFoundError(
