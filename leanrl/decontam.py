@@ -41,14 +41,18 @@ def decontaminate(
     tasks: Sequence[Task],
     config: DecontaminationConfig,
     index: BenchmarkIndex | None = None,
+    *,
+    announce: bool = True,
 ) -> tuple[list[Task], DecontaminationReport]:
     """``tasks`` without those matching a benchmark of ``config``, and the report.
 
     ``index``: benchmarks already loaded (default: load them from ``config.against``).
+    ``announce``: log the report's summary (False where the caller prints it).
     """
     if not config.against and index is None:
         raise ConfigError(
             "decontamination needs benchmarks to check against: give `against` "
             "(e.g. --against minif2f=data/minif2f.jsonl,proofnet=data/proofnet.jsonl)"
         )
-    return drop_matches(tasks, config, index or BenchmarkIndex.load(config, load_environment))
+    index = index or BenchmarkIndex.load(config, load_environment)
+    return drop_matches(tasks, config, index, announce=announce)

@@ -51,7 +51,7 @@ class DecontaminateCommand(ConfigCommand, DecontaminationConfig):
         taskset = cmd.env.taskset.model_copy(update={"decontaminate": DecontaminationConfig()})
         env = load_environment(cmd.env.model_copy(update={"taskset": taskset}))
         tasks = env.tasks()
-        kept, report = decontaminate(tasks, config)
+        kept, report = decontaminate(tasks, config, announce=False)  # printed below
         slug = re.sub(r"[^\w.-]+", "_", cmd.env.id)
         out = cmd.out or Path("runs") / f"decontaminate-{slug}"
         out.mkdir(parents=True, exist_ok=True)

@@ -268,9 +268,14 @@ def _benchmark_tasks(ref: BenchmarkRef, load: BenchmarkLoader) -> list[Task]:
 
 
 def drop_matches(
-    tasks: Sequence[Task], config: DecontaminationConfig, index: BenchmarkIndex
+    tasks: Sequence[Task],
+    config: DecontaminationConfig,
+    index: BenchmarkIndex,
+    *,
+    announce: bool = True,
 ) -> tuple[list[Task], DecontaminationReport]:
-    """``tasks`` without those matching a benchmark row of ``index``, and the report."""
+    """``tasks`` without those matching a benchmark row of ``index``, and the report (whose
+    summary is logged unless ``announce`` is False: a caller that prints it itself)."""
     kept: list[Task] = []
     dropped: list[DecontaminationMatch] = []
     for t in tasks:
@@ -287,9 +292,10 @@ def drop_matches(
         kept=len(kept),
         dropped=dropped,
     )
-    import logging
+    if announce:
+        import logging
 
-    logging.getLogger("leanrl.decontam").info(report.summary())
+        logging.getLogger("leanrl.decontam").info(report.summary())
     return kept, report
 
 

@@ -425,3 +425,17 @@ def test_another_harness_or_a_runtime_is_refused_saying_what_countdown_takes(
         assert (env.harness.name, env.runtime.name) == ("countdown", "countdown")
     with pytest.raises(ConfigError, match="takes no runtime"):
         _ = load_environment("countdown", runtime="modal").runtime
+
+
+def test_default_eval_folder_names_no_lean_harness() -> None:
+    # Countdown runs its own harness whatever the field holds; the folder used to end in
+    # "-whole-proof", a Lean harness it never uses. Lean environments keep the harness in it.
+    from leanrl.environment import EnvironmentConfig
+    from leanrl.eval.config import EvalConfig
+
+    def out(env_id: str) -> Path:
+        cfg = EvalConfig(env=EnvironmentConfig(id=env_id), policy=PolicyConfig(model="org/Qwen"))
+        return cfg.out_dir
+
+    assert out("countdown") == Path("runs/countdown-Qwen")
+    assert out("minif2f") == Path("runs/minif2f-Qwen-whole-proof")

@@ -85,7 +85,10 @@ def test_taskset_option_filters_and_keeps_the_report() -> None:
     assert report is not None and len(report.dropped) == 4
 
 
-def test_command_writes_kept_rows_dropped_rows_and_report(tmp_path: Path) -> None:
+def test_command_writes_kept_rows_dropped_rows_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="leanrl.decontam")
     out = tmp_path / "clean"
     rc = main(
         [
@@ -101,6 +104,10 @@ def test_command_writes_kept_rows_dropped_rows_and_report(tmp_path: Path) -> Non
         ]
     )
     assert rc == 0
+    # The summary once: printed, and no longer also logged by the matcher (the CLI's log
+    # handler showed it a second time).
+    assert capsys.readouterr().out.count("dropped 3 of 7 training rows") == 1
+    assert not [r for r in caplog.records if "dropped 3 of 7" in r.getMessage()]
     kept = load_environment("dataset", path=out / "kept.jsonl", split=None).tasks()
     assert [t.id for t in kept] == ["near_miss", "plant_informal", "unrelated", "near_miss_2"]
     dropped = [json.loads(x) for x in (out / "dropped.jsonl").read_text().splitlines()]

@@ -121,7 +121,10 @@ class EvalConfig(BaseModel):
         if self.out is not None:
             return Path(self.out).expanduser()
         model = re.sub(r"[^\w.\-]+", "_", Path(self.policy.model.rstrip("/")).name or "model")
-        return Path("runs") / f"{self.env.id.split(':')[-1]}-{model}-{self.env.harness.name}"
+        # The harness is part of the name only where there is a choice of Lean harnesses: an
+        # environment that runs no Lean (Countdown) has its own harness whatever the field holds.
+        harness = f"-{self.env.harness.name}" if _needs_lean(self.env.id) else ""
+        return Path("runs") / f"{self.env.id.split(':')[-1]}-{model}{harness}"
 
     def fingerprint_data(self) -> dict[str, Any]:
         """The settings that decide which attempts are made and what they produce."""
@@ -137,3 +140,14 @@ class EvalConfig(BaseModel):
         """A short hash of :meth:`fingerprint_data` (refuses resuming a different run)."""
         blob = json.dumps(self.fingerprint_data(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _needs_lean(env_id: str) -> bool:
+    """Whether the environment ``env_id`` checks with Lean (True where it cannot be loaded:
+    the eval reports that error itself)."""
+    from leanrl.registry import resolve
+
+    try:
+        return bool(getattr(resolve("environments", env_id), "needs_lean", True))
+    except ConfigError:
+        return True
