@@ -116,10 +116,13 @@ class TargetEnv(Environment):
 def main() -> None:
     import sys
 
+    from leanrl.cli import setup_logging
     from leanrl.config import merge
     from leanrl.testing import make_tiny_model
     from leanrl.train.es import ESTrainer
     from leanrl.train.es.cli import ESCommand
+
+    setup_logging()  # the trainer's own lines: "resuming from ...", one per iteration
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/es-cpu", help="run folder (rerun to resume)")
@@ -136,11 +139,15 @@ def main() -> None:
     cmd = merge(ESCommand, HERE / "train-es-cpu.toml", {"model": str(model), "out": args.out})
     trainer = ESTrainer(cmd.to_es_config())
     rows = trainer.train_sync()
-    for r in rows:
+    if rows:
+        first, last = rows[0], rows[-1]
         print(
-            f"iteration {r['step']:3d}  reward_mean {r['reward_mean']:.3f}  max {r['reward_max']:.3f}"
+            f"reward_mean: iteration {first['step']} {first['reward_mean']:.3f} -> iteration "
+            f"{last['step']} {last['reward_mean']:.3f}"
         )
-    print(f"run folder: {trainer.run.path} (reward_curve.png, checkpoint-N/, es_history.bin)")
+    made = [n for n in ("reward_curve.png", "es_history.bin") if (trainer.run.path / n).is_file()]
+    made += ["checkpoint-N/"] if any(trainer.run.path.glob("checkpoint-*")) else []
+    print(f"run folder: {trainer.run.path} ({', '.join(made)})")
 
 
 if __name__ == "__main__":

@@ -120,9 +120,12 @@ def main() -> None:
     )
     args = ap.parse_args()
 
+    from leanrl.cli import setup_logging
     from leanrl.config import merge
     from leanrl.testing import make_tiny_model
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
+
+    setup_logging()  # the trainer's own lines: "resuming from ...", one per step, as the CLI
 
     model = Path(args.model_dir)
     if not (model / "config.json").is_file():
@@ -134,7 +137,9 @@ def main() -> None:
     rows = trainer.run.metrics()
     first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
     print(f"reward: step 1 {first:.3f} -> step {rows[-1]['step']} {last:.3f}")
-    print(f"run folder: {trainer.run.path} (metrics.jsonl, checkpoint-*/, reward_curve.png)")
+    made = [n for n in ("metrics.jsonl", "reward_curve.png") if (trainer.run.path / n).is_file()]
+    made += ["checkpoint-*/"] if any(trainer.run.path.glob("checkpoint-*")) else []
+    print(f"run folder: {trainer.run.path} ({', '.join(made)})")
 
 
 if __name__ == "__main__":

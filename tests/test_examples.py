@@ -32,3 +32,12 @@ def test_cpu_trainer_example_runs_and_writes_a_run_folder(script: str, tmp_path:
     assert rows and rows[-1]["step"] == len(rows)
     assert (out / "reward_curve.png").is_file()
     assert any((out / p.name / "config.json").is_file() for p in out.glob("checkpoint-*"))
+    # It says what it does as it goes, as the CLI does (it used to print nothing of its own
+    # until the end), and names only files it wrote.
+    unit = "step" if "grpo" in script else "iteration"
+    assert f"{unit} 1/" in res.stderr and f"{unit} {len(rows)}/{len(rows)}" in res.stderr
+    assert "reward_curve.png" in res.stdout.splitlines()[-1]
+    # A rerun resumes, and says so.
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"resuming from {out}" in res.stderr
