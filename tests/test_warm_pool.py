@@ -257,3 +257,18 @@ async def test_sessions_after_a_restart_do_not_use_the_closed_pools_sandboxes(
             st = await new.start("theorem b : 1 = 1 := by")
             assert (await new.apply(st.proof_state or 0, "rfl")).solved
     await rt.close()
+
+
+async def test_a_sandbox_that_fails_to_spawn_leaves_no_folder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test suite used to leave /tmp/leanrl-sandbox-* folders: one was made before the
+    # process started, and nothing removed it when the start failed or was cancelled.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    be = LocalProcessBackend([], python=str(tmp_path / "no-such-python"))
+    with pytest.raises(OSError):
+        await be.create()
+    assert not list(tmp_path.glob("leanrl-sandbox-*"))
+    await be.close()

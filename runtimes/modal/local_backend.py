@@ -125,15 +125,21 @@ class LocalProcessBackend(SandboxBackend):
             self.python, "-m", "leanrl.service", "--host", "127.0.0.1", "--port", "0",
             "--port_file", str(port_file), *self.service_args(),
         ]  # fmt: skip
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,  # its own group: terminate() takes its children too
-            )
+        try:
+            with log_path.open("wb") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,  # its own group: terminate() takes its children too
+                )
+        except BaseException:
+            # Failed or cancelled (a pool closing while it refills) before there is a sandbox
+            # whose terminate() would remove the folder: remove it here.
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
         sb = LocalSandbox(
             id=f"local-{proc.pid}",
             url="",
