@@ -345,3 +345,31 @@ async def test_a_long_tactic_is_prescanned_off_the_event_loop(
     long = "run_tac pure ()\n" + "simp\n" * 10_000
     assert "run_tac" in (await local._prescan(long, policy) or "")
     assert seen == [(4, True), (len(long), False)]
+
+
+async def test_oneshot_lean_killed_from_outside_is_run_again(tmp_path: Path) -> None:
+    """A `lean` killed by a signal that did not come from the attempt (the first run here kills
+    itself, as an operator's kill -9 would) is run again; only a death that repeats costs the
+    attempt (benchmarks/fault_soak.py found such kills charged to the model)."""
+    script = tmp_path / "old_lean.py"
+    marker = tmp_path / "killed-once"
+    once = (
+        "import os, signal, sys\n"
+        f"if '-o' in sys.argv and not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    script.write_text(once + "LAYOUT = 'first'\n" + _OLD_LEAN)
+    checker = OneShotChecker([sys.executable, str(script)], timeout_s=20, json_output=False)
+    await checker.start()
+    (v,) = await checker.check([att("rfl")])
+    assert marker.exists() and v.accepted, v.detail
+    # A death that repeats is the attempt's own, and says it was tried again.
+    crasher = OneShotChecker(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+        timeout_s=5,
+        json_output=False,
+    )
+    await crasher.start()
+    (v,) = await crasher.check([att("rfl")])
+    assert v.reason is Reason.CRASH and v.detail.endswith("(2 runs)"), v.detail

@@ -65,6 +65,10 @@ class _Run:
         self.flooded = flooded
 
 
+_DIED = "Lean died (signal "
+"""How the detail of a verdict for a Lean killed by a signal starts (see ``crash_retries``)."""
+
+
 class OneShotChecker:
     """Checks attempts with fresh ``lean`` processes (``workers`` attempts at a time)."""
 
@@ -82,8 +86,12 @@ class OneShotChecker:
         max_output_mb: float = 64.0,
         max_olean_mb: int = 1024,
         scratch_parent: Path | None = None,
+        crash_retries: int = 1,
     ) -> None:
         self.lean = list(lean)
+        self.crash_retries = crash_retries
+        """Runs again of an attempt whose Lean died of a signal (as ``PoolConfig.crash_retries``:
+        a kill from outside is not the attempt's answer; a death that repeats is)."""
         self.env = env
         self.cwd = cwd
         self.workers = workers
@@ -119,7 +127,14 @@ class OneShotChecker:
             if v is None:
                 assert self._sem is not None
                 async with self._sem:
-                    v = await self._check(attempt)
+                    runs = 0
+                    while True:
+                        v = await self._check(attempt)
+                        runs += 1
+                        if not v.detail.startswith(_DIED) or runs > self.crash_retries:
+                            break
+                    if runs > 1 and v.detail.startswith(_DIED):
+                        v = v.model_copy(update={"detail": f"{v.detail} ({runs} runs)"})
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - an attempt must always get a verdict
@@ -231,10 +246,10 @@ class OneShotChecker:
         if code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGABRT) and self.memory_mb:
             return Verdict.reject(
                 Reason.MEMORY,
-                f"Lean died (signal {-code}), most likely at its memory cap of {self.memory_mb} MiB",
+                f"{_DIED}{-code}), most likely at its memory cap of {self.memory_mb} MiB",
                 messages=messages,
             )
-        return Verdict.reject(Reason.CRASH, f"Lean died (signal {-code})", messages=messages)
+        return Verdict.reject(Reason.CRASH, f"{_DIED}{-code})", messages=messages)
 
     async def _lean(self, src: Path, extra: list[str], timeout: float, folder: Path) -> _Run:
         argv = [*self.lean, *(["--json"] if self.json_output else []), *extra, str(src)]

@@ -23,11 +23,14 @@ elaboration of the next attempt overlaps the check of this one.
 
 Every attempt gets exactly one verdict: a dead, hung, flooding or memory-hungry process costs the
 attempt it was working on (``crash``/``timeout``/``memory``), never the others, and is replaced.
+A process that died under an attempt may have been killed from outside, so the attempt is first
+run again on a fresh process (``crash_retries``); only a death that repeats is its ``crash``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import os
 import time
@@ -100,6 +103,12 @@ class PoolConfig(BaseModel):
     for each further failure, up to ``max_start_backoff_s``."""
     max_start_backoff_s: float = Field(default=60.0, ge=0)
     """Longest wait between two starts of a key whose starts keep failing."""
+    crash_retries: int = Field(default=1, ge=0)
+    """Times an attempt whose process died under it (exited or closed its output) is run again
+    on a fresh process before it gets ``crash``. A process can die of
+    something outside the attempt (killed by an operator or another program's memory pressure,
+    or dead while idle before the attempt reached it); only a death that repeats on a fresh
+    process is the attempt's own doing. Timeouts and memory overruns are never retried."""
     max_output_mb: float = Field(default=64.0, gt=0)
     """Most output one request may produce before the process is killed (``memory``)."""
     max_pickle_mb: int = Field(default=512, ge=1)
@@ -137,6 +146,8 @@ class PoolStats(BaseModel):
     """Total time spent starting processes."""
     healed: int = 0
     """Keys whose starts had failed ``start_retries`` times in a row and then started again."""
+    crash_retried: int = 0
+    """Attempts run again on a fresh process after theirs died under them (``crash_retries``)."""
     max_busy: int = 0
     """Most attempts that were in elaborating processes at the same time."""
 
@@ -273,31 +284,35 @@ class ReplPool:
         assert self._sem is not None and self._handoff is not None
         key = ("elab", *imports)
         async with self._sem:
-            try:
-                worker: ReplWorker = await self._acquire(key)
-            except PoolError as e:
-                return Verdict.reject(Reason.ERROR if e.header_fault else Reason.INFRA, str(e))
-            self.stats.checked += 1
-            t0 = time.monotonic()
-            try:
-                elab = await worker.elaborate(attempt, self.config.timeout_s)
-                # Nothing the attempt's code started may outlive it (or touch its pickle).
-                self.stats.strays_killed += worker.end_attempt()
-                if elab.verdict is None and elab.pickle is not None:
-                    # Copied while this process is still ours: nothing else writes there.
-                    copy = await asyncio.to_thread(
-                        take_pickle, elab.pickle, self._handoff, self.config.max_pickle_mb << 20
-                    )
-                else:
-                    copy = None
-            except BaseException as e:
+            for tries in itertools.count(1):
+                try:
+                    worker: ReplWorker = await self._acquire(key)
+                except PoolError as e:
+                    return Verdict.reject(Reason.ERROR if e.header_fault else Reason.INFRA, str(e))
+                self.stats.checked += 1
+                t0 = time.monotonic()
+                try:
+                    elab = await worker.elaborate(attempt, self.config.timeout_s)
+                    # Nothing the attempt's code started may outlive it (or touch its pickle).
+                    self.stats.strays_killed += worker.end_attempt()
+                    if elab.verdict is None and elab.pickle is not None:
+                        # Copied while this process is still ours: nothing else writes there.
+                        copy = await asyncio.to_thread(
+                            take_pickle, elab.pickle, self._handoff, self.config.max_pickle_mb << 20
+                        )
+                    else:
+                        copy = None
+                except BaseException as e:
+                    spent[0] += time.monotonic() - t0
+                    failed = await self._failure(key, worker, e, "elaborating the attempt", tries)
+                    if failed is None:
+                        raise
+                    if self._retry_crash(e, failed, tries):
+                        continue
+                    return failed
                 spent[0] += time.monotonic() - t0
-                failed = await self._failure(key, worker, e, "elaborating the attempt")
-                if failed is None:
-                    raise
-                return failed
-            spent[0] += time.monotonic() - t0
-            await self._release(key, worker)
+                await self._release(key, worker)
+                break
         if elab.verdict is not None:
             return elab.verdict
         if not isinstance(copy, Path):
@@ -318,38 +333,59 @@ class ReplPool:
         timeout: float,
     ) -> Verdict:
         key = ("judge", *imports)
-        try:
-            judge: JudgeWorker = await self._acquire(key)
-        except PoolError as e:
-            return Verdict.reject(Reason.ERROR if e.header_fault else Reason.INFRA, str(e))
-        self.stats.judged += 1
-        t0 = time.monotonic()
-        try:
-            report = await judge.check(
-                header=attempt.header,
-                statement=attempt.formal_statement,
-                name=attempt.name,
-                pickle=pickle,
-                olean=False,
-                replay=attempt.policy.kernel_replay,
-                timeout=timeout,
-            )
-        except BaseException as e:
+        for tries in itertools.count(1):
+            try:
+                judge: JudgeWorker = await self._acquire(key)
+            except PoolError as e:
+                return Verdict.reject(Reason.ERROR if e.header_fault else Reason.INFRA, str(e))
+            self.stats.judged += 1
+            t0 = time.monotonic()
+            try:
+                report = await judge.check(
+                    header=attempt.header,
+                    statement=attempt.formal_statement,
+                    name=attempt.name,
+                    pickle=pickle,
+                    olean=False,
+                    replay=attempt.policy.kernel_replay,
+                    timeout=timeout,
+                )
+            except BaseException as e:
+                spent[0] += time.monotonic() - t0
+                failed = await self._failure(key, judge, e, "the trusted check", tries)
+                if failed is None:
+                    raise
+                if self._retry_crash(e, failed, tries):
+                    # The pickle is the pool's own copy (the judge only reads it): reused.
+                    timeout = max(timeout - (time.monotonic() - t0), CHECK_FLOOR_S)
+                    continue
+                return failed.model_copy(update={"messages": messages})
             spent[0] += time.monotonic() - t0
-            failed = await self._failure(key, judge, e, "the trusted check")
-            if failed is None:
-                raise
-            return failed.model_copy(update={"messages": messages})
-        spent[0] += time.monotonic() - t0
-        await self._release(key, judge)
+            await self._release(key, judge)
+            break
         if isinstance(report, ReferenceProblem):
             return Verdict.reject(Reason.ERROR, str(report), messages=messages)
         return judge_report(attempt, report, messages)
 
+    def _retry_crash(self, e: BaseException, failed: Verdict, tries: int) -> bool:
+        """Whether an attempt whose process died under it (``failed`` is ``crash``) runs again
+        on a fresh process: a death can come from outside (see ``PoolConfig.crash_retries``).
+        An answer out of protocol is not retried: only what the process printed causes it (the
+        attempt's output, or a forged answer), never a kill."""
+        if (
+            failed.reason is not Reason.CRASH
+            or isinstance(e, ProtocolError)
+            or tries > self.config.crash_retries
+        ):
+            return False
+        self.stats.crash_retried += 1
+        return True
+
     async def _failure(
-        self, key: tuple[str, ...], w: Any, e: BaseException, what: str
+        self, key: tuple[str, ...], w: Any, e: BaseException, what: str, tries: int = 1
     ) -> Verdict | None:
-        """Kill a process that failed its attempt; the verdict that costs (None: re-raise)."""
+        """Kill a process that failed its attempt; the verdict that costs (None: re-raise).
+        ``tries``: the processes the attempt has been run on, this one included."""
         near_cap = self._near_cap(w)
         await self._discard(key, w)
         if isinstance(e, ReplTimeout):
@@ -366,7 +402,8 @@ class ReplPool:
                     f"the Lean process died near its memory cap of {self.config.memory_mb} MiB "
                     f"({what}): {e}",
                 )
-            return Verdict.reject(Reason.CRASH, f"the Lean process failed ({what}): {e}")
+            again = f", on {tries} fresh processes in a row" if tries > 1 else ""
+            return Verdict.reject(Reason.CRASH, f"the Lean process failed ({what}{again}): {e}")
         return None
 
     # -- pinning a process (tactic sessions) ----------------------------------------------------
