@@ -8,6 +8,7 @@ a pickle payload planted in ``optimizer.pt``, a ``model.safetensors`` cut in hal
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ from test_grpo_trainer import _config, _train, _weights
 
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.integrity import checkpoint_problem, safetensors_problem, torch_file_problem
-from leanrl.train.common import RunDir
+from leanrl.train.common import CHECKSUMS_FILE, RunDir, checksums_problem, write_checksums
 from leanrl.train.es import ESTrainer
 from leanrl.train.es.history import master_equal, replay
 from leanrl.train.grpo.engine import load_optimizer_file
@@ -59,6 +60,9 @@ def test_a_planted_pickle_payload_in_optimizer_pt_never_runs(
     blob["python_rng"] = _Payload(f"touch {marker}")
     torch.save(blob, opt)
     assert checkpoint_problem(opt.parent) is None  # structurally a whole archive
+    # Checksums catch accidents, not someone who can write the folder: with its checksums
+    # rewritten too, the planted file passes them, and the loader's refusal is the defence.
+    write_checksums(opt.parent)
 
     with pytest.raises(ConfigError, match="never runs code"):
         load_optimizer_file(opt, torch.device("cpu"))
@@ -140,6 +144,131 @@ def test_es_falls_back_to_an_older_checkpoint_then_to_the_history(
     straight = ESTrainer(toy_config(tiny_model_dir, tmp_path / "s", steps=5, save_every=100))
     straight.train_sync()
     assert master_equal(straight.weights.master, more.weights.master)
+
+
+def _flip_a_byte(path: Path) -> None:
+    """One bit flipped in the middle of the file (in a safetensors file: inside the tensor
+    data, so its header and length stay right)."""
+    with path.open("r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_flipped_bit_in_the_weights_is_caught_and_the_run_falls_back(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    straight = tmp_path / "straight"
+    _train(_grpo_run(tiny_model_dir, straight, steps=4))
+    out = tmp_path / "run"
+    _train(_grpo_run(tiny_model_dir, out))
+    ckpt = out / "checkpoint-3"
+    # the checksums are in sha256sum's format: the standard tool checks a checkpoint too
+    listed = (ckpt / CHECKSUMS_FILE).read_text().splitlines()
+    assert {line.split("  ", 1)[1] for line in listed} >= {"model.safetensors", "optimizer.pt"}
+    if shutil.which("sha256sum"):
+        import subprocess
+
+        subprocess.run(["sha256sum", "--quiet", "-c", CHECKSUMS_FILE], cwd=ckpt, check=True)
+    _flip_a_byte(ckpt / "model.safetensors")
+    # structurally whole: before the checksums this resumed silently from the wrong weights
+    assert checkpoint_problem(ckpt) is None
+    assert "model.safetensors is not the file that was written" in (checksums_problem(ckpt) or "")
+
+    with caplog.at_level(logging.WARNING, logger="leanrl.train"):
+        rows = _train(_grpo_run(tiny_model_dir, out, steps=4))
+    assert "checkpoint-3 is damaged: model.safetensors is not the file that was written" in (
+        caplog.text
+    )
+    # from checkpoint-2, exactly as if never interrupted (not from the corrupted weights)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    wa, wb = _weights(straight / "checkpoint-4"), _weights(out / "checkpoint-4")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_checkpoint_without_checksums_is_used_with_a_warning(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Checkpoints written before checksums existed still resume (structure checked only)."""
+    out = tmp_path / "run"
+    _train(_grpo_run(tiny_model_dir, out, steps=2))
+    (out / "checkpoint-2" / CHECKSUMS_FILE).unlink()
+    run = RunDir(out)
+    with caplog.at_level(logging.WARNING, logger="leanrl.train"):
+        assert next(run.resumable_checkpoints()) == (2, out / "checkpoint-2")
+    assert f"has no {CHECKSUMS_FILE}" in caplog.text and not run.damaged
+    (out / "checkpoint-1" / CHECKSUMS_FILE).write_text("not a checksum line\n")
+    assert "checksums.sha256 is damaged (line 1" in (checksums_problem(out / "checkpoint-1") or "")
+
+
+def test_every_checkpoint_damaged_says_so_not_no_checkpoint_yet(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ES with every checkpoint damaged rebuilds from the base model and the history; its
+    resume line said "no checkpoint yet" and hid why."""
+    out = tmp_path / "es"
+    ESTrainer(
+        toy_config(tiny_model_dir, out, steps=4, save_every=2, keep_checkpoints=5)
+    ).train_sync()
+    for step in (2, 4):
+        _flip_a_byte(out / f"checkpoint-{step}" / "model.safetensors")
+    more = ESTrainer(toy_config(tiny_model_dir, out, steps=5, save_every=2, keep_checkpoints=5))
+    with caplog.at_level(logging.INFO, logger="leanrl.train"):
+        more.train_sync()
+    resumed = [
+        r.getMessage() for r in caplog.records if "resuming at iteration 4" in r.getMessage()
+    ]
+    assert resumed and "no checkpoint yet" not in resumed[0]
+    assert "every checkpoint in" in resumed[0] and "is damaged" in resumed[0]
+    assert "checkpoint-4: model.safetensors is not the file that was written" in resumed[0]
+    assert "checkpoint-2: model.safetensors" in resumed[0]
+    assert (
+        RunDir(out).no_checkpoint_line().endswith("holds no checkpoint yet: starting the run over")
+    )
+
+
+def test_a_non_finite_metric_is_recorded_as_it_is_and_read_back(tmp_path: Path) -> None:
+    """A diverged loss is a fact about the run: it was written as ``null`` (read back as "not
+    measured"). It is now strict JSON's string spelling, read back as the float."""
+    import math
+
+    run = RunDir(tmp_path)
+    nan, inf = math.nan, math.inf
+    run.log({"step": 1, "loss": nan, "grad_norm": inf, "kl": -inf, "eval/pass@1": None})
+    run.log({"step": 1, "reward_mean": 0.5, "total_tokens": 10, "parts": [nan, 1.0]})
+    run.log({"step": 2, "reward_mean": nan, "total_tokens": 20, "loss": 0.25})
+
+    def no_bare_constants(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON (jq, JavaScript and strict readers refuse it)")
+
+    lines = [
+        json.loads(x, parse_constant=no_bare_constants)
+        for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert lines[0] == {
+        "step": 1,
+        "loss": "NaN",
+        "grad_norm": "Infinity",
+        "kl": "-Infinity",
+        "eval/pass@1": None,
+    }
+    assert lines[1]["parts"] == ["NaN", 1.0]
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        assert math.isnan(rows[0]["loss"]) and rows[0]["grad_norm"] == inf
+        assert rows[0]["kl"] == -inf and rows[0]["eval/pass@1"] is None
+        assert math.isnan(rows[1]["parts"][0]) and math.isnan(rows[2]["reward_mean"])
+
+    check(run.metrics())
+    run.truncate_metrics(2)  # a resume rewrites the file: the values survive it
+    check(run.metrics())
+    # the readers: the plot draws the finite points; compare's curves read the floats back
+    assert run.plot() is not None
+    from leanrl.compare import _summary
+
+    curve = _summary("grpo", 0, tmp_path, "total_tokens")["curve"]
+    assert curve["reward"][0] == 0.5 and math.isnan(curve["reward"][1])
 
 
 def test_eval_of_a_truncated_model_says_which_file(tiny_model_dir: Path, tmp_path: Path) -> None:

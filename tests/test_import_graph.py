@@ -47,6 +47,7 @@ GROUND: tuple[str, ...] = (
     "leanrl.registry",
     "leanrl.jsonl",
     "leanrl.integrity",
+    "leanrl.runlock",
     "leanrl.costs",
     "leanrl.decontam_config",
     "leanrl.lean.versions",
@@ -56,7 +57,7 @@ GROUND: tuple[str, ...] = (
 )
 """The ground floor: the exception tree, the verdict and the task (the data every layer passes
 around), the config base of the commands, the plugin registry, and small helpers (JSONL files,
-checkpoint integrity, prices, the decontamination options, the REPL revision table, install
+checkpoint integrity, run-folder locks, prices, the decontamination options, the REPL revision table, install
 hints). A ground-floor module imports only ground-floor modules, never anything above."""
 
 HIGHER: tuple[str, ...] = (

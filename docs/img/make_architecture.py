@@ -43,7 +43,7 @@ _COMMANDS = (
 )
 
 BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ground floor\nerrors · verdict · task · config\nregistry · jsonl · costs\nlean.versions · ...": (
+    "ground floor\nerrors · verdict · task · config\nregistry · jsonl · costs · runlock\nlean.versions · ...": (
         "ground",
         ig.GROUND,
     ),
@@ -59,7 +59,12 @@ BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
     "service/ (client)\nsandbox pool · client": ("core", ("leanrl.service",)),
     "service/ (server)\nleanrl serve": (
         "app",
-        ("leanrl.service.app", "leanrl.service.guard", "leanrl.service.server"),
+        (
+            "leanrl.service.app",
+            "leanrl.service.guard",
+            "leanrl.service.server",
+            "leanrl.service.kimina",
+        ),
     ),
     "environments/": ("plugin", ("leanrl.environments",)),
     "harnesses/": ("plugin", ("leanrl.harnesses",)),
@@ -84,6 +89,7 @@ BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
     "launch/config": ("core", ("leanrl.launch.config",)),
     "launch/\nlocal · Modal": ("app", ("leanrl.launch",)),
     "compare": ("app", ("leanrl.compare",)),
+    "interop/\nverifiers plugin": ("app", ("leanrl.interop",)),
     "import leanrl\n(the public API)": ("api", ("=leanrl", "=leanrl.train")),
     "commands\nleanrl eval · train · serve · ...": ("cli", tuple("=" + m for m in _COMMANDS)),
 }

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from leanrl.errors import ConfigError, disk_errors
-from leanrl.jsonl import quarantine, read_log, rewrite_log, scan_log
+from leanrl.jsonl import json_text, quarantine, read_log, rewrite_log, scan_log
+from leanrl.runlock import FolderLock
 
 __all__ = ["ResultStore", "read_results"]
 
@@ -46,7 +47,8 @@ class ResultStore:
         """What the report needs of each recorded attempt (key, accepted, verdict reason, tokens);
         the whole records are in ``results.jsonl``."""
         self._fd: int | None = None
-        self._lock_fd: int | None = None
+        # one eval per folder (leanrl.runlock): a second one is refused, not interleaved
+        self._run_lock = FolderLock(out, "eval")
 
     def open(self, fingerprint: str, config: dict[str, Any], command: str = "") -> None:
         """Create or resume the folder; load what earlier runs recorded."""
@@ -73,8 +75,10 @@ class ResultStore:
         else:  # a new run, or one that never recorded an attempt: (re)write its identity
             _atomic_write(
                 self.run_path,
-                json.dumps(
-                    {"fingerprint": fingerprint, "config": config, "command": command}, indent=2
+                json_text(
+                    {"fingerprint": fingerprint, "config": config, "command": command},
+                    "run.json",
+                    indent=2,
                 ),
             )
         self.records = self._reconcile()
@@ -135,28 +139,13 @@ class ResultStore:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the lock
-            self._lock_fd = None
+        self._run_lock.release()
 
     def _lock(self) -> None:
         """Hold ``.lock`` in the folder while this run writes to it: a second eval on the same
         folder would redo the same attempts and append them a second time. The kernel drops the
         lock when the process dies, so a killed run never leaves the folder locked."""
-        import fcntl
-
-        if self._lock_fd is not None:
-            return
-        fd = os.open(self.out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ConfigError(
-                f"another eval is running in {self.out} (it holds {self.out / '.lock'}). Wait for "
-                "it to finish, or give this one another --out."
-            ) from None
-        self._lock_fd = fd
+        self._run_lock.acquire()
 
 
 def retried(record: dict[str, Any]) -> bool:
@@ -208,13 +197,16 @@ def read_results(path: str | Path) -> Iterator[dict[str, Any]]:
 
 
 def _line(rec: dict[str, Any]) -> bytes:
-    text = json.dumps(rec, ensure_ascii=False) + "\n"
+    # NaN or inf are refused (bare `NaN` is not JSON): the runner checks rewards before this,
+    # so what is left to name is a harness's or runtime's field
+    what = f"results.jsonl, the record of task {rec.get('task_id')!r}, attempt {rec.get('sample')}"
+    text = json_text(rec, what, ensure_ascii=False) + "\n"
     try:
         return text.encode()
     except UnicodeEncodeError:
         # A lone surrogate (an API may send "\ud800" escapes) cannot be UTF-8: write the line
         # with ASCII escapes, which read back to the same string.
-        return (json.dumps(rec) + "\n").encode()
+        return (json_text(rec, what) + "\n").encode()
 
 
 def _pack(rec: dict[str, Any]) -> dict[str, Any]:

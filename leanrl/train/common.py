@@ -5,17 +5,26 @@ A run folder looks the same whichever trainer wrote it::
     RUN_DIR/config.json          the resolved config (a resume must match it)
     RUN_DIR/metrics.jsonl        one JSON line per step
     RUN_DIR/checkpoint-N/        a Hugging Face model folder (``leanrl eval --model`` loads it)
-                                 plus trainer_state.json (step, RNG state, trainer extras)
+                                 plus trainer_state.json (step, RNG state, trainer extras) and
+                                 checksums.sha256 (every file's sha256, checked on resume)
+    RUN_DIR/.lock                held while a run writes the folder (a second run is refused)
+    RUN_DIR/in_use.json          ES: the checkpoint the running run rebuilds its weights from
+                                 (never pruned while it runs)
     RUN_DIR/reward_curve.png     written at the end (and whenever ``plot`` is called)
     RUN_DIR/proofs.jsonl         every verified proof, once per distinct proof of a task
     RUN_DIR/eval/step-N/         in-run held-out evaluations (``eval.every``), eval_curve.png
 
 Data order depends only on (seed, step), so a resumed run sees exactly the batches it would have
 seen had it never stopped.
+
+Metrics rows are strict JSON: a value that is not finite (a diverged loss) is written as the
+string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` and read back by :meth:`RunDir.metrics` as
+that float, never as ``null`` (which would read as "not measured").
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -23,6 +32,7 @@ import os
 import random
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -35,11 +45,20 @@ from leanrl.integrity import checkpoint_problem
 from leanrl.jsonl import quarantine, quarantine_path, rewrite_log, scan_log
 from leanrl.launch.config import LauncherConfig
 from leanrl.policy import PolicyConfig, SamplingConfig
+from leanrl.runlock import FolderLock
 from leanrl.task import Task
 from leanrl.train.budget import BudgetConfig
 from leanrl.train.inrun_eval_config import InRunEvalConfig
 
 log = logging.getLogger("leanrl.train")
+
+CHECKSUMS_FILE = "checksums.sha256"
+"""Every file of a checkpoint with its sha256 (``sha256sum -c checksums.sha256`` checks it)."""
+IN_USE_FILE = "in_use.json"
+"""The checkpoint a running run still reads (ES rebuilds weights from it): never pruned."""
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How a metrics row spells a float that is not finite (strict JSON has no such numbers)."""
 
 __all__ = [
     "MetricsLogger",
@@ -191,6 +210,33 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.damaged: list[tuple[Path, str]] = []
         """Checkpoints :meth:`resumable_checkpoints` skipped, with what was wrong with each."""
+        self._lock: FolderLock | None = None
+        self._unverified: set[Path] = set()  # checkpoints already warned about (no checksums)
+
+    # -- one run at a time ----------------------------------------------------------------------
+
+    def lock(self, kind: str, *, writer: bool = True) -> None:
+        """Hold ``RUN_DIR/.lock`` for this run (``kind``: ``"GRPO run"``, ``"ES run"``...), or
+        raise a one-line :class:`ConfigError` when another process's run holds it. Call it at
+        the start of a run, before anything is written. ``writer``: whether this process writes
+        the folder; on a torchrun launch only rank 0 does and takes the lock (the other ranks'
+        call is a no-op, so ranks never wait on each other).
+
+        Released by :meth:`unlock` (the run's :class:`MetricsLogger` closing calls it), when
+        this object is garbage-collected, or when the process dies (even by SIGKILL: the kernel
+        drops an flock with its process). Runs in one process share the lock, so a trainer that
+        failed to start can be retried in the same notebook or script."""
+        if not writer:
+            return
+        if self._lock is None:
+            self._lock = FolderLock(self.path, kind, reentrant=True)
+            weakref.finalize(self, self._lock.release)  # a RunDir that goes lets the lock go
+        self._lock.acquire()
+
+    def unlock(self) -> None:
+        """Let the run folder's lock go (a no-op when not held)."""
+        if self._lock is not None:
+            self._lock.release()
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -235,15 +281,16 @@ class RunDir:
     # -- metrics --------------------------------------------------------------------------------
 
     def log(self, row: dict[str, Any]) -> None:
-        """Append one metrics line (flushed and fsynced: a crash loses at most this line)."""
+        """Append one metrics line (flushed and fsynced: a crash loses at most this line).
+
+        A value that is not finite (a diverged loss) is recorded as it is, spelled as the string
+        ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (strict JSON, which other tools read too);
+        :meth:`metrics` reads it back as the float. ``None`` stays ``null``: not measured."""
         self.path.mkdir(parents=True, exist_ok=True)
-        clean = {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in row.items()
-        }
+        line = json.dumps({k: _encode_metric(v) for k, v in row.items()}, allow_nan=False)
         with disk_errors(self.metrics_path, "a metrics row"):
             with self.metrics_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(clean) + "\n")
+                f.write(line + "\n")
                 f.flush()
                 os.fsync(f.fileno())
 
@@ -295,14 +342,67 @@ class RunDir:
         """Complete checkpoints that look whole, newest first, checked one at a time as the
         caller asks for the next. A damaged one (truncated weights or optimizer state, a JSON
         file that does not parse) is skipped with a warning naming the file and what is wrong;
-        its name goes to :attr:`damaged`."""
+        its name goes to :attr:`damaged`.
+
+        The content is checked too: every file against its sha256 in ``checksums.sha256`` (a
+        flipped bit in the weights loads without complaint otherwise). A checkpoint written
+        before leanrl recorded checksums has none; it is used, with a warning that its content
+        is unverified."""
         for step, path in reversed(self.checkpoints()):
-            why = checkpoint_problem(path)
+            why = checkpoint_problem(path) or self._content_problem(path)
             if why is None:
                 yield step, path
                 continue
-            self.damaged.append((path, why))
+            if (path, why) not in self.damaged:
+                self.damaged.append((path, why))
             log.warning("%s is damaged: %s. Skipping it for an older checkpoint.", path, why)
+
+    def no_checkpoint_line(self, then: str = "starting the run over") -> str:
+        """What a resume that found no usable checkpoint logs: that there is none yet, or that
+        every one is damaged, and why (:attr:`damaged`), then what happens (``then``)."""
+        if not self.damaged:
+            return f"{self.path} holds no checkpoint yet: {then}"
+        why = "; ".join(f"{p.name}: {reason}" for p, reason in self.damaged)
+        return f"every checkpoint in {self.path} is damaged ({why}): {then}"
+
+    def _content_problem(self, checkpoint: Path) -> str | None:
+        """Why ``checkpoint``'s files are not what was written (None when they are, or when it
+        has no checksums: then a warning, once)."""
+        why = checksums_problem(checkpoint)
+        if why is _NO_CHECKSUMS:
+            if checkpoint not in self._unverified and _holds_weights(checkpoint):
+                self._unverified.add(checkpoint)
+                log.warning(
+                    "%s has no %s (written by an older leanrl): its content cannot be verified, "
+                    "only its structure",
+                    checkpoint,
+                    CHECKSUMS_FILE,
+                )
+            return None
+        return why
+
+    def pin(self, checkpoint: Path | None) -> None:
+        """Record the checkpoint this run still reads after its start (ES rebuilds its weights
+        from it when it saves or starts a worker); :meth:`save_checkpoint` never prunes it, in
+        this process or another (a launched function saving into the folder). ``None``: the
+        run reads none (it started from the base model). Each start rewrites the record, and
+        only the run holding the folder's lock writes it, so an old one never lingers."""
+        target = self.path / IN_USE_FILE
+        if checkpoint is None:
+            target.unlink(missing_ok=True)
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"checkpoint": Path(checkpoint).name, "why": "the run reads it"})
+        _atomic_write(target, text)
+
+    def pinned(self) -> set[str]:
+        """Names of checkpoints :meth:`pin` protects from pruning."""
+        try:
+            data = json.loads((self.path / IN_USE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return set()
+        name = data.get("checkpoint") if isinstance(data, dict) else None
+        return {name} if isinstance(name, str) else set()
 
     def save_checkpoint(
         self,
@@ -316,7 +416,9 @@ class RunDir:
         """Save a HF model folder + ``trainer_state.json`` atomically; prune old checkpoints.
 
         ``extra(folder)`` may write more files (optimizer state) into the folder before it is
-        made visible, so they appear together with the model or not at all.
+        made visible, so they appear together with the model or not at all. Last of all goes
+        ``checksums.sha256`` (every file's sha256, checked on resume). Pruning keeps the newest
+        ``keep`` checkpoints and the one a running run still reads (:meth:`pin`).
         """
         final = self.checkpoint_path(step)
         # Leftovers of saves a crash interrupted (never published): one trainer per run folder,
@@ -334,6 +436,7 @@ class RunDir:
                     extra(tmp)
                 state_file = tmp / "trainer_state.json"
                 state_file.write_text(json.dumps({"step": step, **state}, default=str))
+                write_checksums(tmp)  # after every file: it covers them all
         except Exception:
             # A half-written checkpoint is never published; older ones stay as they were. Its
             # folder goes at once (on a full disk that frees the space); after a kill the next
@@ -343,8 +446,10 @@ class RunDir:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        in_use = self.pinned()
         for _, old in self.checkpoints()[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.name not in in_use:
+                shutil.rmtree(old, ignore_errors=True)
         return final
 
     @staticmethod
@@ -369,7 +474,12 @@ class RunDir:
     ) -> Path | None:
         """Write ``filename`` (default ``reward_curve.png``) from the metrics (None when there is
         nothing to plot)."""
-        rows = [r for r in self.metrics() if r.get(key) is not None]
+        # a non-finite value (a diverged loss) is in metrics.jsonl; a curve cannot draw it
+        rows = [
+            r
+            for r in self.metrics()
+            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+        ]
         if not rows:
             return None
         try:
@@ -474,10 +584,12 @@ class MetricsLogger:
                 self._tb.add_scalar(k, v, step)
 
     def close(self) -> None:
+        """Close the loggers; the run is over, so its folder's lock goes too."""
         if self._wandb is not None:
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()
+        self.run.unlock()
 
 
 def _metrics_row(value: Any) -> dict[str, Any]:
@@ -485,7 +597,95 @@ def _metrics_row(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TypeError("not a JSON object")
     int(value["step"])  # every row has its step; a row without one cannot be placed
+    return {k: _decode_metric(v) for k, v in value.items()}
+
+
+def _encode_metric(value: Any) -> Any:
+    """``value`` for a strict-JSON metrics line: a non-finite float as its string spelling."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _encode_metric(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode_metric(v) for v in value]
     return value
+
+
+def _decode_metric(value: Any) -> Any:
+    """What :func:`_encode_metric` wrote, back (``"NaN"`` -> nan; old files' ``NaN`` too)."""
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: _decode_metric(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode_metric(v) for v in value]
+    return value
+
+
+# -- checkpoint checksums -------------------------------------------------------------------------
+
+_NO_CHECKSUMS = "no checksums"
+""":func:`checksums_problem`'s answer for a checkpoint written before checksums existed."""
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _sha256(path: Path) -> str:
+    """The file's sha256, read in 1 MiB pieces (a model file never sits in memory whole)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_checksums(folder: Path) -> Path:
+    """Write ``folder/checksums.sha256``: the sha256 of every file under ``folder`` (in
+    ``sha256sum`` format), fsynced and renamed into place, so it exists only whole."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    lines = [
+        f"{_sha256(p)}  {p.relative_to(folder).as_posix()}\n"
+        for p in files
+        if p.name != CHECKSUMS_FILE
+    ]
+    target = folder / CHECKSUMS_FILE
+    _atomic_write(target, "".join(lines))
+    return target
+
+
+def checksums_problem(folder: Path) -> str | None:
+    """Why ``folder``'s files do not match ``checksums.sha256`` (None when they all do;
+    :data:`_NO_CHECKSUMS` when it has none). Files the list does not name are not checked."""
+    listing = folder / CHECKSUMS_FILE
+    try:
+        text = listing.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return _NO_CHECKSUMS
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{CHECKSUMS_FILE} cannot be read ({e})"
+    for n, line in enumerate(text.splitlines(), 1):
+        digest, sep, rel = line.partition("  ")
+        name = Path(rel)
+        if not sep or len(digest) != 64 or name.is_absolute() or ".." in name.parts:
+            return f"{CHECKSUMS_FILE} is damaged (line {n} is not 'SHA256  FILE')"
+        path = folder / name
+        if not path.is_file():
+            return f"{rel} is missing ({CHECKSUMS_FILE} lists it)"
+        try:
+            got = _sha256(path)
+        except OSError as e:
+            return f"{rel} cannot be read ({e.strerror})"
+        if got != digest:
+            return (
+                f"{rel} is not the file that was written (sha256 {got[:12]}..., recorded "
+                f"{digest[:12]}...): its content changed on disk or in a copy"
+            )
+    return None
+
+
+def _holds_weights(folder: Path) -> bool:
+    """Whether ``folder`` holds weight files (a mirrored stub holds only its JSON)."""
+    return any(p.suffix in _WEIGHT_SUFFIXES for p in folder.rglob("*") if p.is_file())
 
 
 def _atomic_write(path: Path, text: str) -> None:

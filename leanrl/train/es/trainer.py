@@ -66,6 +66,7 @@ from leanrl.train.common import (
     runtime_metrics,
 )
 from leanrl.train.es.history import (
+    DIGEST_KEY,
     HISTORY_FILE,
     ESHistory,
     HistoryMeta,
@@ -76,6 +77,7 @@ from leanrl.train.es.history import (
     draw_seeds,
     f32,
     load_weights,
+    verify_checkpoints,
 )
 from leanrl.train.es.weights import MASTER_FILE
 from leanrl.train.es.workers import (
@@ -316,6 +318,7 @@ class ESTrainer:
             )
         world = self._world()
         if world.is_main:  # torchrun: rank 0 alone writes the run folder
+            self.run.lock("ES run")  # before anything is written: one run per folder
             self.run.bind_config(cfg, ignore=self.RESUMABLE)
             for leftover in self.run.path.glob(f"{_ENGINE_TMP}*"):  # a kill mid-checkpoint
                 shutil.rmtree(leftover, ignore_errors=True)
@@ -324,6 +327,7 @@ class ESTrainer:
         if not world.is_main:
             records = self.history.open(read_only=True)
         self._check_meta()
+        verify_checkpoints(self.history, self.run)  # records changed since a checkpoint: refused
         self.iteration = len(records)
         self.tasks = self.env.tasks()
         if world.is_main:
@@ -337,8 +341,14 @@ class ESTrainer:
         check_runtimes(self.env, cfg.eval)
         await self.env.start()
         source = self._source()
+        # Launched functions, worker processes and the vLLM engine rebuild θ from the source
+        # checkpoint again (a checkpoint save, a new container or worker): it must outlive the
+        # pruning. The in-process scorer holds θ itself and never reads it again.
+        reads_again = self._remote or cfg.scorer.backend != "inprocess"
+        if world.is_main:
+            self.run.pin(Path(source.checkpoint) if source.checkpoint and reads_again else None)
         if self.iteration and world.is_main:
-            log.info(_resume_line(source, self.iteration))
+            log.info(_resume_line(source, self.iteration, self.run))
         if self._remote:
             self._scorer.source = source  # type: ignore[union-attr]
         elif cfg.scorer.backend != "vllm":
@@ -618,6 +628,7 @@ class ESTrainer:
         if self._remote and remote is not None:
             it = self.iteration
             state = {"trainer": "es", "iteration": it, "history_records": len(self.history)}
+            state[DIGEST_KEY] = self.history.digest()  # resume/replay check the history by it
             keep = self.config.keep_checkpoints
             path: Path = await remote(self.run, it, list(self.history.records), state, keep)
             return path
@@ -627,6 +638,7 @@ class ESTrainer:
         """A Hugging Face model folder at the current iteration (+ exact fp32 master if needed)."""
         it = self.iteration
         state = {"trainer": "es", "iteration": it, "history_records": len(self.history)}
+        state[DIGEST_KEY] = self.history.digest()  # resume/replay check the history by it
         if self.weights is None:  # vllm: the master lives in the engine
             return self._save_checkpoint_from_engine(it, state)
         need_master = any(str(p.dtype) != "torch.float32" for p in self.weights.params.values())
@@ -733,14 +745,13 @@ class ESTrainer:
         return run_sync(go())  # type: ignore[no-any-return]
 
 
-def _resume_line(source: WeightsSource, iteration: int) -> str:
+def _resume_line(source: WeightsSource, iteration: int, run: RunDir) -> str:
     """Where a resumed run's weights come from: a checkpoint, then the history's iterations
-    after it, or the base model and the whole history."""
+    after it, or the base model and the whole history (no checkpoint yet, or every one is
+    damaged: then which, and why)."""
     if source.checkpoint is None:
-        return (
-            f"resuming at iteration {iteration}: no checkpoint yet, the weights are rebuilt "
-            "from the base model and the history"
-        )
+        then = "the weights are rebuilt from the base model and the history"
+        return f"resuming at iteration {iteration}: " + run.no_checkpoint_line(then)
     line = resume_line(source.checkpoint, source.iteration, "iteration")
     replay = iteration - source.iteration
     return line + (f", then {replay} iteration(s) replayed from the history" if replay else "")

@@ -200,6 +200,7 @@ class SFTTrainer:
         cfg.eval.check_held_out(p.task.name for p in pairs)
         # SFT checks no attempts; its in-run evaluation does: no Lean for it fails now
         check_runtimes(None, cfg.eval)
+        self.run.lock("SFT run")  # before anything is written: one run per folder
         resumed = self.run.bind_config(cfg, ignore=self.RESUMABLE)
         from leanrl.decontam import save_taskset_report
 
@@ -208,7 +209,7 @@ class SFTTrainer:
         if latest is not None:
             log.info(resume_line(latest, int(latest.name.split("-", 1)[1])))
         elif resumed:
-            log.info("%s holds no checkpoint yet: starting the run over", self.run.path)
+            log.info(self.run.no_checkpoint_line())  # none yet, or every one damaged (why)
         self._load()
         from leanrl.train.sft.data import encode_pairs
 
@@ -241,6 +242,7 @@ class SFTTrainer:
             from leanrl.train.inrun_eval import plot_eval
 
             plot_eval(self.run)
+            self.run.unlock()  # after the last write (the plots above)
         return rows
 
     async def train(self) -> list[dict[str, Any]]:
