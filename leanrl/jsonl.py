@@ -14,19 +14,24 @@ Two kinds of JSONL pass through leanrl:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from leanrl.errors import DatasetError, disk_errors
+from leanrl.errors import DatasetError, LeanrlError, disk_errors
 
 __all__ = [
     "BadLine",
     "LogScan",
+    "cut_text",
+    "json_text",
+    "nonfinite_at",
     "quarantine",
     "quarantine_path",
     "read_jsonl",
@@ -69,7 +74,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 data = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(
-                    f"{where}: not valid JSON ({e.msg} at column {e.colno})."
+                    f"{where}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})."
                 ) from None
             if not isinstance(data, dict):
                 raise DatasetError(f"{where}: expected a JSON object per line.")
@@ -120,7 +125,8 @@ def scan_log(path: Path, parse: Callable[[Any], T]) -> LogScan[T]:
                     BadLine(i, raw, f"byte {raw[e.start : e.start + 1].hex()} is not UTF-8")
                 )
             except json.JSONDecodeError as e:
-                out.bad.append(BadLine(i, raw, f"not valid JSON ({e.msg} at column {e.colno})"))
+                why = f"not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
+                out.bad.append(BadLine(i, raw, why))
             except (ValueError, KeyError, TypeError) as e:
                 out.bad.append(BadLine(i, raw, f"not a record ({type(e).__name__}: {e})"))
     return out
@@ -140,6 +146,53 @@ def read_log(path: Path, parse: Callable[[Any], T]) -> Iterator[tuple[int, T]]:
                 yield i, parse(json.loads(raw.decode("utf-8")))
             except (UnicodeDecodeError, ValueError, KeyError, TypeError):
                 continue
+
+
+def json_text(obj: Any, what: str, **kw: Any) -> str:
+    """``json.dumps(obj, **kw)`` that refuses NaN and infinities (``allow_nan=False``).
+
+    Python writes them as bare ``NaN``/``Infinity``, which is not JSON: other readers (``jq``,
+    JavaScript, strict parsers) reject the whole file. A :class:`LeanrlError` names where in
+    ``obj`` the value is and what was being written (``what``); nothing is written."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        where = nonfinite_at(obj)
+        if where is None:
+            raise
+        raise LeanrlError(
+            f"{what}: {where[0] or 'the value'} is {where[1]!r}, which JSON cannot hold (NaN and "
+            "infinity are not JSON numbers), so it was not written. Whatever produced it must "
+            "give a finite number (or None)."
+        ) from None
+
+
+def nonfinite_at(obj: Any, at: str = "") -> tuple[str, float] | None:
+    """The first place in ``obj`` (dicts, lists, tuples) holding a NaN or infinite float, as a
+    path (``verdict.time_s``, ``turns[2].x``) and the value; None when there is none."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (at, obj)
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            got = nonfinite_at(v, f"{at}.{k}" if at else str(k))
+            if got is not None:
+                return got
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            got = nonfinite_at(v, f"{at}[{i}]")
+            if got is not None:
+                return got
+    return None
+
+
+def cut_text(text: str, limit: int) -> tuple[str, dict[str, Any] | None]:
+    """``text`` as a log stores it: whole when at most ``limit`` characters, else its first
+    ``limit`` characters and what identifies the whole (``chars``: its length, ``sha256``: of
+    its UTF-8, ``kept``: the characters stored), so a cut is never mistaken for the text."""
+    if len(text) <= limit:
+        return text, None
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return text[:limit], {"chars": len(text), "sha256": digest, "kept": limit}
 
 
 def quarantine_path(path: Path) -> Path:

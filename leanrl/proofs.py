@@ -7,7 +7,13 @@ and what Lean said (reason, axioms, time). ``leanrl train sft --data.proofs FILE
 expert iteration is built on it.
 
 Appends are durable (one write and one fsync per batch); a torn last line from a kill is cut off
-when the file is opened again.
+when the file is opened again, and a complete line that cannot be read (a stray edit, a disk
+error, bytes that are not UTF-8) is moved to ``proofs.jsonl.quarantined`` with a warning, as
+``results.jsonl`` does: it never blocks a resume.
+
+A completion longer than the store's ``completion_chars`` is not kept (its length and sha256
+are, under ``text_cut``): training on the model's text would train on a cut one, and a run that
+sampled a 100 MB answer would write it again with every proof of it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leanrl.errors import DatasetError
+from leanrl.errors import DatasetError, disk_errors
+from leanrl.jsonl import _decode, cut_text, json_text, quarantine, rewrite_log, scan_log
 from leanrl.rollout import Rollout
 from leanrl.task import Task
 
@@ -31,6 +38,16 @@ __all__ = ["PROOFS_FILE", "KeptProof", "Pair", "ProofStore", "proof_digest", "re
 
 PROOFS_FILE = "proofs.jsonl"
 """Name of the kept-proofs file in a run folder."""
+
+COMPLETION_FACTOR = 4
+"""The longest completion (the model's text, reasoning included) stored in ``results.jsonl`` and
+``proofs.jsonl``, in multiples of the taskset's ``max_proof_chars``: the proof itself is at most
+``max_proof_chars`` long or it is rejected, and reasoning around it gets three times as much."""
+
+
+def completion_cap(max_proof_chars: int) -> int:
+    """The most characters of a completion a run stores (:data:`COMPLETION_FACTOR`)."""
+    return COMPLETION_FACTOR * max_proof_chars
 
 
 class KeptProof(BaseModel):
@@ -75,6 +92,9 @@ class KeptProof(BaseModel):
     """When it was kept (Unix time)."""
     digest: str = ""
     """Hash of the normalised preamble and proof: the deduplication key within a task."""
+    text_cut: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Texts not stored whole, by field (``completion``): the full text's ``chars`` and
+    ``sha256`` and the characters ``kept`` (0: left out)."""
 
     def task(self) -> Task:
         """The task this proof proves (enough of it to prompt and to check)."""
@@ -111,60 +131,84 @@ def proof_digest(proof: str, preamble: str = "") -> str:
 
 
 def read_proofs(path: str | Path) -> list[KeptProof]:
-    """Every row of a proofs file (a torn last line is ignored; any other bad line is an
-    error naming the line)."""
+    """Every row of a proofs file given as input (``--data.proofs``): a torn last line (no
+    newline after it) is ignored; any other bad line is a DatasetError naming the line (a
+    :class:`ProofStore` moves such lines aside when it opens its own file)."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise DatasetError(f"proofs file {p} does not exist")
     rows: list[KeptProof] = []
-    lines = p.read_text(encoding="utf-8").split("\n")
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):  # a torn last line (no newline after it): a kill mid-write
-                break
-            raise DatasetError(f"{p}, line {i}: not valid JSON ({e.msg})") from None
-        if not isinstance(data, dict):
-            raise DatasetError(f"{p}, line {i}: expected a JSON object")
-        data.setdefault("task_id", data.get("id") or data.get("name", ""))
-        try:
-            row = KeptProof.model_validate(data)
-        except ValueError as e:
-            raise DatasetError(
-                f"{p}, line {i}: not a proof row ({str(e).splitlines()[0]}); rows need "
-                "name, header, formal_statement and proof"
-            ) from None
-        if not row.digest:
-            row.digest = proof_digest(row.proof, row.preamble)
-        rows.append(row)
+    with p.open("rb") as f:
+        for i, raw in enumerate(f, start=1):
+            torn = not raw.endswith(b"\n")  # only the last line can lack it: a kill mid-write
+            try:
+                line = _decode(raw, f"{p}, line {i}")
+            except DatasetError:
+                if torn:
+                    break
+                raise
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                if torn:
+                    break
+                raise DatasetError(f"{p}, line {i}: not valid JSON ({e.msg})") from None
+            try:
+                rows.append(_row(data))
+            except ValueError as e:
+                raise DatasetError(f"{p}, line {i}: {e}") from None
     return rows
+
+
+def _row(data: Any) -> KeptProof:
+    """The KeptProof a decoded line holds, or a ValueError saying what is wrong with it."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    data.setdefault("task_id", data.get("id") or data.get("name", ""))
+    try:
+        row = KeptProof.model_validate(data)
+    except ValueError as e:
+        raise ValueError(
+            f"not a proof row ({str(e).splitlines()[0]}); rows need name, header, "
+            "formal_statement and proof"
+        ) from None
+    if not row.digest:
+        row.digest = proof_digest(row.proof, row.preamble)
+    return row
 
 
 class ProofStore:
     """The kept-proofs file of one run folder. ``open`` loads what is there; ``add*`` appends
     new distinct proofs only."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, completion_chars: int = completion_cap(200_000)) -> None:
         self.path = Path(path).expanduser()
+        self.completion_chars = completion_chars
+        """Longest completion stored with a proof (a longer one is left out, see the module)."""
         self._seen: dict[str, set[str]] = {}
         self._opened = False
 
     def open(self) -> ProofStore:
-        """Load the existing file (cutting off a torn last line). Idempotent."""
+        """Load the existing file. A torn last line (a kill mid-write) is cut off; a complete
+        line that cannot be read is moved to ``proofs.jsonl.quarantined`` with a warning and
+        every other line is kept (as for ``results.jsonl``). Idempotent."""
         if self._opened:
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_file():
-            raw = self.path.read_bytes()
-            if raw and not raw.endswith(b"\n"):  # torn write from a kill: drop the partial line
-                cut = raw.rfind(b"\n") + 1
-                with self.path.open("r+b") as f:
-                    f.truncate(cut)
-            for row in read_proofs(self.path):
-                self._seen.setdefault(row.task_id, set()).add(row.digest)
+        with disk_errors(self.path, "kept proofs"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        scan = scan_log(self.path, _row)
+        keep: set[int] = set()
+        for i, row in scan.good:
+            seen = self._seen.setdefault(row.task_id, set())
+            if row.digest not in seen:  # a repeated line (e.g. a concatenated file): once
+                seen.add(row.digest)
+                keep.add(i)
+        if scan.bad or scan.torn or len(keep) != len(scan.good):
+            # the bad lines go aside first: a crash during the rewrite loses none of them
+            quarantine(self.path, scan.bad, "kept proof")
+            rewrite_log(self.path, keep, PROOFS_FILE)
         self._opened = True
         return self
 
@@ -174,6 +218,11 @@ class ProofStore:
         """Ids of the tasks with at least one kept proof."""
         self.open()
         return {t for t, d in self._seen.items() if d}
+
+    def has(self, task_id: str, digest: str) -> bool:
+        """Whether a proof with this :func:`proof_digest` is kept for ``task_id``."""
+        self.open()
+        return digest in self._seen.get(task_id, ())
 
     def count(self, task_id: str) -> int:
         """Distinct proofs kept for ``task_id``."""
@@ -194,18 +243,17 @@ class ProofStore:
     def add(self, rows: Iterable[KeptProof]) -> list[KeptProof]:
         """Append the rows whose (task, proof) is new; return those appended."""
         self.open()
-        new: list[KeptProof] = []
+        new: dict[tuple[str, str], KeptProof] = {}
         for row in rows:
             digest = row.digest or proof_digest(row.proof, row.preamble)
-            seen = self._seen.setdefault(row.task_id, set())
-            if digest in seen:
+            if digest in self._seen.get(row.task_id, ()) or (row.task_id, digest) in new:
                 continue
-            seen.add(digest)
-            new.append(row.model_copy(update={"digest": digest}))
-        if new:
-            blob = "".join(
-                json.dumps(r.model_dump(mode="json"), ensure_ascii=False) + "\n" for r in new
-            ).encode()
+            new[(row.task_id, digest)] = self._capped(row.model_copy(update={"digest": digest}))
+        if not new:
+            return []
+        # every line is made before anything is written: a NaN is refused, not half-written
+        blob = b"".join(_line(r, self.path) for r in new.values())
+        with disk_errors(self.path, "kept proofs"):
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 view = memoryview(blob)
@@ -214,7 +262,23 @@ class ProofStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        return new
+        for task_id, digest in new:  # kept once on disk (a failed write keeps nothing)
+            self._seen.setdefault(task_id, set()).add(digest)
+        return list(new.values())
+
+    def _capped(self, row: KeptProof) -> KeptProof:
+        """``row`` with a completion longer than ``completion_chars`` left out (its length and
+        sha256 kept): a cut text is no training text, and SFT on ``completion`` falls back to
+        the proof when there is none."""
+        _, cut = cut_text(row.completion, self.completion_chars)
+        if cut is None:
+            return row
+        return row.model_copy(
+            update={
+                "completion": "",
+                "text_cut": {**row.text_cut, "completion": {**cut, "kept": 0}},
+            }
+        )
 
     def add_rollouts(
         self,
@@ -250,6 +314,18 @@ class ProofStore:
                 )
             )
         return self.add(rows)
+
+
+def _line(row: KeptProof, path: Path) -> bytes:
+    """One line of ``proofs.jsonl``: UTF-8 JSON (NaN and infinities refused)."""
+    data = row.model_dump(mode="json")
+    what = f"{path}, a proof of task {row.task_id!r}"
+    try:
+        return (json_text(data, what, ensure_ascii=False) + "\n").encode()
+    except UnicodeEncodeError:
+        # a lone surrogate (an API may send "\ud800" escapes) cannot be UTF-8: ASCII escapes
+        # read back to the same string
+        return (json_text(data, what) + "\n").encode()
 
 
 def kept_from(task: Task, proof: str, preamble: str = "", **fields: Any) -> KeptProof:

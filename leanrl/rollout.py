@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from leanrl.errors import ConfigError
 from leanrl.policy import ChatMessage, Completion
 from leanrl.verdict import Reason, Verdict
 
@@ -108,3 +111,52 @@ class Rollout(BaseModel):
             mask += [0] * len(t.feedback_ids)
             lps += [None] * len(t.feedback_ids)
         return ids, mask, lps
+
+
+class RewardError(ConfigError):
+    """A reward function returned something that is not a finite number (NaN, an infinity, a
+    string, None): the message names the task, the attempt and the value."""
+
+
+def check_rewards(rollouts: Iterable[Rollout], where: str, why: str, unit: str = "rollout") -> None:
+    """Refuse, naming ``where`` (e.g. ``step 3``), the task, the attempt and the value, a judged
+    rollout whose reward is not a finite number; make every other reward a plain ``float``.
+
+    Rewards come from code users write (``Taskset.reward`` / ``Taskset.group_rewards``, a
+    harness), and ``Rollout.reward`` is not validated on assignment. One NaN would make every
+    GRPO advantage, and so every weight, NaN; in an eval it is no score, and a bare ``NaN`` in
+    ``results.jsonl`` is not JSON. ``why`` says which of these is at stake.
+
+    An ``infra`` rollout is exempt: the checker could not judge it, so its reward is no outcome
+    (trainers give it no weight, pass rates leave it out). A non-finite one is set to 0.0, so it
+    cannot reach a tensor or a file either."""
+    for r in rollouts:
+        value: Any = r.reward
+        number = _as_float(value)
+        if number is not None and math.isfinite(number):
+            r.reward = number  # numpy and torch scalars: JSON and tensors take a plain float
+            continue
+        if r.infra:
+            r.reward = 0.0
+            continue
+        kind = "" if number is not None else f" (a {type(value).__name__}, not a number)"
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise RewardError(
+            f"{where}, task {r.task_id!r}, {unit} {r.sample} got reward {shown}{kind}. The "
+            f"Environment must return finite rewards ({why}): fix its reward function "
+            "(Taskset.reward or Taskset.group_rewards), e.g. clamp log-probabilities or map "
+            "failures to a finite penalty"
+        )
+
+
+def _as_float(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (int, float, a numpy or one-element torch
+    scalar); None for anything else (a string, None, a list)."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

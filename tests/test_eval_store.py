@@ -157,3 +157,25 @@ def test_a_lone_surrogate_in_a_completion_is_written_and_read_back(tmp_path: Pat
     st.append([{**recs("a", 1)[0], "completion": "bad \ud800 text", "proof": None}])
     st.close()
     assert [r["completion"] for r in ResultStore(tmp_path).full_records()] == ["bad \ud800 text"]
+
+
+def test_a_nan_in_a_record_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    """Python would write a bare ``NaN`` (not JSON: strict readers reject the whole file). The
+    runner refuses non-finite rewards first; the store refuses whatever else is left, naming
+    the attempt and the field, and writes none of the chunk."""
+    from leanrl.errors import LeanrlError
+
+    st = ResultStore(tmp_path)
+    st.open("fp", {}, "")
+    st.append(recs("a", 2))
+    bad = recs("b", 2)
+    bad[1]["timings"] = {"verify": float("inf")}
+    with pytest.raises(LeanrlError, match=r"task 'b', attempt 1: timings\.verify is inf"):
+        st.append(bad)
+    st.close()
+
+    def refuse(name: str) -> Any:
+        raise ValueError(name)
+
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x, parse_constant=refuse)["task_id"] for x in lines] == ["a", "a"]

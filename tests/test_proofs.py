@@ -1,5 +1,6 @@
 """Kept proofs: proofs.jsonl holds every verified attempt once per distinct proof, survives a
-kill mid-write, and `leanrl eval` fills it (also for runs resumed from before it existed).
+kill mid-write, and `leanrl eval` fills it from what its own process saw accepted, never from
+results.jsonl (whose verdicts can be edited); huge completions are not stored whole.
 
 Uses the scripted TEST runtime (accepts a proof containing ``omega``; not Lean) and the toy
 tasks in tests/fixtures/toy_tasks.jsonl.
@@ -7,16 +8,20 @@ tasks in tests/fixtures/toy_tasks.jsonl.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from leanrl import EnvironmentConfig, RuntimeConfig, TasksetConfig
 from leanrl.errors import DatasetError
-from leanrl.eval import EvalConfig, run_eval
+from leanrl.eval import EvalConfig, read_results, run_eval
 from leanrl.proofs import ProofStore, kept_from, proof_digest, read_proofs
 from leanrl.task import Task
+from leanrl.verdict import VerificationPolicy
 from tests._scripted_runtime import ScriptedPolicy
 
 TOY = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
@@ -95,10 +100,117 @@ async def test_eval_keeps_each_distinct_verified_proof_once(tmp_path: Path) -> N
     assert len(read_proofs(out / "proofs.jsonl")) == 4
 
 
-async def test_a_resumed_run_backfills_proofs_from_its_results(tmp_path: Path) -> None:
+def _results(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _write_results(out: Path, recs: list[dict[str, Any]]) -> None:
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+async def test_a_verdict_edited_to_accepted_is_not_copied_into_proofs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """results.jsonl is plain text anyone with the folder can edit: a resume keeps proofs only
+    from attempts its own process saw accepted, and warns about the accepted records that have
+    no kept proof."""
+    out = tmp_path / "run"
+    await run_eval(_eval_config(out), policy=ScriptedPolicy(TEXTS))
+    before = (out / "proofs.jsonl").read_bytes()
+    recs = _results(out)
+    forged = next(r for r in recs if r["task_id"] == "toy_1" and r["sample"] == 1)
+    assert not forged["accepted"]  # "\n  simp": the checker said no
+    forged["accepted"] = True
+    forged["verdict"] = {**forged["verdict"], "reason": "ok", "accepted": True}
+    _write_results(out, recs)
+    with caplog.at_level(logging.WARNING, logger="leanrl"):
+        await run_eval(_eval_config(out), policy=ScriptedPolicy(["never called"]))
+    assert (out / "proofs.jsonl").read_bytes() == before
+    assert "simp" not in {r.proof.strip() for r in read_proofs(out / "proofs.jsonl")}
+    assert any("1 accepted attempt(s) have no kept proof" in m for m in caplog.messages)
+
+
+async def test_a_run_without_proofs_jsonl_is_not_filled_from_results(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = tmp_path / "run"
     await run_eval(_eval_config(out), policy=ScriptedPolicy(TEXTS))
     (out / "proofs.jsonl").unlink()  # as if the run was made before proofs were kept
-    await run_eval(_eval_config(out), policy=ScriptedPolicy(["never called"]))
-    rows = [json.loads(x) for x in (out / "proofs.jsonl").read_text().splitlines()]
-    assert sorted(r["task_id"] for r in rows) == ["toy_0", "toy_1", "toy_2", "toy_3"]
+    with caplog.at_level(logging.WARNING, logger="leanrl"):
+        await run_eval(_eval_config(out), policy=ScriptedPolicy(["never called"]))
+    kept = out / "proofs.jsonl"
+    assert not kept.is_file() or read_proofs(kept) == []
+    # samples 0 and 2 of the 4 tasks were accepted
+    assert any("8 accepted attempt(s) have no kept proof" in m for m in caplog.messages)
+
+
+async def test_proofs_are_kept_before_their_attempts_are_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No resume copies from results.jsonl, so a crash between keeping a chunk's proofs and
+    recording its attempts must lose no proof: proofs go first."""
+    from leanrl.eval.store import ResultStore
+
+    out = tmp_path / "run"
+    cfg = _eval_config(out).model_copy(update={"pipeline_depth": 1})
+
+    def crash(self: ResultStore, records: Any) -> int:
+        raise RuntimeError("killed while recording")
+
+    monkeypatch.setattr(ResultStore, "append", crash)
+    with pytest.raises(RuntimeError, match="killed while recording"):
+        await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
+    # the chunk whose recording failed has its proofs kept
+    assert {"toy_0", "toy_1"} <= {r.task_id for r in read_proofs(out / "proofs.jsonl")}
+    assert (out / "results.jsonl").read_text() == ""
+    monkeypatch.undo()
+    with caplog.at_level(logging.WARNING, logger="leanrl"):
+        await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
+    assert [r.task_id for r in read_proofs(out / "proofs.jsonl")] == [f"toy_{i}" for i in range(4)]
+    assert not any("no kept proof" in m for m in caplog.messages)
+
+
+async def test_a_huge_completion_is_stored_cut_with_its_length_and_hash(tmp_path: Path) -> None:
+    """A 1 MB completion (an API that ignored max_tokens) is not written whole, neither to
+    results.jsonl nor to proofs.jsonl: at most 4 x max_proof_chars of it, with the length and
+    sha256 of the whole text."""
+    out = tmp_path / "run"
+    huge = "\n  omega\n```\n" + "y" * 1_000_000  # the proof, then a megabyte after the fence
+    long_proof = "\n  simp" + " <;> simp" * 300  # 2,707 characters: over max_proof_chars
+    cfg = _eval_config(out)
+    cfg = cfg.model_copy(
+        update={
+            "env": cfg.env.model_copy(
+                update={
+                    "taskset": cfg.env.taskset.model_copy(
+                        update={"policy": VerificationPolicy(max_proof_chars=1000)}
+                    )
+                }
+            )
+        }
+    )
+    await run_eval(cfg, policy=ScriptedPolicy([huge, long_proof + "\n"]))
+    assert (out / "results.jsonl").stat().st_size < 8 * 40_000  # not 8 MB
+    rec = next(r for r in read_results(out) if r["task_id"] == "toy_0" and r["sample"] == 0)
+    assert rec["accepted"] and rec["proof"] == "\n  omega"
+    assert len(rec["completion"]) == 4000 and huge.startswith(rec["completion"])
+    assert rec["text_cut"]["completion"] == {
+        "chars": len(huge),
+        "sha256": hashlib.sha256(huge.encode()).hexdigest(),
+        "kept": 4000,
+    }
+    bad = next(r for r in read_results(out) if r["task_id"] == "toy_0" and r["sample"] == 1)
+    # one character over the limit: checked again, it is still too long, as the whole was
+    assert len(bad["proof"]) == 1001 and bad["text_cut"]["proof"]["chars"] == len(long_proof)
+    [row] = [r for r in read_proofs(out / "proofs.jsonl") if r.task_id == "toy_0"]
+    assert row.proof == "\n  omega" and row.completion == ""  # a cut text is no training text
+    assert row.text_cut["completion"]["chars"] == len(huge)
+    assert (out / "proofs.jsonl").stat().st_size < 20_000
+
+
+def test_the_store_leaves_out_a_completion_over_its_limit(tmp_path: Path) -> None:
+    store = ProofStore(tmp_path / "proofs.jsonl", completion_chars=100)
+    [row] = store.add([kept_from(TASK, "\n  omega", completion="x" * 101)])
+    assert row.completion == "" and row.text_cut["completion"]["chars"] == 101
+    [short] = store.add([kept_from(TASK, "\n  simp", completion="x" * 100)])
+    assert short.completion == "x" * 100 and short.text_cut == {}

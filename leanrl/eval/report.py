@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -12,6 +11,7 @@ from typing import Any
 
 from leanrl.errors import disk_errors
 from leanrl.eval.passk import pass_at_k_table
+from leanrl.jsonl import json_text
 
 __all__ = [
     "harness_name",
@@ -118,8 +118,10 @@ def _version_part(text: Any) -> str | None:
 
 def write_report(out: Path, summary: Mapping[str, Any], plot: bool = True) -> None:
     """Write summary.json, report.md and (when matplotlib is there) pass_at_k.png."""
+    # refused before anything is written: a bare NaN would make summary.json unreadable JSON
+    text = json_text(summary, f"{out / 'summary.json'}", indent=2, default=str) + "\n"
     with disk_errors(out / "summary.json", "the eval report"):
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        (out / "summary.json").write_text(text)
         png = out / "pass_at_k.png"
         plot = plot and not summary.get("generate_only")
         has_plot = plot and _plot(summary["results"]["pass_at_k_curve"], png, plot_title(summary))

@@ -29,9 +29,10 @@ from leanrl.eval.config import EvalConfig
 from leanrl.eval.report import package_versions, run_warnings, summarize, write_report
 from leanrl.eval.store import ResultStore
 from leanrl.harness import Harness
+from leanrl.jsonl import cut_text, json_text
 from leanrl.policy import Policy, PolicyConfig, Prompt, SamplingConfig
-from leanrl.proofs import PROOFS_FILE, ProofStore, kept_from
-from leanrl.rollout import Rollout
+from leanrl.proofs import PROOFS_FILE, ProofStore, completion_cap, proof_digest
+from leanrl.rollout import Rollout, check_rewards
 from leanrl.runtime import Runtime, TacticSession
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Verdict, VerificationPolicy
@@ -115,6 +116,7 @@ async def run_eval(
             command = command.replace(secret, REDACTED)
     store.open(config.fingerprint(), config.fingerprint_data(), command)
     kept = _kept_proofs(config, tasks, store)
+    caps = _Caps.of(config)
     n = config.samples
     chunks = [tasks[i : i + config.chunk_tasks] for i in range(0, len(tasks), config.chunk_tasks)]
     pending = [
@@ -152,11 +154,22 @@ async def run_eval(
                     else:
                         groups = await harness.generate(chunks[i], policy, sampling)
                 _check_groups(harness.name, chunks[i], groups, n, verdicts=checking)
-                written = store.append(
-                    _record(t, r, i) for t, g in zip(chunks[i], groups, strict=True) for r in g
+                check_rewards(
+                    (r for g in groups for r in g),
+                    f"eval {config.out_dir}, chunk {i}",
+                    "a NaN or inf is no score, and results.jsonl must stay valid JSON",
+                    unit="attempt",
                 )
+                # Proofs first: an accepted record in results.jsonl then always has its proof
+                # kept already (by the process that saw Lean accept it), so a resume never
+                # copies proofs from results.jsonl, whose verdicts anyone could have edited.
                 kept.add_rollouts(
                     chunks[i], (r for g in groups for r in g), source="eval", model=model_name
+                )
+                written = store.append(
+                    _record(t, r, i, caps)
+                    for t, g in zip(chunks[i], groups, strict=True)
+                    for r in g
                 )
                 progress.update(chunks[i], written)
                 return written
@@ -257,7 +270,8 @@ def _write_completions(out: Path, records: Iterable[dict[str, Any]]) -> Path:
         )
     rows = [row for _, row in sorted(latest.items()) if row is not None]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    text = "".join(json_text(r, str(path), ensure_ascii=False) + "\n" for r in rows)
+    tmp.write_text(text, "utf-8")
     tmp.replace(path)
     return path
 
@@ -281,31 +295,32 @@ def _make_policy(config: EvalConfig) -> Policy:
 
 
 def _kept_proofs(config: EvalConfig, tasks: Sequence[Task], store: ResultStore) -> ProofStore:
-    """``proofs.jsonl`` of the run: every accepted attempt once per distinct proof, including
-    those a resumed run recorded before it kept proofs."""
-    kept = ProofStore(config.out_dir / PROOFS_FILE).open()
-    by_id = {t.id: t for t in tasks}
-    earlier = []
+    """``proofs.jsonl`` of the run (a bad line in it is moved aside, never a reason to stop).
+
+    Proofs are kept only from attempts this process saw the checker accept; ``results.jsonl``
+    is never copied in: its verdicts are plain text that a hand edit (or any other program) can
+    change, and ``proofs.jsonl`` is training data. An accepted record without its kept proof (a
+    run from before proofs were kept, or an edited verdict) gets a warning instead."""
+    cap = completion_cap(config.env.taskset.policy.max_proof_chars)
+    kept = ProofStore(config.out_dir / PROOFS_FILE, completion_chars=cap).open()
+    wanted = {t.id for t in tasks}
+    missing = 0
     for rec in store.full_records():  # from disk: the store keeps only an index in memory
-        task = by_id.get(str(rec.get("task_id")))
-        if task is None or not rec.get("accepted") or rec.get("proof") is None:
+        if str(rec.get("task_id")) not in wanted or not rec.get("accepted"):
             continue
-        verdict = rec.get("verdict") or {}
-        earlier.append(
-            kept_from(
-                task,
-                rec["proof"],
-                rec.get("preamble") or "",
-                restated_statement=rec.get("restated_statement") or "",
-                completion=rec.get("completion") or "",
-                source="eval",
-                model=config.policy.model,
-                sample=int(rec.get("sample", 0)),
-                axioms=list(verdict.get("axioms") or []),
-                verify_s=float(verdict.get("time_s") or 0.0),
-            )
+        proof = rec.get("proof")
+        digest = proof_digest(proof, rec.get("preamble") or "") if isinstance(proof, str) else ""
+        if not kept.has(str(rec["task_id"]), digest):
+            missing += 1
+    if missing:
+        log.warning(
+            "%s: %d accepted attempt(s) have no kept proof in %s (a run from before proofs were "
+            "kept, or a verdict edited by hand). They are not copied: results.jsonl is not "
+            "checked input. Run the eval again in a new --out folder to keep their proofs.",
+            store.results_path,
+            missing,
+            kept.path,
         )
-    kept.add(earlier)
     return kept
 
 
@@ -338,9 +353,39 @@ def _check_groups(
             )
 
 
-def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
+class _Caps:
+    """The longest texts a record stores (see :func:`_record`)."""
+
+    def __init__(self, proof: int, completion: int) -> None:
+        self.proof = proof
+        self.completion = completion
+
+    @classmethod
+    def of(cls, config: EvalConfig) -> _Caps:
+        limit = config.env.taskset.policy.max_proof_chars
+        # One character over the checker's limit: a stored proof that long is still refused as
+        # too_large when `leanrl verify` checks it again, as the whole one was.
+        return cls(proof=limit + 1, completion=completion_cap(limit))
+
+
+def _record(task: Task, r: Rollout, chunk: int, caps: _Caps | None = None) -> dict[str, Any]:
     v = r.verdict
     prompt: Any = r.prompt if isinstance(r.prompt, str) else [m.model_dump() for m in r.prompt]
+    cuts: dict[str, dict[str, Any]] = {}
+
+    def cap(field: str, text: str | None, limit: int | None) -> str | None:
+        """``text`` as stored: a huge completion (an API that ignored max_tokens) is cut, with
+        its length and sha256 under ``text_cut``, rather than written in full (twice, with
+        ``turns``)."""
+        if text is None or limit is None:
+            return text
+        stored, cut = cut_text(text, limit)
+        if cut is not None:
+            cuts[field] = cut
+        return stored
+
+    proof_cap = caps.proof if caps else None
+    text_cap = caps.completion if caps else None
     rec: dict[str, Any] = {
         "task_id": task.id,
         "name": task.name,
@@ -350,10 +395,10 @@ def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
         "accepted": bool(v is not None and v.accepted),
         "reward": r.reward,
         "verdict": v.model_dump(mode="json") if v is not None else None,
-        "proof": r.proof,
-        "preamble": r.preamble,
-        "restated_statement": r.restated_statement,
-        "completion": r.completion,
+        "proof": cap("proof", r.proof, proof_cap),
+        "preamble": cap("preamble", r.preamble, proof_cap),
+        "restated_statement": cap("restated_statement", r.restated_statement, proof_cap),
+        "completion": cap("completion", r.completion, text_cap),
         "finish_reason": r.turns[-1].finish_reason if r.turns else None,
         "prompt": prompt,
         # An HTTP backend may return no token ids; one logprob per generated token still
@@ -366,9 +411,15 @@ def _record(task: Task, r: Rollout, chunk: int) -> dict[str, Any]:
     }
     if len(r.turns) > 1 or any(t.feedback for t in r.turns):
         rec["turns"] = [
-            {"completion": t.completion, "feedback": t.feedback, "finish_reason": t.finish_reason}
-            for t in r.turns
+            {
+                "completion": cap(f"turns[{k}].completion", t.completion, text_cap),
+                "feedback": cap(f"turns[{k}].feedback", t.feedback, text_cap),
+                "finish_reason": t.finish_reason,
+            }
+            for k, t in enumerate(r.turns)
         ]
+    if cuts:
+        rec["text_cut"] = cuts
     return rec
 
 

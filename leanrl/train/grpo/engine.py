@@ -101,7 +101,7 @@ class GRPOEngine:
         resume = self._resume_point(dtype, opts) if resumed else None
         if resumed and resume is None and world.is_main:
             self.run.truncate_metrics(0)  # killed before the first checkpoint: start over
-            log.info("%s holds no checkpoint yet: starting the run over", self.run.path)
+            log.info(self.run.no_checkpoint_line())  # none yet, or every one damaged (why)
         if resume is not None and world.is_main:
             log.info(resume_line(resume[1], resume[0]))
         ckpt = (resume[0], resume[1]) if resume is not None else None
@@ -328,7 +328,9 @@ class GRPOEngine:
         cfg = self.config
         if not groups:
             return []
-        rewards = torch.tensor([[r.reward for r in g] for g in groups])  # [B, G]
+        # an infra rollout's reward is no outcome: 0 (a NaN there would still poison the sums,
+        # NaN * 0 being NaN)
+        rewards = torch.tensor([[0.0 if r.infra else r.reward for r in g] for g in groups])
         counted = torch.tensor([[not r.infra for r in g] for g in groups])  # [B, G]
         pool = torch.tensor(list(batch_rewards)) if batch_rewards is not None else None
         adv = group_advantages(rewards, cfg.reward_scale, batch_rewards=pool, counted=counted)
@@ -647,15 +649,27 @@ def load_optimizer_file(path: Path, device: torch.device) -> dict[str, Any]:
     try:
         blob = torch.load(path, map_location=device, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
-            f"{path} holds more than tensors and plain data, so it was not loaded ({first}). "
-            "leanrl never runs code from a checkpoint file"
+            f"{path} holds more than tensors and plain data ({_refusal_detail(e)}), so it was "
+            "not loaded: leanrl never unpickles run files, so it never runs code from one, and "
+            f"it did not write this. Delete {path.parent} to resume from the checkpoint before "
+            "it, or start the run over in a new --out folder"
         ) from None
     need = {"optimizer", "scheduler", "torch_rng", "python_rng"}
     if not isinstance(blob, dict) or not need <= set(blob):
         raise ConfigError(f"{path} does not hold the optimizer state leanrl saves ({sorted(need)})")
     return blob
+
+
+def _refusal_detail(e: BaseException) -> str:
+    """What torch found in the file (``unsupported GLOBAL posix.system``), without its advice
+    to retry with ``weights_only=False``: that advice is for files one trusts, and a run file
+    holding a pickled object is not one leanrl wrote."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    advice = ("weights_only", "torch.load", "trusted source", "pytorch.org")
+    kept = [ln for ln in lines if not any(a in ln for a in advice)]
+    text = kept[0] if kept else type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _python_rng_state(state: Any) -> tuple[Any, ...]:

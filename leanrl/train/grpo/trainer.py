@@ -78,8 +78,8 @@ from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy, SamplingConfig
-from leanrl.proofs import PROOFS_FILE, ProofStore
-from leanrl.rollout import Rollout
+from leanrl.proofs import PROOFS_FILE, ProofStore, completion_cap
+from leanrl.rollout import Rollout, check_rewards
 from leanrl.task import Task
 from leanrl.train.common import (
     MetricsLogger,
@@ -160,7 +160,10 @@ class GRPOTrainer:
         self.env = env
         self.run = RunDir(config.out)
         self._warned_top_p = False
-        self._kept = ProofStore(self.run.path / PROOFS_FILE)
+        self._kept = ProofStore(
+            self.run.path / PROOFS_FILE,
+            completion_chars=completion_cap(config.env.taskset.policy.max_proof_chars),
+        )
         from leanrl.train.budget import BudgetTracker
         from leanrl.train.run_costs import RunCosts
 
@@ -233,6 +236,8 @@ class GRPOTrainer:
         gen: Policy | None = None
         rows: list[dict[str, Any]] = []
         logger: Any = _NoLog()
+        self.run.lock("GRPO run", writer=world.is_main)  # before anything (finally) writes
+        failed = True  # until the loop ends: the `finally` must not hide the run's own error
         try:
             # The tasks load before the model: a bad taskset fails in seconds, not after a load.
             tasks = await asyncio.to_thread(env.tasks)
@@ -246,6 +251,9 @@ class GRPOTrainer:
                 self._forget_failed_start()
                 resumed = self.run.bind_config(self.config, ignore=self.RESUMABLE)
                 save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
+                # proofs.jsonl is read now, not at the first kept proof after the model loads:
+                # a damaged line is moved aside (or a disk error raised) in seconds
+                await asyncio.to_thread(self._kept.open)
             resumed = world.broadcast(resumed)
             # The runtime starts before the model loads, as `leanrl eval` does: what the
             # preflight cannot see (a Docker daemon, a Modal sandbox) also fails first.
@@ -267,18 +275,27 @@ class GRPOTrainer:
                 gen = await engine.make_generation_policy()
                 clock = _GenClock(gen)
                 await self._train_loop(engine, env, tasks, clock, logger, rows)
+            failed = False
         finally:
             logger.close()
             if gen is not None:
                 await gen.close()
             engine.close()
             if world.is_main:
-                self.run.plot(title=f"GRPO reward ({self.run.path.name})")
-                from leanrl.train.inrun_eval import plot_eval
+                try:
+                    self.run.plot(title=f"GRPO reward ({self.run.path.name})")
+                    from leanrl.train.inrun_eval import plot_eval
 
-                plot_eval(self.run)
-                self._costs.write_summary(self.run, "grpo", self._budget.summary())
+                    plot_eval(self.run)
+                    self._costs.write_summary(self.run, "grpo", self._budget.summary())
+                except OSError as e:
+                    if not failed:
+                        raise
+                    # The run already failed (a read-only or full --out, say): its own error is
+                    # the one to show, not a second traceback from the plot.
+                    log.warning("could not write the plot and summary in %s: %s", self.run.path, e)
             world.close()
+            self.run.unlock()  # after the last write (the plot and summary above)
         return rows
 
     def _spent(self) -> bool:
@@ -410,6 +427,13 @@ class GRPOTrainer:
             seed = None if base_seed is None else base_seed + cfg.seed * 1_000_003 + step * 101 + r
             sampling = cfg.sampling.model_copy(update={"n": cfg.group_size, "seed": seed})
             got = await self._rollout(env, batch_tasks, clock, sampling)
+            # Before anything uses a reward: one NaN makes every advantage, then every weight,
+            # NaN (and the run would end "successfully" with a NaN checkpoint).
+            check_rewards(
+                (x for g in got for x in g),
+                f"step {step + 1}" + (f" (refill round {r})" if r else ""),
+                "a NaN or inf would make every weight NaN",
+            )
             if self._is_main():  # every rank has the gathered groups; rank 0 keeps the proofs
                 self._kept.add_rollouts(
                     batch_tasks,

@@ -45,6 +45,7 @@ from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError
 from leanrl.policy import SamplingConfig
 from leanrl.proofs import PROOFS_FILE, KeptProof, ProofStore, read_proofs
+from leanrl.rollout import RewardError
 from leanrl.task import Task
 from leanrl.train.common import (
     MetricsLogger,
@@ -151,6 +152,7 @@ class ExpertIteration:
         # every round checks attempts (and the baseline evaluation loads the model first)
         env.check_parts()
         check_runtimes(env, cfg.eval)
+        self.run.lock("expert iteration run")  # before anything is written: one per folder
         self.run.bind_config(cfg, ignore=self.RESUMABLE)
         done = max((int(r["step"]) for r in self.run.metrics()), default=0)
         self.run.truncate_metrics(done)
@@ -187,6 +189,7 @@ class ExpertIteration:
             from leanrl.train.inrun_eval import plot_eval
 
             plot_eval(self.run)
+            self.run.unlock()  # after the last write (the plots above)
         return rows
 
     # -- one round --------------------------------------------------------------------------------
@@ -249,7 +252,10 @@ class ExpertIteration:
             chunk_tasks=cfg.chunk_tasks,
             progress=False,
         )
-        summary = await run_eval(eval_cfg)
+        try:
+            summary = await run_eval(eval_cfg)
+        except RewardError as e:  # the eval names task and attempt; say which round too
+            raise RewardError(f"expert iteration round {r}: {e}") from None
         solved = summary["results"]["pass_at_k"]["all"].get(f"pass@{cfg.samples}")
         return float(solved) if solved is not None else 0.0
 
