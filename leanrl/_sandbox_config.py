@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, FieldSerializationInfo, field_serializer
 
 from leanrl.lean.versions import REPL_REVS
 
 __all__ = [
     "DEFAULT_TOOLCHAIN",
+    "KEEP_SECRETS",
     "REDACTED",
     "ClientConfig",
     "DockerConfig",
@@ -27,6 +28,11 @@ __all__ = [
 
 REDACTED = "<redacted>"
 """What a secret value is written as in files and reports."""
+
+KEEP_SECRETS: dict[str, str] = {"secrets": "keep"}
+"""Serialization context of a JSON dump that stays in memory to rebuild a config (a launched
+job's payload, a compare run's config): ``model_dump(mode="json", context=KEEP_SECRETS)`` keeps
+the secret values that every other JSON dump (files, logs) writes as :data:`REDACTED`."""
 
 
 class _Config(BaseModel):
@@ -76,7 +82,8 @@ class ServiceLimits(_Config):
     """How long an idle keep-alive connection stays open after an answer (uvicorn's
     ``timeout_keep_alive``, whole seconds)."""
     max_header_bytes: int = Field(default=16 * 1024, ge=1024)
-    """Largest request head (request line and headers) buffered; a bigger one gets 400."""
+    """Largest request head (request line and headers); a bigger one gets 431 (Request Header
+    Fields Too Large) and the connection is closed."""
     backlog: int = Field(default=2048, ge=16)
     """Connections the kernel queues before the service accepts them (``listen`` backlog)."""
     max_sessions: int = Field(default=64, ge=1)
@@ -180,9 +187,12 @@ class DockerConfig(_Config):
     through its environment)."""
 
     @field_serializer("env", when_used="json")
-    def _redact_env(self, env: dict[str, str]) -> dict[str, str]:
-        # JSON is what goes to files and reports; Python dumps (used to rebuild configs in
-        # this process) keep the values.
+    def _redact_env(self, env: dict[str, str], info: FieldSerializationInfo) -> dict[str, str]:
+        # JSON is what goes to files and reports; Python dumps keep the values. A JSON dump
+        # that rebuilds a config for another process (a launched job, a compare run) passes
+        # context=KEEP_SECRETS, or the job would get "<redacted>" as its credential.
+        if isinstance(info.context, dict) and info.context.get("secrets") == "keep":
+            return dict(env)
         return {k: REDACTED for k in env}
 
     docker_bin: str = "docker"

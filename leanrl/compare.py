@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from leanrl._sandbox_config import KEEP_SECRETS
 from leanrl.config import ConfigCommand, validate
 from leanrl.environment import EnvironmentConfig
 from leanrl.errors import ConfigError
@@ -41,12 +42,21 @@ class CompareSamplingConfig(SamplingConfig):
     """Most tokens per completion, in training and in the held-out evaluation."""
 
 
+class CompareEnvironmentConfig(EnvironmentConfig):
+    """EnvironmentConfig with Countdown as its default id, so that ``--help`` shows the default
+    the compare really uses."""
+
+    id: str = "countdown"
+    """Environment id (``leanrl envs`` lists them) or an import path ``package.module:Class``;
+    here Countdown, which needs no Lean."""
+
+
 class CompareConfig(BaseModel):
     """ES against GRPO on equal terms (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    env: EnvironmentConfig = Field(default_factory=lambda: EnvironmentConfig(id="countdown"))
+    env: CompareEnvironmentConfig = Field(default_factory=CompareEnvironmentConfig)
     """The training environment (default: Countdown, which needs no Lean). Its split is
     ``train`` unless ``--env.taskset.split`` names another; the runs refuse to start when it
     shares tasks with the held-out set."""
@@ -77,6 +87,14 @@ class CompareConfig(BaseModel):
     """Prices (and GPU type) the runs' cost is reported in."""
     out: Path = Path("runs/compare")
     """The report folder; each run goes to ``OUT/<method>-seed<N>/``."""
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _plain_env(cls, v: Any) -> Any:
+        # A plain EnvironmentConfig (from Python) keeps what was set in it, its id included.
+        if isinstance(v, EnvironmentConfig) and not isinstance(v, CompareEnvironmentConfig):
+            return {**v.model_dump(exclude_unset=True), "id": v.id}
+        return v
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -118,10 +136,15 @@ class CompareConfig(BaseModel):
         return self.env.model_copy(update={"taskset": ts})
 
     def run_config(self, method: str, seed: int) -> Any:
-        """The ESConfig or GRPOConfig of one run."""
+        """The ESConfig or GRPOConfig of one run.
+
+        The config is rebuilt from JSON dumps that keep secret values (``KEEP_SECRETS``): a
+        plain JSON dump writes ``runtime.docker.env`` values as ``<redacted>``, which the run's
+        containers would then get as their credentials. The run's files redact them."""
+        keep = KEEP_SECRETS
         base: dict[str, Any] = {
-            "env": self.train_env().model_dump(mode="json", exclude_unset=False),
-            "policy": self.policy.model_dump(mode="json"),
+            "env": self.train_env().model_dump(mode="json", exclude_unset=False, context=keep),
+            "policy": self.policy.model_dump(mode="json", context=keep),
             # the fields given, and always the length limit: each trainer's defaults for the rest
             "sampling": {
                 **self.sampling.model_dump(mode="json", exclude_unset=True),
@@ -133,10 +156,10 @@ class CompareConfig(BaseModel):
             "tasks_per_step": self.tasks_per_step,
             "save_every": self.max_steps,
             "budget": self.budget.model_dump(mode="json"),
-            "launcher": self.launcher.model_dump(mode="json"),
+            "launcher": self.launcher.model_dump(mode="json", context=keep),
             "eval": {
                 "every": self.eval_every,
-                "env": self.held_out().model_dump(mode="json"),
+                "env": self.held_out().model_dump(mode="json", context=keep),
                 "at_start": True,
                 # greedy, with the runs' own length limit (not the evaluation's 2,048 tokens)
                 "sampling": {"max_tokens": self.sampling.max_tokens, "seed": self.sampling.seed},
@@ -223,25 +246,51 @@ def _plot(runs: list[dict[str, Any]], x_label: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
-    colors = {"es": "tab:blue", "grpo": "tab:orange"}
+    # One colour family per method, one shade, marker and dash per seed, so that the seeds of a
+    # method can be told apart (and the methods from afar).
+    families = {"es": plt.get_cmap("Blues"), "grpo": plt.get_cmap("Oranges")}
+    markers, dashes = "osD^v", ["-", "--", "-.", ":"]
+    seeds = sorted({r["seed"] for r in runs})
     for r in runs:
         c = r["curve"]
-        label = f"{r['method'].upper()} (seed {r['seed']})"
-        a1.plot(c["acc_x"], c["acc"], marker="o", color=colors[r["method"]], label=label, lw=1.5)
-        a2.plot(c["reward_x"], c["reward"], color=colors[r["method"]], label=label, lw=1)
+        i = seeds.index(r["seed"])
+        shade = 0.9 - 0.45 * i / max(1, len(seeds) - 1)
+        style = {
+            "color": families.get(r["method"], plt.get_cmap("Greys"))(shade),
+            "ls": dashes[i % len(dashes)],
+            "label": f"{r['method'].upper()} (seed {r['seed']})",
+        }
+        a1.plot(c["acc_x"], c["acc"], marker=markers[i % len(markers)], lw=1.5, **style)
+        a2.plot(c["reward_x"], c["reward"], lw=1, **style)
     a1.set_title("held-out accuracy (pass@1)")
     a2.set_title("training reward")
     for a in (a1, a2):
         a.set_xlabel(x_label)
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
+        # An all-zero curve must not get a y range centred on 0 (accuracy, and most rewards,
+        # cannot be negative); a reward that does go below 0 keeps its range.
+        ys = [y for line in a.get_lines() for y in line.get_ydata() if y == y]
+        lo, hi = a.get_ylim()
+        a.set_ylim(min(0.0, lo) if ys and min(ys) < 0 else 0.0, max(hi, 0.05))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:
-    """Train every (method, seed) run (resuming finished or partial ones), then report."""
+    """Train every (method, seed) run (resuming finished or partial ones), then report.
+
+    The compare holds ``OUT/.lock`` throughout (a second compare on the same OUT is refused,
+    not interleaved); each run locks its own folder ``OUT/<method>-seed<N>/.lock``."""
+    from leanrl.runlock import FolderLock
+
+    with FolderLock(config.out, "compare"):
+        return _compare_runs(config)
+
+
+def _compare_runs(config: CompareConfig) -> dict[str, Any]:
+    """:func:`run_compare`'s work, under its lock."""
     x_key = "total_tokens" if config.budget.tokens is not None else "cost/total_gpu_s"
     x_label = "generated tokens" if x_key == "total_tokens" else "GPU-seconds"
     runs = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +140,48 @@ def test_a_held_out_set_that_overlaps_training_is_refused(
     )
     with pytest.raises(ConfigError, match="shares"):
         ESTrainer(cfg).train_sync()
+
+
+def test_help_names_the_environment_compare_really_defaults_to() -> None:
+    # --help said "(default: minif2f)", the default of EnvironmentConfig.id; the compare's own
+    # default is Countdown.
+    from leanrl.compare import CompareConfig
+    from leanrl.environment import EnvironmentConfig
+
+    assert CompareConfig(budget={"tokens": 10}).env.id == "countdown"
+    field = CompareConfig.model_fields["env"].annotation
+    assert field.model_fields["id"].default == "countdown"  # what --help prints
+    given = CompareConfig(env=EnvironmentConfig(id="minif2f"), budget={"tokens": 10})
+    assert given.env.id == "minif2f"
+    unset = CompareConfig(env=EnvironmentConfig(), budget={"tokens": 10})
+    assert unset.env.id == "minif2f"  # a plain config keeps its own id
+
+
+def test_plot_tells_seeds_apart_and_keeps_zero_curves_above_zero(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from leanrl import compare
+
+    zero = {"acc_x": [0, 1, 2], "acc": [0.0, 0.0, 0.0], "reward_x": [1, 2], "reward": [0.0, 0.0]}
+    runs = [{"method": m, "seed": s, "curve": zero} for m in ("es", "grpo") for s in (0, 1)]
+    seen: list[Any] = []
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig: Any, *a: Any, **k: Any) -> None:
+        seen.append(fig)
+        real_savefig(fig, *a, **k)
+
+    plt.Figure.savefig = keep  # type: ignore[method-assign]
+    try:
+        compare._plot(runs, "tokens", tmp_path / "c.png")
+    finally:
+        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    acc, reward = seen[0].axes
+    styles = {(ln.get_color(), ln.get_marker(), ln.get_linestyle()) for ln in acc.get_lines()}
+    assert len(styles) == 4  # every (method, seed) looks different
+    for ax in (acc, reward):
+        assert ax.get_ylim()[0] == 0.0  # all-zero curves: no negative range
+    assert (tmp_path / "c.png").stat().st_size > 0

@@ -61,3 +61,33 @@ def test_trainer_config_json_never_holds_docker_env_values(tmp_path: Path) -> No
     assert run.bind_config(cfg) is False
     assert SECRET not in (tmp_path / "run" / "config.json").read_text()
     assert run.bind_config(cfg) is True  # resumable with the same settings
+
+
+def test_compare_runs_get_docker_env_values_and_their_files_do_not(tmp_path: Path) -> None:
+    """The runs' configs were rebuilt from redacting JSON dumps: their containers would have
+    been given the literal "<redacted>" as the credential."""
+    from leanrl.compare import CompareConfig
+
+    env = EnvironmentConfig(
+        id="countdown", runtime=RuntimeConfig(docker=DockerConfig(env={"TOKEN": SECRET}))
+    )
+    cfg = CompareConfig(env=env, budget={"tokens": 1000}, out=tmp_path / "cmp")
+    for method in ("es", "grpo"):
+        run_cfg = cfg.run_config(method, 0)
+        assert run_cfg.env.runtime.docker.env == {"TOKEN": SECRET}, method
+        assert run_cfg.eval.env.runtime.docker.env == {"TOKEN": SECRET}, method  # held-out too
+        RunDir(tmp_path / method).bind_config(run_cfg)
+        text = (tmp_path / method / "config.json").read_text()
+        assert SECRET not in text and '"TOKEN": "<redacted>"' in text, method
+
+
+def test_a_launched_jobs_payload_keeps_docker_env_values(tmp_path: Path) -> None:
+    """The payload of a launched job was ``model_dump(mode="json")``: redacted."""
+    from leanrl.launch.launcher import job_call
+
+    cfg = EvalConfig(env=_env(tmp_path / "tasks.jsonl"), out="runs/e", progress=False)
+    call = job_call("eval", cfg)
+    assert call.config["env"]["runtime"]["docker"]["env"] == {"HF_TOKEN": SECRET, "MODE": "fast"}
+    rebuilt = EvalConfig.model_validate(call.config)  # what the Function's container runs
+    assert rebuilt.env.runtime.docker.env["HF_TOKEN"] == SECRET
+    assert SECRET not in cfg.model_dump_json()  # what files get is still redacted

@@ -22,12 +22,13 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from leanrl._sandbox_config import KEEP_SECRETS
 from leanrl.errors import ConfigError
 from leanrl.launch.config import ModalLaunchConfig
 from leanrl.launch.local_functions import FunctionSpec, LocalFunctions
 from leanrl.launch.specs import FUNCTION_BODIES, ROLE_ENV, JobCall, volume_root
 
-__all__ = ["functions_for", "launch", "local_specs", "run_here"]
+__all__ = ["functions_for", "job_call", "launch", "local_specs", "run_here"]
 
 
 def local_specs(m: ModalLaunchConfig) -> dict[str, FunctionSpec]:
@@ -67,6 +68,17 @@ def _on_volume(path: Path | None, what: str) -> str:
     return Path(path).as_posix()
 
 
+def job_call(kind: str, config: Any) -> JobCall:
+    """The payload of a whole-command Function: ``config`` as JSON, secrets kept.
+
+    A plain JSON dump writes ``runtime.docker.env`` values as ``<redacted>``; the job rebuilt
+    from it would hand its containers that string as their credential. The payload travels to
+    the Function's process (pickled, over Modal's encrypted channel) and is never written to
+    the Volume: the job's own files (``config.json``, ``run.json``) redact them as always."""
+    role = "orchestrator" if kind == "es" else "gpu"
+    return JobCall(kind, config.model_dump(mode="json", context=KEEP_SECRETS), role)  # type: ignore[arg-type]
+
+
 def launch(kind: str, config: Any) -> dict[str, Any]:
     """Run command ``kind`` (``es``, ``grpo``, ``eval``) per ``config.launcher`` (Modal)."""
     m = config.launcher.modal
@@ -84,7 +96,7 @@ def launch(kind: str, config: Any) -> dict[str, Any]:
             _orchestrate(config, functions_for(m, lean), (str(Path(out)), there), mirror)
         )
     name = {"es": "orchestrate", "grpo": "train_grpo", "eval": "evaluate"}[kind]
-    call = JobCall(kind, config.model_dump(mode="json"), "orchestrator" if kind == "es" else "gpu")  # type: ignore[arg-type]
+    call = job_call(kind, config)
 
     async def go() -> Any:
         fns = functions_for(m, lean)

@@ -8,21 +8,34 @@ what it loaded between calls, and runs up to ``concurrency`` calls at once on it
 ``map`` streams ``(index, result)`` pairs as calls finish (like ``Function.map`` with
 ``order_outputs=False``: the caller restores the order); a call whose container dies is retried
 on a fresh container up to ``retries`` times (Modal's ``retries``), then fails the map.
+
+A container never outlives the process that started it (a killed CLI must not leave its ES
+orchestrator training on, nor a rerun start a second one): it exits at once when its pipe to
+that process reaches end-of-file or its parent changes (a watchdog thread polls
+``os.getppid()``), and on Linux the kernel kills it when its parent dies
+(``PR_SET_PDEATHSIG``). The containers it started itself (an orchestrator's members) follow it
+the same way. It ignores SIGINT: Ctrl-C is the launcher's to handle, which closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib
 import inspect
 import itertools
 import multiprocessing as mp
 import os
+import pickle
+import signal
+import sys
+import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from leanrl.errors import LeanrlError
 from leanrl.launch.specs import ROLE_ENV, VOLUME_ENV
@@ -47,14 +60,50 @@ class FunctionSpec:
     """Environment of its containers (besides the Volume's and the caller's)."""
 
 
-def _container_main(conn: Any, body: str, env: dict[str, str], root: str) -> None:
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _orphaned() -> NoReturn:
+    """The launcher is gone: stop now, with the containers this one started. Calls in flight
+    are abandoned (no one is left to read their results; a rerun resumes from the Volume),
+    and waiting for them would leave a training loop running that nobody can stop."""
+    for child in mp.active_children():
+        child.kill()
+    os._exit(70)
+
+
+def _die_with_parent(parent: int, pdeathsig: bool) -> None:
+    """Make this container exit when ``parent`` (the process that spawned it) dies."""
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the watchdog below still works
+            pass
+    if os.getppid() != parent:  # it died before the death signal was armed
+        _orphaned()
+
+    def watch() -> None:
+        # portable: an orphan is re-parented (to init or a subreaper), so its ppid changes
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        _orphaned()
+
+    threading.Thread(target=watch, name="leanrl-parent-watchdog", daemon=True).start()
+
+
+def _container_main(
+    conn: Any, body: str, env: dict[str, str], root: str, parent: int, pdeathsig: bool
+) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent, pdeathsig)
     os.environ.update(env)
     os.environ[VOLUME_ENV] = root
     os.chdir(root)
     try:
         asyncio.run(_serve(conn, body))
-    except (EOFError, KeyboardInterrupt):
-        pass
+    except (EOFError, OSError):
+        _orphaned()  # the pipe to the launcher broke: it died
 
 
 async def _serve(conn: Any, body: str) -> None:
@@ -69,13 +118,16 @@ async def _serve(conn: Any, body: str) -> None:
         try:
             result = await fn(payload) if is_async else await asyncio.to_thread(fn, payload)
             msg: tuple[Any, ...] = ("ok", call_id, result)
-        except Exception:  # noqa: BLE001 - sent to the caller, which raises it
-            msg = ("error", call_id, traceback.format_exc())
+        except Exception as e:  # noqa: BLE001 - sent to the caller, which raises it
+            msg = ("error", call_id, (traceback.format_exc(), _user_error(e)))
         async with send_lock:
             await asyncio.to_thread(conn.send, msg)
 
     while True:
-        msg = await loop.run_in_executor(None, conn.recv)
+        try:
+            msg = await loop.run_in_executor(None, conn.recv)
+        except (EOFError, OSError):
+            _orphaned()  # end of file without a "close": the launcher died
         if msg[0] == "close":
             break
         task = asyncio.ensure_future(one(msg[1], msg[2]))
@@ -83,6 +135,20 @@ async def _serve(conn: Any, body: str) -> None:
         task.add_done_callback(running.discard)
     if running:
         await asyncio.gather(*running, return_exceptions=True)
+
+
+def _user_error(e: BaseException) -> bytes | None:
+    """``e`` pickled when it is one of leanrl's own errors (bad config, missing Lean...): the
+    caller raises it as it is, one line on the CLI as if it were raised there. Anything else is
+    a bug, shown with its container's traceback."""
+    if not isinstance(e, LeanrlError):
+        return None
+    try:
+        blob = pickle.dumps(e)
+        pickle.loads(blob)  # an exception class that cannot be rebuilt is sent as text
+    except Exception:  # noqa: BLE001 - any failure to round-trip means "send the text"
+        return None
+    return blob
 
 
 @dataclass(eq=False)
@@ -125,9 +191,12 @@ class LocalFunctions:
         ctx = mp.get_context("spawn")  # fork + torch threads deadlock; spawn is safe everywhere
         parent, child = ctx.Pipe()
         env = {**self.env, **spec.env, ROLE_ENV: os.environ.get(ROLE_ENV, "")}
-        proc = ctx.Process(
-            target=_container_main, args=(child, spec.body, env, str(self.volume)), daemon=False
-        )
+        # The kernel's parent-death signal fires when the *thread* that spawned the child ends,
+        # so it is armed only for children spawned by the main thread (which lives as long as
+        # the process); a job running on a worker thread relies on the pipe and the watchdog.
+        pdeathsig = threading.current_thread() is threading.main_thread()
+        args = (child, spec.body, env, str(self.volume), os.getpid(), pdeathsig)
+        proc = ctx.Process(target=_container_main, args=args, daemon=False)
         proc.start()
         child.close()
         c = _Container(name, proc, parent)
@@ -206,7 +275,10 @@ class LocalFunctions:
                 kind, call_id, value = msg
                 index, _, _ = c.inflight.pop(call_id)
                 if kind == "error":
-                    raise FunctionError(f"{name}: input {index} raised:\n{value}")
+                    text, user_error = value
+                    if user_error is not None:
+                        raise pickle.loads(user_error)  # a ConfigError stays one line
+                    raise FunctionError(f"{name}: input {index} raised:\n{text}")
                 left -= 1
                 yield index, value
         finally:
@@ -220,10 +292,14 @@ class LocalFunctions:
         raise FunctionError(f"{name} returned nothing")
 
     async def close(self) -> None:
-        """Stop every container (as Modal scales them down)."""
+        """Stop every container (as Modal scales them down). A container still running calls
+        (the caller gave up on them: an error elsewhere, Ctrl-C) is killed, not waited for."""
         for cs in self._containers.values():
             for c in cs:
                 if c.dead:
+                    continue
+                if c.inflight:
+                    c.proc.kill()  # its own containers follow it (see the module docstring)
                     continue
                 try:
                     c.conn.send(("close",))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leanrl._sandbox_config import ModalConfig
+from leanrl.errors import LeanrlError
 from leanrl.launch.config import ModalLaunchConfig
 from leanrl.launch.local_functions import FunctionError
 from leanrl.launch.specs import FUNCTION_ROLES, ROLE_ENV, VOLUME_ENV, VOLUME_NAME_ENV
@@ -225,8 +226,13 @@ class ModalFunctions:
             yield int(r.index), r
 
     async def call(self, name: str, payload: Any) -> Any:
+        """One blocking call (``.remote``, not ``.spawn``): Modal ties its input to this caller,
+        so a caller that goes away does not leave it running on purpose (see "Crashes and
+        resume" in docs/training-modal.md)."""
         try:
             return await self._fn(name).remote.aio(payload)
+        except LeanrlError:
+            raise  # a ConfigError in the Function: one line on the CLI, as if raised here
         except Exception as e:
             raise FunctionError(f"{name} failed on Modal: {type(e).__name__}: {e}") from e
 

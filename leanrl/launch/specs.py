@@ -175,5 +175,7 @@ class JobCall:
 
     kind: Literal["es", "grpo", "eval"]
     config: dict[str, Any]
-    """The command's config (``model_dump(mode="json")``); paths are relative to the Volume."""
+    """The command's config (``model_dump(mode="json", context=KEEP_SECRETS)``: secret values
+    kept, since the job runs with them; it is never written as it is). Paths are relative to the
+    Volume."""
     role: Literal["orchestrator", "gpu"]

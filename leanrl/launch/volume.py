@@ -7,15 +7,29 @@ summary) after every step, and pulls them back before a resume, so a run killed 
 resumes from the Volume anywhere. Checkpoints are written onto the Volume by the GPU function
 that builds them; the mirror pulls only their ``trainer_state.json``, which is what the resume
 logic reads to pick its starting point.
+
+Which copy is newer is decided by the run's progress, never by file times (clocks differ
+between machines, and a copy's mtime is when it was copied): the number of iterations in the
+ES history (``es_history.bin``), then the last metrics step. :meth:`RunMirror.pull` replaces
+the local copy when the Volume's is further along (a run continued on another machine, or by
+the ``orchestrate`` Function), and :meth:`RunMirror.push` refuses to send an older history over
+a newer one.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["FolderVolume", "ModalVolume", "RunMirror", "VolumeStore"]
+from leanrl.errors import ConfigError
+
+__all__ = ["FolderVolume", "ModalVolume", "RunMirror", "VolumeStore", "run_progress"]
+
+HISTORY = "es_history.bin"
+METRICS = "metrics.jsonl"
 
 
 class VolumeStore(Protocol):
@@ -89,6 +103,28 @@ class ModalVolume:
         return [(Path(e.path).name, e.type == FileEntryType.DIRECTORY) for e in entries]
 
 
+def run_progress(folder: Path) -> tuple[int, int] | None:
+    """How far the run in ``folder`` got: (ES history iterations, last metrics step); None when
+    the folder holds no run (no ``config.json``)."""
+    if not (folder / "config.json").is_file():
+        return None
+    iterations = 0
+    if (folder / HISTORY).is_file():
+        from leanrl.train.es.history import ESHistory
+
+        iterations = len(ESHistory(folder / HISTORY).open(read_only=True))
+    step = 0
+    if (folder / METRICS).is_file():
+        for line in (folder / METRICS).read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:  # a torn last line
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                step = max(step, row["step"])
+    return iterations, step
+
+
 def _small(rel: Path) -> bool:
     """Files the mirror carries: everything but what sits inside a checkpoint folder."""
     return not any(part.startswith(("checkpoint-", ".tmp-")) for part in rel.parts[:-1])
@@ -103,11 +139,34 @@ class RunMirror:
         self.remote = remote.strip("/")
         self._sent: dict[str, tuple[float, int]] = {}
 
+    def remote_progress(self) -> tuple[int, int] | None:
+        """:func:`run_progress` of the run's copy on the Volume (its small files fetched)."""
+        with tempfile.TemporaryDirectory(prefix="leanrl-mirror-") as tmp:
+            here = Path(tmp)
+            for name in ("config.json", HISTORY, METRICS):
+                self.store.get(f"{self.remote}/{name}", here / name)
+            return run_progress(here)
+
+    def _where(self) -> str:
+        return f"the Volume's copy of {self.remote}"
+
     def push(self) -> int:
-        """Send the small files that changed since the last push; returns how many."""
+        """Send the small files that changed since the last push; returns how many.
+
+        Refuses (:class:`ConfigError`) when the Volume's copy is further along than this one:
+        another orchestrator advanced it, and this older history must not replace it."""
         n = 0
         if not self.local.is_dir():
             return 0
+        mine, theirs = run_progress(self.local), self.remote_progress()
+        if theirs is not None and (mine is None or theirs > mine):
+            at = mine[0] if mine else 0
+            raise ConfigError(
+                f"{self._where()} is at iteration {theirs[0]} (step {theirs[1]}), further than "
+                f"this machine's {self.local} (iteration {at}): another orchestrator advanced "
+                "it, so this older history is not pushed over it. Stop the other run, then rerun "
+                "the same command: it pulls the Volume's copy and continues from there."
+            )
         for p in sorted(self.local.rglob("*")):
             rel = p.relative_to(self.local)
             if not p.is_file() or not _small(rel) or p.name.startswith("."):
@@ -122,9 +181,14 @@ class RunMirror:
         return n
 
     def pull(self) -> int:
-        """Before a resume: fetch the run from the Volume when this machine has none of it."""
-        if (self.local / "config.json").is_file():
+        """Before a resume: fetch the run from the Volume when this machine has none of it, or
+        an older copy (fewer iterations, by :func:`run_progress`); returns the files fetched."""
+        theirs = self.remote_progress()
+        if theirs is None:
             return 0
+        mine = run_progress(self.local)
+        if mine is not None and theirs <= mine:
+            return 0  # this copy is as far along (or further: the push brings the Volume up)
         n = 0
 
         def walk(rel: str) -> None:
