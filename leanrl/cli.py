@@ -12,6 +12,7 @@ import errno
 import importlib
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -333,6 +334,51 @@ def setup_logging() -> None:
     logger.setLevel(logging.INFO)
 
 
+#: What an output folder that cannot be written gives: no permission, a read-only file system, a
+#: file where a folder of the path should be (or the folder itself), a folder where a file goes.
+_UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
+
+
+def _output_folders(command: Any) -> list[Path]:
+    """The folders ``command`` writes its results to (``out``; ``out_dir`` for eval, whose
+    default folder is derived from the model and environment)."""
+    found: list[Path] = []
+    for attr in ("out", "out_dir"):
+        try:
+            value = getattr(command, attr, None)
+        except (LeanrlError, ValueError, TypeError, OSError):  # cannot be computed: no blame
+            continue
+        if isinstance(value, str | Path) and str(value):
+            path = Path(os.path.abspath(Path(value).expanduser()))
+            if path not in found:
+                found.append(path)
+    return found
+
+
+def _unwritable_out(command: Any, e: OSError) -> str | None:
+    """The one-line error for ``e`` when it failed on the command's output folder (the folder,
+    a file in it, or a parent folder it needed), else None (then the error is not ours to name).
+
+    Every command writes there first (config, lock, results), from many places; naming the folder
+    here, once, covers them all, where a traceback would only show the library call that failed.
+    """
+    if e.errno not in _UNWRITABLE or command is None:
+        return None
+    names = [Path(os.path.abspath(str(f))) for f in (e.filename, e.filename2) if f]
+    for out in _output_folders(command):
+        for p in names:
+            # "File exists" inside the folder is some other mistake; at the folder or above it,
+            # a file stands where the folder should be.
+            inside = out in p.parents and e.errno != errno.EEXIST
+            if p == out or p in out.parents or inside:
+                return (
+                    f"leanrl: error: cannot write to the output folder {out}: {e.strerror} "
+                    f"({p}). Give a writable folder with --out, or make that one writable, and "
+                    "rerun the same command."
+                )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``leanrl`` console script."""
     setup_logging()
@@ -348,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text, end="")
         return 0
     args = ["--help" if a == "--help-all" else a for a in args]
+    command: Any = None
     try:
         typed = _explicit(build_app(tree), args)
         # Walk down to the chosen (sub)command: the one key whose value is not None.
@@ -367,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"leanrl: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
+        unwritable = _unwritable_out(command, e)
+        if unwritable is not None:
+            print(unwritable, file=sys.stderr)
+            return 2
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # A write leanrl did not wrap itself (a library's): still one line, not a traceback.

@@ -32,8 +32,23 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        with p.open("rb") as f:
-            return tomllib.load(f)
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file {p} cannot be read ({e.strerror})") from None
+    try:
+        # Decoded here, not by tomllib, whose UnicodeDecodeError names neither file nor line.
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = len(data[data.rfind(b"\n", 0, e.start) + 1 : e.start].decode("utf-8", "replace"))
+        raise ConfigError(
+            f"config file {p}, line {line}, column {col + 1}: byte "
+            f"{data[e.start : e.end][:4].hex(' ')} (byte offset {e.start}) is not UTF-8 "
+            f"({e.reason}). TOML files are UTF-8: save it as UTF-8 (e.g. `iconv -f latin1 -t "
+            "utf-8 IN > OUT`) or fix that line."
+        ) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
 

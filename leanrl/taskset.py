@@ -417,8 +417,15 @@ class Taskset:
             )
         # Rows are read as bytes and decoded one by one, so a byte that is not UTF-8 is reported
         # with its file, row and column rather than as a UnicodeDecodeError.
+        rows = 0
         for i, data in read_jsonl(path):
+            rows += 1
             yield RawRow(origin=str(path), index=i, data=data)
+        if not rows:  # said here, where the file is known: later only "the taskset is empty"
+            raise DatasetError(
+                f"taskset {self.name!r}: {path} holds no tasks (the file is empty or blank). "
+                "Point `--env.taskset.path` at a JSONL file with one JSON object per task."
+            )
 
     def _rows_from_hub(self, hub_id: str | None) -> Iterator[RawRow]:
         if not hub_id:

@@ -11,8 +11,9 @@ import pytest
 from test_es_learning import toy_config
 
 from leanrl.errors import ConfigError
+from leanrl.train.common import RunDir
 from leanrl.train.es import ESTrainer
-from leanrl.train.es.history import ESHistory, HistoryMeta, master_equal, replay
+from leanrl.train.es.history import DIGEST_KEY, ESHistory, HistoryMeta, master_equal, replay
 from leanrl.train.es.weights import MASTER_FILE
 
 
@@ -171,6 +172,12 @@ def _relabel_device(run: Path, device_type: str) -> None:
     new.open(HistoryMeta(old.meta.run_seed, device_type, old.meta.dtype))
     for r in records:
         new.append(r)
+    # the header is part of the hash chain: a run that really drew CUDA noise has checkpoints
+    # recording the digests of *its* history
+    for step, ck in RunDir(run).checkpoints():
+        state = json.loads((ck / "trainer_state.json").read_text())
+        state[DIGEST_KEY] = new.digest(step)
+        (ck / "trainer_state.json").write_text(json.dumps(state))
 
 
 def test_other_device_kind_is_refused(full_run: ESTrainer, tmp_path: Path) -> None:

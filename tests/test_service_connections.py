@@ -218,3 +218,46 @@ async def test_accepted_tcp_sockets_have_nodelay(tmp_path: Path) -> None:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
         sock.close()
+
+
+def _status(answer: bytes) -> bytes:
+    return answer.split(b"\r\n")[0]
+
+
+@pytest.mark.parametrize("kb", [20, 70])
+def test_a_request_head_over_the_limit_gets_431(tmp_path: Path, kb: int) -> None:
+    """A whole head over ``max_header_bytes`` (16 KB) arriving at once was accepted: h11 bounds
+    only incomplete heads. It is answered 431, and so is an incomplete one past the limit."""
+    filler = b"X-Filler: " + b"a" * (kb * 1024) + b"\r\n"
+    with serve(tmp_path) as port:
+        big = _connect(port)
+        big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + filler + b"\r\n")
+        answer = _answer(big)
+        assert _status(answer) == b"HTTP/1.1 431 Request Header Fields Too Large", answer[:200]
+        assert b"larger than 16384 bytes (limits.max_header_bytes)" in answer
+        assert _closed_by_peer(big, 10)
+        big.close()
+        unfinished = _connect(port)  # no blank line: h11's own bound, now answered 431 too
+        unfinished.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + filler)
+        assert _status(_answer(unfinished)).startswith(b"HTTP/1.1 431 ")
+        unfinished.close()
+        # a head just under the limit is served as before, and so are pipelined ones after it
+        ok = _connect(port)
+        near = b"X-Filler: " + b"a" * (15 * 1024) + b"\r\n"
+        ok.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + near + b"\r\n")
+        assert _status(_answer(ok)) == b"HTTP/1.1 200 OK"
+        ok.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
+                   + filler + b"\r\n")  # fmt: skip
+        both = _until_closed(ok)  # the big head, pipelined behind a small one, is measured too
+        assert both.startswith(b"HTTP/1.1 200 OK\r\n"), both[:200]
+        assert both.count(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") == 1
+        ok.close()
+
+
+def _until_closed(s: socket.socket) -> bytes:
+    """Everything ``s`` receives until the server closes it."""
+    s.settimeout(10)
+    buf = b""
+    while chunk := s.recv(65536):
+        buf += chunk
+    return buf

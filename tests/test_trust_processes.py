@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -604,3 +605,43 @@ async def test_the_sandbox_hides_this_users_home_and_bounds_its_tmp(tmp_path: Pa
     args = bwrap_argv([tmp_path], exe=shutil.which("bwrap"))
     assert args[args.index("/tmp") - 3] == "--size" and "/dev/shm" in args
     assert str(home) in args
+
+
+@needs_bwrap
+def test_the_sandbox_shows_the_project_under_tmp_but_not_its_siblings() -> None:
+    """Leak: under /tmp the sandbox bound the needed paths' top folder (``/tmp/X`` for
+    ``/tmp/X/.../project``), so a Lean process could read every folder next to the project
+    there. Now exactly the project (the process's folder), its program and toolchain folders."""
+    # directly under /tmp, wherever pytest's own temporary folders are
+    tmp = Path(tempfile.mkdtemp(prefix="leanrl-siblings-", dir="/tmp"))
+    try:
+        _check_project_alone(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_project_alone(tmp: Path) -> None:
+    from leanrl.lean.trust.containment import bwrap_argv, process_needs
+
+    project = tmp / "checkout" / "repl-project"
+    (project / ".lake" / "build" / "bin").mkdir(parents=True)
+    (project / "lakefile.lean").write_text("-- the project")
+    sibling = tmp / "checkout" / "someone-elses"
+    sibling.mkdir()
+    (sibling / "secret.txt").write_text("token")
+    scratch = tmp / "scratch"
+    scratch.mkdir()
+    shell = shutil.which("sh") or "/bin/sh"
+    script = (
+        f"cat {project}/lakefile.lean; echo; echo LIST; ls -A {project.parent}; echo SECRET; "
+        f"cat {sibling}/secret.txt 2>/dev/null; true"
+    )
+    cmd = [shell, "-c", script]
+    needs = process_needs([str(project / ".lake" / "build" / "bin")], project, {"PATH": "/usr/bin"})
+    argv = bwrap_argv([scratch], needs=needs, exe=shutil.which("bwrap"))
+    out = subprocess.run([*argv, *cmd], capture_output=True, text=True, timeout=60, cwd=project)
+    seen, _, rest = out.stdout.partition("LIST\n")
+    listed, _, secret = rest.partition("SECRET\n")
+    assert "-- the project" in seen, (out.stdout, out.stderr)  # the project: readable
+    assert listed.split() == ["repl-project"]  # its folder shows the project alone
+    assert secret == ""  # and a sibling's file cannot be read

@@ -14,6 +14,10 @@ here, on its own h11 protocol class:
   Here a new connection that would reach the cap closes the connection that has waited longest
   without a request in progress instead. Only when every connection is busy with a request does
   a new one get uvicorn's 503.
+* **a bound on the request head**: a head (request line and headers) over
+  ``ServiceLimits.max_header_bytes`` is answered 431 and the connection closed. uvicorn's
+  ``h11_max_incomplete_event_size`` bounds only the bytes buffered while a head is incomplete,
+  so a 20-70 KB head arriving in one read was accepted whole.
 * **TCP_NODELAY** on every accepted TCP socket: an answer is written in pieces (head, body), and
   with Nagle's algorithm the second piece waits for the client's delayed ACK, ~40 ms per request.
 
@@ -52,6 +56,16 @@ class ConnectionStats:
         """Connections closed for not sending a request head in time."""
         self.evicted = 0
         """Idle connections closed to make room for a new one at the cap."""
+        self.oversized_heads = 0
+        """Requests answered 431 for a head over ``max_header_bytes``."""
+
+
+def head_bytes(request: Any) -> int:
+    """The size of an ``h11.Request``'s head as sent: request line, headers, blank line (h11
+    strips the whitespace around header values, so this is at most a few bytes short)."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    fields = sum(len(k) + len(v) + 4 for k, v in request.headers.raw_items())
+    return line + fields + 2
 
 
 def uvicorn_settings(limits: ServiceLimits, stats: ConnectionStats) -> dict[str, Any]:
@@ -70,10 +84,12 @@ def uvicorn_settings(limits: ServiceLimits, stats: ConnectionStats) -> dict[str,
 
 def guarded_protocol(limits: ServiceLimits, stats: ConnectionStats) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol with a header deadline, idle eviction at the cap and TCP_NODELAY."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     header_s = limits.header_timeout_s
     cap = limits.max_connections
+    max_head = limits.max_header_bytes
 
     class GuardedH11Protocol(H11Protocol):
         _idle_since = 0.0
@@ -81,6 +97,10 @@ def guarded_protocol(limits: ServiceLimits, stats: ConnectionStats) -> type[asyn
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)  # type: ignore[arg-type]
+            # Every event uvicorn reads goes through here, pipelined requests included, so each
+            # request head is measured, however the bytes arrived.
+            self._h11_next_event = self.conn.next_event
+            self.conn.next_event = self._next_event  # type: ignore[method-assign]
             set_nodelay(transport.get_extra_info("socket"))
             self._idle_since = self.loop.time()
             self._deadline = self.loop.call_later(header_s, self._check_deadline)
@@ -96,6 +116,36 @@ def guarded_protocol(limits: ServiceLimits, stats: ConnectionStats) -> type[asyn
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._idle_since = self.loop.time()  # the next request head is due from now
+
+        def _next_event(self) -> Any:
+            """h11's next event, or (after answering 431 and closing) ``PAUSED`` for a head over
+            ``max_header_bytes``: one that arrived whole, which h11 accepts (it bounds only the
+            bytes of an incomplete event), or one still incomplete past the bound, for which
+            h11 raises and uvicorn would answer a bare 400."""
+            try:
+                event = self._h11_next_event()
+            except h11.RemoteProtocolError as e:
+                if e.error_status_hint != 431:
+                    raise
+            else:
+                if not isinstance(event, h11.Request) or head_bytes(event) <= max_head:
+                    return event
+            stats.oversized_heads += 1
+            log.info("answering %s 431: request head over %d bytes", self.client, max_head)
+            body = (
+                f"request head (request line and headers) larger than {max_head} bytes "
+                "(limits.max_header_bytes)"
+            ).encode()
+            head = (
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+            )
+            # Written directly, not through h11: its state for a refused head is not one it
+            # would send a response from in every case (an incomplete head is an ERROR state).
+            self.transport.write(head + body)
+            self.transport.close()
+            return h11.PAUSED  # uvicorn then stops reading; the app never sees the request
 
         def _busy(self) -> bool:
             return self.cycle is not None and not self.cycle.response_complete

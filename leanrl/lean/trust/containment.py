@@ -124,9 +124,9 @@ def bwrap_argv(
 
     ``/tmp``, the home folder and the ``hide`` folders (scratch roots) are covered with an empty
     tmpfs. What the process must still read there -- ``needs``: its program, its project, its
-    toolchain -- is bound back read-only: under ``/tmp`` by its top folder (a checkout made with
-    ``mktemp -d``), under the home folder exactly (``~/.cache`` may hold tokens, only the
-    project in it is needed). Then ``readable`` folders are bound read-only and ``writable``
+    toolchain -- is bound back read-only, exactly those folders and never a parent: a checkout
+    under ``/tmp/X`` or ``~`` shows its REPL project, not the project's siblings (``~/.cache``
+    may hold tokens, a folder next to the project another user's files). Then ``readable`` folders are bound read-only and ``writable``
     folders read-write, so a process sees exactly the scratch folders it is given.
     """
     exe = exe or shutil.which("bwrap")
@@ -138,10 +138,10 @@ def bwrap_argv(
     home = _home()
     if home is not None:
         argv += ["--tmpfs", str(home)]
-    for top in _tops_under(Path("/tmp"), needs, avoid=hide):
-        argv += ["--ro-bind", str(top), str(top)]
-    if home is not None:
-        for p in _exact_under(home, needs, avoid=hide):
+    # Exactly what is needed, never a parent of it: binding a checkout's top folder under /tmp
+    # (/tmp/X for /tmp/X/repl) showed Lean processes every sibling of the project there.
+    for hidden in (Path("/tmp"), home):
+        for p in _exact_under(hidden, needs, avoid=hide) if hidden is not None else ():
             argv += ["--ro-bind", str(p), str(p)]
     for h in hide:
         argv += ["--tmpfs", str(h)]
@@ -168,23 +168,6 @@ def _home() -> Path | None:
     except (RuntimeError, OSError):
         return None
     return home if home != Path("/") and home.is_dir() else None
-
-
-def _tops_under(hidden: Path, paths: Sequence[Path], avoid: Sequence[Path]) -> list[Path]:
-    """The folders directly under ``hidden`` that hold one of ``paths`` (as written and with
-    links resolved), except scratch roots in ``avoid``."""
-    base = hidden.resolve()
-    tops: set[Path] = set()
-    avoided = {a.resolve() for a in avoid}
-    for p in paths:
-        for q in {p.absolute(), p.resolve()}:
-            for b in (base, hidden):
-                if q.is_relative_to(b) and q != b:
-                    top = base / q.relative_to(b).parts[0]
-                    if top not in avoided and top.exists():
-                        tops.add(top)
-                    break
-    return sorted(tops)
 
 
 def _exact_under(hidden: Path, paths: Sequence[Path], avoid: Sequence[Path]) -> list[Path]:

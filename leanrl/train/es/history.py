@@ -6,10 +6,21 @@ are themselves a pure function of (run seed, ``t``) (:func:`draw_seeds`), so a r
 the coefficients: 16 + 4·K bytes per iteration, 136 bytes for a population of 30 (K = 30 seeds),
 76 with mirrored pairs (K = 15), 16 for a skipped iteration.
 
-File layout, format 2 (little-endian)::
+File layout, format 3 (little-endian)::
 
-    MAGIC "leanrl-es-hist2\\n" (16 bytes) | header length u16 | header JSON | crc32 u32
-    record*:  b"ESIT" | iteration u32 | count u16 | flags u16 | coeff f32 * count | crc32 u32
+    MAGIC "leanrl-es-hist3\\n" (16 bytes) | header length u16 | header JSON | crc32 u32
+    record*:  b"ESIT" | iteration u32 | count u16 | flags u16 | coeff f32 * count | link u32
+
+The records form a hash chain (blake2b-256, :func:`chain_digest`): ``D_0`` is the digest of the
+header bytes, ``D_t = blake2b(D_{t-1} || record t without its link)``, and a record's ``link`` is
+the first 4 bytes of its ``D_t``. A per-record CRC let anyone change a coefficient and recompute
+the CRC unnoticed; a link cannot be recomputed without also recomputing every later one. That
+alone still yields to rewriting the whole tail, so every checkpoint also records the full
+``D_t`` of its iteration in ``trainer_state.json`` (``history_digest``), and resume and
+``replay`` refuse a history that no longer hashes to it (:func:`verify_checkpoints`). The 4-byte
+link adds no secrecy (nothing here is keyed); it catches damage, as the CRC did, and where the
+chain breaks. An edit after the newest checkpoint, made with every later link recomputed, is not
+detectable: nothing outside the file vouches for those iterations yet.
 
 The header JSON holds ``run_seed`` (the seeds are regenerated from it), and ``device_type`` and
 ``dtype``: the kind of device the noise was drawn on and the model dtype. CPU and CUDA generators
@@ -26,8 +37,12 @@ corruption: it raises :class:`~leanrl.errors.ConfigError` naming the byte offset
 truncates, since cutting there would silently drop every iteration after it. ``read_only``
 opening (what ``replay`` uses) never writes or creates anything.
 
-Format 1 files (``leanrl-es-hist1``: seeds stored in every record, 8 bytes per seed, no header)
-are still read and appended to in format 1; they record no device kind, so it is not checked.
+Older files are still read and appended to in their own format, so runs started before a format
+change resume: format 2 (``leanrl-es-hist2``: as format 3 but a CRC32 of each record instead of a
+link) and format 1 (``leanrl-es-hist1``: seeds stored in every record, 8 bytes per seed, no
+header; it records no device kind, so that is not checked). Their records carry no chain, but the
+digest is computed the same way over their bytes, so checkpoints written from now on protect them
+just as they protect a format 3 file.
 
 ``replay`` rebuilds the weights: load the latest full checkpoint at or before the wanted iteration
 (or the base model), then apply the remaining records with the same code the live run used.
@@ -35,6 +50,7 @@ are still read and appended to in format 1; they record no device kind, so it is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -49,6 +65,7 @@ from leanrl.errors import ConfigError, disk_errors
 if TYPE_CHECKING:
     import torch
 
+    from leanrl.train.common import RunDir
     from leanrl.train.es.weights import ESWeights
 
 __all__ = [
@@ -56,15 +73,20 @@ __all__ = [
     "HistoryMeta",
     "HistoryRecord",
     "WeightsSource",
+    "chain_digest",
     "draw_seeds",
     "load_weights",
     "replay",
+    "verify_checkpoints",
 ]
 
 MAGIC_V1 = b"leanrl-es-hist1\n"
-MAGIC = b"leanrl-es-hist2\n"
-FORMAT_VERSION = 2
+MAGIC_V2 = b"leanrl-es-hist2\n"
+MAGIC = b"leanrl-es-hist3\n"
+FORMAT_VERSION = 3
 """The format new history files are written in."""
+_HEADERED = {MAGIC_V2: 2, MAGIC: 3}
+"""Magic -> version, for the formats with a JSON header."""
 _HLEN = struct.Struct("<H")
 _HEAD = struct.Struct("<4sIHH")
 _PAIR = struct.Struct("<If")  # format 1: (seed, coeff)
@@ -74,6 +96,21 @@ _TAG = b"ESIT"
 FLAG_SKIPPED = 1
 HISTORY_FILE = "es_history.bin"
 """The history's file name inside the run folder."""
+DIGEST_KEY = "history_digest"
+"""The ``trainer_state.json`` key of a checkpoint holding the history's chain digest (hex) at the
+checkpoint's iteration."""
+
+
+def chain_digest(prev: bytes, body: bytes) -> bytes:
+    """``D_t`` from ``D_{t-1}`` (for iteration 1: :func:`header_digest`) and record ``t``'s bytes
+    without its trailing check field."""
+    return hashlib.blake2b(prev + body, digest_size=32).digest()
+
+
+def header_digest(header: bytes) -> bytes:
+    """``D_0``: the digest of the file's bytes before its first record (magic and header), so a
+    changed header (another run seed) breaks the chain as a changed record does."""
+    return hashlib.blake2b(header, digest_size=32).digest()
 
 
 @dataclass(frozen=True)
@@ -88,8 +125,20 @@ class HistoryRecord:
     skipped: bool = False
     """True when no update was made (all members scored the same, or all c were zero)."""
 
-    def encode(self, version: int = FORMAT_VERSION, run_seed: int | None = None) -> bytes:
-        """The record's bytes in file format ``version`` (2 checks the seeds against ``run_seed``)."""
+    def encode(
+        self, version: int = FORMAT_VERSION, run_seed: int | None = None, prev: bytes | None = None
+    ) -> bytes:
+        """The record's bytes in file format ``version`` (2 and 3 check the seeds against
+        ``run_seed``; 3 links it to ``prev``, the chain digest of the record before it)."""
+        body = self.body(version, run_seed)
+        if version < 3:
+            return body + _CRC.pack(zlib.crc32(body))
+        if prev is None:
+            raise ValueError("format 3 records chain onto the digest before them: pass prev")
+        return body + chain_digest(prev, body)[: _CRC.size]
+
+    def body(self, version: int = FORMAT_VERSION, run_seed: int | None = None) -> bytes:
+        """The record's bytes without the trailing CRC / link (what the chain digest covers)."""
         body = _HEAD.pack(_TAG, self.iteration, len(self.coeffs), FLAG_SKIPPED * self.skipped)
         if version == 1:
             body += b"".join(_PAIR.pack(s, c) for s, c in self.coeffs)
@@ -105,7 +154,7 @@ class HistoryRecord:
                         "could not regenerate them"
                     )
             body += b"".join(_COEF.pack(c) for _, c in self.coeffs)
-        return body + _CRC.pack(zlib.crc32(body))
+        return body
 
 
 @dataclass(frozen=True)
@@ -138,13 +187,19 @@ class _Decoded:
     """Why decoding stopped before the end of the data (None: it reached the end)."""
     torn: bool = False
     """The bytes left are fewer than one whole record: a write cut short by a crash."""
+    links: list[bytes] = field(default_factory=list)
+    """Chain digests: ``links[t]`` after ``t`` records (``links[0]``: the header's)."""
+    safe_end: int = 0
+    """Offset up to which the records are known intact (before ``end`` when a broken link may
+    mean the record *before* it was changed, its own link recomputed)."""
 
 
 def decode_records(
     data: bytes, offset: int, version: int = FORMAT_VERSION, run_seed: int | None = None
 ) -> _Decoded:
     """Parse records from ``data[offset:]`` and say why (and where) decoding stopped."""
-    out = _Decoded(end=offset)
+    out = _Decoded(end=offset, safe_end=offset, links=[header_digest(data[:offset])])
+    starts: list[int] = []
     pos = offset
     item = _PAIR.size if version == 1 else _COEF.size
     while pos < len(data):
@@ -162,9 +217,23 @@ def decode_records(
                 True,
             )
             break
-        (crc,) = _CRC.unpack_from(data, end - _CRC.size)
-        if crc != zlib.crc32(data[pos : end - _CRC.size]):
-            out.problem = f"a CRC mismatch in the record of iteration {it}"
+        body = data[pos : end - _CRC.size]
+        link = chain_digest(out.links[-1], body)
+        if version < 3:
+            (crc,) = _CRC.unpack_from(data, end - _CRC.size)
+            if crc != zlib.crc32(body):
+                out.problem = f"a CRC mismatch in the record of iteration {it}"
+                break
+        elif data[end - _CRC.size : end] != link[: _CRC.size]:
+            # Either this record changed, or the one before did and its link was recomputed
+            # (which an edit that "fixes the checksum" does): neither can be trusted.
+            before = f"iteration {it - 1}" if out.records else "the header"
+            out.problem = (
+                f"a checksum mismatch in the record of iteration {it}, whose checksum chains "
+                f"onto that of {before}: one of the two was changed after it was written, or the file "
+                "is damaged"
+            )
+            out.safe_end = starts[-1] if starts else offset
             break
         expected = (out.records[-1].iteration + 1) if out.records else 1
         if it != expected:
@@ -181,8 +250,10 @@ def decode_records(
             cs = [_COEF.unpack_from(data, base + i * item)[0] for i in range(count)]
             coeffs = tuple((s, float(c)) for s, c in zip(seeds, cs, strict=True))
         out.records.append(HistoryRecord(it, coeffs, bool(flags & FLAG_SKIPPED)))
+        out.links.append(link)
+        starts.append(pos)
         pos = end
-        out.end = pos
+        out.end = out.safe_end = pos
     return out
 
 
@@ -195,7 +266,9 @@ class ESHistory:
         self.version = FORMAT_VERSION
         """File format of the open file (1 or 2)."""
         self.meta: HistoryMeta | None = None
-        """The header of a format 2 file (None for format 1, which has none)."""
+        """The header of a format 2 or 3 file (None for format 1, which has none)."""
+        self._links: list[bytes] = []
+        """Chain digests of the records so far (``_links[t]`` after ``t``), see :meth:`digest`."""
 
     def open(
         self, meta: HistoryMeta | None = None, *, read_only: bool = False
@@ -220,13 +293,14 @@ class ESHistory:
         start = self._read_header(data)
         dec = decode_records(data, start, self.version, self.meta.run_seed if self.meta else None)
         if dec.problem is not None and not dec.torn:
-            n = len(dec.records)
+            n = len(dec.records) - (dec.safe_end < dec.end)  # the iterations known intact
             raise ConfigError(
                 f"{self.path} is corrupt at byte offset {dec.end}: {dec.problem}. The "
-                f"{n} iteration(s) before it are intact; {len(data) - dec.end} bytes follow. "
-                "Restore the file from a backup if you have one. To keep only the intact "
-                f"iterations, cut the file there (`truncate -s {dec.end} {self.path}`) and "
-                f"delete any checkpoint-N folder with N > {n} before resuming."
+                f"{n} iteration(s) before byte offset {dec.safe_end} are intact; "
+                f"{len(data) - dec.end} bytes start at the bad record. Restore the file from a "
+                "backup if you have one. To keep only the intact iterations, cut the file "
+                f"there (`truncate -s {dec.safe_end} {self.path}`) and delete any "
+                f"checkpoint-N folder with N > {n} before resuming."
             )
         if dec.torn and not read_only:  # a crash mid-append: drop the partial record
             with self.path.open("r+b") as f:
@@ -234,6 +308,7 @@ class ESHistory:
                 f.flush()
                 os.fsync(f.fileno())
         self.records = dec.records
+        self._links = dec.links
         return list(dec.records)
 
     def _create(self, meta: HistoryMeta) -> None:
@@ -253,11 +328,12 @@ class ESHistory:
         if data.startswith(MAGIC_V1):
             self.version, self.meta = 1, None
             return len(MAGIC_V1)
+        version = _HEADERED.get(data[: len(MAGIC)])
         hint = (
             "Point --out at the run folder that wrote it, or move this file away to start a "
             "new run there."
         )
-        if not data.startswith(MAGIC):
+        if version is None:
             raise ConfigError(
                 f"{self.path} is not an ES history file (its first bytes are {data[:16]!r}, "
                 f"expected {MAGIC!r}). {hint}"
@@ -278,7 +354,7 @@ class ESHistory:
                 f"{self.path}: the ES history header is damaged ({e}). Restore the file from a "
                 f"backup; the run cannot be replayed without it. {hint}"
             ) from None
-        self.version = 2
+        self.version = version
         return pos + _HLEN.size + hlen + _CRC.size
 
     def append(self, record: HistoryRecord) -> None:
@@ -286,13 +362,31 @@ class ESHistory:
         want = len(self.records) + 1
         if record.iteration != want:
             raise ValueError(f"history expects iteration {want}, got {record.iteration}")
-        blob = record.encode(self.version, self.meta.run_seed if self.meta else None)
+        prev = bytes.fromhex(self.digest())
+        seed = self.meta.run_seed if self.meta else None
+        blob = record.encode(self.version, seed, prev)
         with disk_errors(self.path, f"the ES history (iteration {record.iteration})"):
             with self.path.open("ab") as f:
                 f.write(blob)
                 f.flush()
                 os.fsync(f.fileno())
         self.records.append(record)
+
+    def digest(self, iteration: int | None = None) -> str:
+        """The chain digest (hex) after ``iteration`` records (default: all of them): what a
+        checkpoint at that iteration records, and :func:`verify_checkpoints` compares."""
+        n = len(self.records) if iteration is None else iteration
+        if not 0 <= n <= len(self.records):
+            raise ValueError(f"the history has {len(self.records)} iterations, not {n}")
+        if not self._links:
+            raise RuntimeError("open() the history first")
+        seed = self.meta.run_seed if self.meta else None
+        # Records added without append() (the other ranks of a torchrun launch) are hashed here,
+        # from the same bytes the file holds.
+        while len(self._links) <= n:
+            body = self.records[len(self._links) - 1].body(self.version, seed)
+            self._links.append(chain_digest(self._links[-1], body))
+        return self._links[n].hex()
 
     def __len__(self) -> int:
         return len(self.records)
@@ -410,6 +504,8 @@ def replay(
         ) from None
     hist = ESHistory(run.path / HISTORY_FILE)
     records = hist.open(read_only=True)
+    check_run_seed(hist, int(cfg.get("seed", 0)), run.path)  # as a resume checks it
+    verify_checkpoints(hist, run)
     meta = hist.meta
     if device is None and pcfg.device == "auto" and meta is not None:
         # the recorded kind, when this machine has it (else auto, and the check below explains)
@@ -454,6 +550,55 @@ def checkpoint_usable(path: Path) -> bool:
 
     state = RunDir.load_state(path)
     return not state.get("es_master") or (path / MASTER_FILE).is_file()
+
+
+def verify_checkpoints(history: ESHistory, run: RunDir) -> None:
+    """Refuse an (open) history that no longer hashes to what its run's checkpoints recorded.
+
+    Each checkpoint holds the chain digest of the history at its iteration (:data:`DIGEST_KEY`),
+    written by the trainer, not alongside the records: a record changed after a checkpoint, even
+    with every later link recomputed, no longer matches it. Checked oldest first, so the error
+    narrows the change down to the iterations between the last matching checkpoint and the first
+    mismatching one. Checkpoints from before digests were recorded, damaged ones (resume and
+    replay skip those anyway) and ones past the history's end (refused elsewhere) are left out.
+    """
+    vouched = 0  # the newest iteration a matching checkpoint vouches for
+    for step, path in run.checkpoints():
+        if step > len(history):
+            continue
+        try:
+            want = run.load_state(path).get(DIGEST_KEY)
+        except ConfigError:
+            continue
+        if not isinstance(want, str):
+            continue
+        if want != history.digest(step):
+            span = (
+                f"iteration {step}" if vouched + 1 == step else f"iterations {vouched + 1}-{step}"
+            )
+            raise ConfigError(
+                f"{history.path} does not match {path / 'trainer_state.json'}: the history's "
+                f"records up to iteration {step} no longer hash to the digest the checkpoint "
+                f"recorded, so a record in {span} (or the header) was changed after the "
+                f"checkpoint was written, or the file comes from another run. Restore "
+                f"{history.path.name} from a backup, or start a new --out folder."
+            )
+        vouched = step
+
+
+def check_run_seed(history: ESHistory, run_seed: int, run_path: Path) -> None:
+    """Refuse a history whose header names another run seed than the run's config.
+
+    The member seeds are regenerated from the header's seed, so a history copied from another
+    run (or a header edited) would replay other noise, silently.
+    """
+    if history.meta is not None and history.meta.run_seed != run_seed:
+        raise ConfigError(
+            f"{history.path} belongs to a run with seed {history.meta.run_seed}, but "
+            f"{run_path / 'config.json'} has seed {run_seed}: the history was copied from "
+            "another run or edited. Put the run's own es_history.bin back, or use the seed of "
+            "the run that wrote it."
+        )
 
 
 def master_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

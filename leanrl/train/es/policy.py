@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from leanrl.errors import ConfigError, PolicyError
@@ -58,10 +59,25 @@ def load_model(
             f"policy.options sets {clash}, which ES derives itself: use "
             f"{sorted({_OWN_KWARGS[k] for k in clash})} instead"
         )
+    from safetensors import SafetensorError
+
+    from leanrl.integrity import checkpoint_problem
+
+    folder = Path(path).expanduser()
+    # A truncated model.safetensors (a kill mid-copy, a full disk) otherwise surfaces as the
+    # safetensors library's own exception and a long traceback: name the file, as eval and GRPO
+    # do with the same check.
+    why = checkpoint_problem(folder, torch_files=False) if folder.is_dir() else None
+    if why:
+        raise PolicyError(
+            f"cannot load model {path!r}: {why}. Copy the model folder again (or, for a "
+            "checkpoint of this run, delete that checkpoint folder and rerun: the weights are "
+            "rebuilt from the history)"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **opts)
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, SafetensorError) as e:
         raise PolicyError(
             f"cannot load model {path!r}: {e} (check policy.model, and policy.options, which are "
             "passed to from_pretrained)"

@@ -186,7 +186,21 @@ class ESWeights:
 
 
 def load_master_file(path: Path) -> dict[str, torch.Tensor]:
-    """Read fp32 master weights written by :meth:`ESWeights.save_master`."""
+    """Read fp32 master weights written by :meth:`ESWeights.save_master` (a damaged file is a
+    :class:`ConfigError` naming it, not the safetensors library's traceback)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    return load_file(str(path))
+    from leanrl.integrity import safetensors_problem
+
+    why = safetensors_problem(Path(path))
+    try:
+        if why is None:
+            return load_file(str(path))
+    except (OSError, SafetensorError) as e:
+        why = f"{Path(path).name} cannot be read ({e})"
+    raise ConfigError(
+        f"cannot load the fp32 master weights {path}: {why}. Delete the checkpoint folder "
+        f"holding it ({Path(path).parent}) and rerun: the weights are rebuilt from an older "
+        "checkpoint or the base model and the history."
+    )
