@@ -175,4 +175,11 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
         for init in (REPO / top).rglob("__init__.py"):
             rel = init.parent.relative_to(REPO / top).parts
             found.add(".".join((prefix, *rel)))
+    # Data folders (no __init__.py) are listed too, so that setuptools does not warn about them.
+    data = {p for p in listed if p.endswith(".data")}
+    listed -= data
+    for p in data:
+        top = "environments" if p.startswith("leanrl.environments.") else "leanrl"
+        folder = REPO / top / Path(*p.split(".")[2 if top == "environments" else 1 :])
+        assert folder.is_dir() and not (folder / "__init__.py").exists(), p
     assert found == listed, f"not listed: {sorted(found - listed)}; stale: {sorted(listed - found)}"

@@ -41,6 +41,7 @@ from leanrl.runtime import Runtime, TacticSession, TacticState
 from leanrl.service import trust
 from leanrl.service.connections import ConnectionStats
 from leanrl.service.guard import Guard, error
+from leanrl.service.kimina import KiminaConfig, kimina_router
 from leanrl.service.protocol import (
     IDEMPOTENCY_HEADER,
     ApplyTactic,
@@ -99,6 +100,8 @@ class ServiceConfig(BaseModel):
     warm_headers: list[str] = Field(default_factory=list)
     """Headers whose Lean processes are started (imports loaded) before the service reports
     healthy, so the first batch does not pay for ``import Mathlib``."""
+    kimina: KiminaConfig = Field(default_factory=KiminaConfig)
+    """The Kimina-compatible ``POST /verify`` and ``POST /api/check`` (docs/interop.md)."""
 
     def effective_token(self) -> str | None:
         """The token from the config or the environment (None: no auth)."""
@@ -579,7 +582,8 @@ def _rss_mb() -> float:
 
 _ENDPOINTS = (
     "POST /check, POST /sessions, POST /sessions/{id}/start, POST /sessions/{id}/tactic, "
-    "DELETE /sessions/{id}, GET /health, GET /metrics"
+    "DELETE /sessions/{id}, GET /health, GET /metrics, POST /verify and POST /api/check "
+    "(Kimina's)"
 )
 
 
@@ -671,5 +675,6 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
     async def metrics() -> ServiceMetrics:
         return service.metrics()
 
+    app.include_router(kimina_router(service, config.kimina))
     app.add_middleware(Guard, service=service, token=config.effective_token())
     return app

@@ -11,6 +11,7 @@ from leanrl._dist import require
 from leanrl._sandbox_config import ServiceLimits
 from leanrl.config import ConfigCommand
 from leanrl.runtime import RuntimeConfig
+from leanrl.service.kimina import KiminaConfig
 
 __all__ = ["ServeCommand"]
 
@@ -52,6 +53,10 @@ class ServeCommand(ConfigCommand):
     '["import Mathlib"]', so the first batch does not wait for them."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """The runtime the service wraps (default: the local Lean pool)."""
+    kimina: KiminaConfig = Field(default_factory=KiminaConfig)
+    """The Kimina-compatible endpoints (POST /verify, POST /api/check): which tasksets name the
+    reference statements, and whether a request's own statement is accepted
+    (docs/interop.md)."""
 
     def cli_cmd(self) -> None:
         require("fastapi", "serve", "leanrl serve")

@@ -14,6 +14,7 @@ from leanrl.errors import ConfigError
 from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.service.app import ServiceConfig, create_app
 from leanrl.service.connections import set_nodelay, uvicorn_settings
+from leanrl.service.kimina import KiminaConfig
 
 __all__ = ["ServeSettings", "build_runtime", "serve"]
 
@@ -32,6 +33,7 @@ class ServeSettings(Protocol):
     limits: ServiceLimits
     warm_headers: list[str]
     runtime: RuntimeConfig
+    kimina: KiminaConfig
 
 
 def build_runtime(config: RuntimeConfig) -> Runtime:
@@ -82,6 +84,7 @@ def serve(cmd: ServeSettings) -> None:
         token=cmd.token,
         limits=cmd.limits,
         warm_headers=cmd.warm_headers,
+        kimina=cmd.kimina,
     )
     config.check_auth()
     app = create_app(build_runtime(cmd.runtime), config)
