@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -142,6 +143,7 @@ class EvalConfig(BaseModel):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+@functools.cache  # out_dir is read several times per run: resolve the entry point once
 def _needs_lean(env_id: str) -> bool:
     """Whether the environment ``env_id`` checks with Lean (True where it cannot be loaded:
     the eval reports that error itself)."""
