@@ -284,7 +284,9 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
     The compare holds ``OUT/.lock`` throughout (a second compare on the same OUT is refused,
     not interleaved); each run locks its own folder ``OUT/<method>-seed<N>/.lock``."""
     from leanrl.runlock import FolderLock
+    from leanrl.train.common import check_model_path
 
+    check_model_path(config.policy.model)  # before OUT is made: a typo leaves nothing behind
     with FolderLock(config.out, "compare"):
         return _compare_runs(config)
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from leanrl import Rollout, Task
-from leanrl.errors import ConfigError
+from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig, SamplingConfig
 from tests.test_grpo_trainer import DigitEnv, DigitTaskset, _config, _train
 
@@ -159,6 +159,9 @@ def no_load(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the model was loaded before the config error was reported")
 
     monkeypatch.setattr(GRPOEngine, "load", load)
+    # "org/name" in these tests stands for a hub model in the local cache (the check would
+    # otherwise refuse an uncached id offline, as tests/test_hints.py shows).
+    monkeypatch.setattr("leanrl.policies._common._cached", lambda repo_id: repo_id == "org/name")
 
 
 def test_unusable_backends_fail_before_loading(
@@ -193,9 +196,13 @@ def test_missing_relative_model_path_fails_before_loading(
         cfg = GRPOConfig(policy=PolicyConfig(model=model), out=tmp_path / "run")
         GRPOTrainer(cfg, env=DigitEnv()).check()
 
-    with pytest.raises(ConfigError, match="'models/nonexistent' does not exist"):
+    with pytest.raises(ConfigError, match="model folder models/nonexistent does not exist"):
         check(os.path.join("models", "nonexistent"))
-    check("org/name")  # a hub id (no folder 'org' here): left to the loader
+    # A hub id (no folder 'org' here): looked up in the hub cache, not taken as a path.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PolicyError, match="'org/other' is not in the local Hugging Face cache"):
+        check("org/other")
+    check("org/name")  # the same shape, cached: passes
     assert not (tmp_path / "run").exists()
 
 

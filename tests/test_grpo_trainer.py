@@ -433,7 +433,7 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good.write_text("tasks_per_step = 3\ngroup_size = 3\n")
     argv = ["train", "grpo", "--config", str(good), "--minibatches", "3", "--model", "/nope"]
     assert main([*argv, "--out", str(out)]) == 2
-    assert "model path '/nope' does not exist" in capsys.readouterr().err  # got past the check
+    assert "model folder /nope does not exist" in capsys.readouterr().err  # got past the check
     assert not out.exists()
 
 

@@ -102,3 +102,73 @@ def test_run_sync_shows_only_the_real_error(tmp_path: Path) -> None:
     assert "LeanNotFoundError" in out.stderr
     assert "no running event loop" not in out.stderr
     assert "During handling of the above exception" not in out.stderr
+
+
+# -- one model check for every command (issue 22, items 2 and 5) -----------------------------------
+
+_MODEL_COMMANDS = [
+    ["eval", "--env", "countdown", "--model"],
+    ["train", "grpo", "--env", "countdown", "--policy.model"],
+    ["train", "es", "--env", "countdown", "--policy.model"],
+    ["train", "sft", "--policy.model"],
+    ["train", "expert-iteration", "--env", "countdown", "--policy.model"],
+    ["compare", "--policy.model"],
+]
+
+
+@pytest.mark.parametrize("argv", _MODEL_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_command_refuses_an_uncached_hub_id_offline_at_once(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from leanrl.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "someone/not-cached-model", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "not in the local Hugging Face cache and offline mode is on" in err
+    assert "hf download someone/not-cached-model --local-dir DIR" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+@pytest.mark.parametrize("argv", _MODEL_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_command_takes_a_typo_under_a_local_folder_as_a_path(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from leanrl.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "grpo-countdown").mkdir(parents=True)
+    assert main([*argv, "runs/grpo-coutndown", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    # A path, not "hf download runs/grpo-coutndown": the folder `runs` is right here.
+    assert "model folder runs/grpo-coutndown does not exist" in err
+    assert "did you mean runs/grpo-countdown?" in err
+    assert "hf download" not in err
+
+
+def test_a_hub_owner_named_like_a_local_folder_still_uses_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import leanrl.policies._common as common
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Qwen").mkdir()
+    monkeypatch.setattr(common, "_cached", lambda repo_id: repo_id == "Qwen/Qwen3-0.6B")
+    assert resolve_model("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
+
+
+def test_trainers_refuse_an_adapter_folder_with_what_to_pass(tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoint-4"
+    ckpt.mkdir()
+    (ckpt / "adapter_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds LoRA adapters, not a full model"):
+        resolve_model(str(ckpt), flag="--policy.model", adapters=False)

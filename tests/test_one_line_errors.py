@@ -50,7 +50,7 @@ def test_train_es_with_a_truncated_model_is_one_line(
     os.truncate(weights, size // 2)  # a copy cut short
     argv = ["train", "es", "--config", str(ES_TOML), "--model", str(model)]
     err = _one_line(capsys, [*argv, "--out", str(tmp_path / "run"), "--steps", "1"])
-    assert f"cannot load model '{model}': model.safetensors is truncated" in err
+    assert f"cannot load model {model}: model.safetensors is truncated" in err
     assert f"({size // 2} of {size} bytes)" in err
 
 

@@ -45,12 +45,48 @@ def _looks_like_path(model: str) -> bool:
     )
 
 
-def resolve_model(model: str) -> str:
+def _first_part_is_here(model: str) -> bool:
+    """``runs/typo`` where the folder ``runs`` exists here: meant as a path (a hub owner named
+    like a local folder is still tried in the hub cache first)."""
+    head = model.split("/", 1)[0]
+    return "/" in model and bool(head) and Path(head).expanduser().is_dir()
+
+
+def _nearby(path: Path) -> str:
+    """`` (did you mean runs/typo-2?)`` from the folders beside the deepest part that exists."""
+    import difflib
+
+    parts = path.parts
+    for i in range(len(parts) - 1, 0, -1):
+        parent = Path(*parts[:i])
+        if parent.is_dir():
+            try:
+                names = [p.name for p in parent.iterdir() if p.is_dir()]
+            except OSError:
+                return ""
+            close = difflib.get_close_matches(parts[i], names, n=3, cutoff=0.6)
+            if not close:
+                return ""
+            shown = " or ".join(str(parent / c) for c in close)
+            return f" (did you mean {shown}?)"
+    return ""
+
+
+def resolve_model(model: str, *, flag: str = "--model", adapters: bool = True) -> str:
     """Check that ``model`` can be loaded here; return the local folder or the hub id.
 
-    Raises :class:`ConfigError` for a folder that does not exist and :class:`PolicyError` for a
-    hub id that is neither cached nor downloadable (offline), in seconds, saying how to fix it.
+    The one model check of every command (eval, the trainers, compare), run before anything
+    loads. Raises :class:`ConfigError` for a folder that does not exist (with a did-you-mean over
+    the folders beside it) and :class:`PolicyError` for a hub id that is neither cached nor
+    downloadable (offline, or the hub unreachable), in seconds, saying how to fix it, instead of
+    the hub libraries' minute of retries.
+
+    ``flag``: the option named in messages (``--policy.model`` for the trainers). ``adapters``:
+    a LoRA checkpoint folder (adapters, no ``config.json``) is merged into a loadable folder
+    (True, for inference) or refused (False: the trainers start from a full model).
     """
+    if not model:
+        raise ConfigError(f"no model given: pass {flag} with a model folder or a Hugging Face id")
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix.lower() == ".gguf":
@@ -62,21 +98,30 @@ def resolve_model(model: str) -> str:
                 "model's Hugging Face folder or id."
             )
         raise ConfigError(
-            f"{path} is a file; --model takes a model folder (holding config.json and the "
+            f"{path} is a file; {flag} takes a model folder (holding config.json and the "
             "weights) or a Hugging Face id."
         )
-    if path.exists() or _looks_like_path(model):
+    as_path = path.exists() or _looks_like_path(model)
+    if not as_path and _first_part_is_here(model) and not _cached(model):
+        as_path = True
+    if as_path:
         if not path.is_dir():
             raise ConfigError(
-                f"model folder {path} does not exist. Pass --model with a local folder holding "
-                "config.json and the weights, or a Hugging Face id such as "
+                f"model folder {path} does not exist{_nearby(path)}. Pass {flag} with a local "
+                "folder holding config.json and the weights, or a Hugging Face id such as "
                 "'AI-MO/Kimina-Prover-Distill-1.7B'."
             )
         if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
-            return merged_adapters(path)
+            if adapters:
+                return merged_adapters(path)
+            raise ConfigError(
+                f"{path} holds LoRA adapters, not a full model; training starts from a full "
+                f"model. Pass {flag} {path / 'merged'} after `leanrl eval --model {path}` has "
+                "made it, or merge with leanrl.train.lora.merge_checkpoint(ckpt, out)."
+            )
         if not (path / "config.json").is_file():
             raise ConfigError(
-                f"{path} is not a model folder (no config.json in it). Point --model at the "
+                f"{path} is not a model folder (no config.json in it). Point {flag} at the "
                 "folder `save_pretrained` or `hf download ID --local-dir DIR` wrote."
             )
         why = checkpoint_problem(path, torch_files=False)  # the optimizer state is not read
@@ -84,12 +129,12 @@ def resolve_model(model: str) -> str:
             raise PolicyError(f"cannot load model {path}: {why}")
         return str(path)
     if not re.fullmatch(r"[\w.\-]+/[\w.\-]+|[\w.\-]+", model):
-        raise ConfigError(f"--model {model!r} is neither a local folder nor a Hugging Face id")
+        raise ConfigError(f"{flag} {model!r} is neither a local folder nor a Hugging Face id")
     if _cached(model):
         return model
     fix = (
         f"Download it on a machine with internet (`hf download {model} --local-dir DIR`, the "
-        "command huggingface_hub installs), copy DIR here, and pass --model DIR."
+        f"command huggingface_hub installs), copy DIR here, and pass {flag} DIR."
     )
     if hub_offline():
         raise PolicyError(

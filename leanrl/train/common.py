@@ -133,20 +133,12 @@ class TrainConfig(BaseModel):
 
 
 def check_model_path(model: str) -> None:
-    """Fail early, before loading anything, when ``model`` is clearly not a model.
+    """Fail early, before loading anything, when ``model`` cannot be loaded here: the check
+    eval makes too (:func:`leanrl.policies._common.resolve_model`), so a missing folder gets a
+    did-you-mean and an uncached hub id offline fails in seconds with how to fetch it."""
+    from leanrl.policies._common import resolve_model
 
-    A value that starts with ``.``, ``/`` or ``~``, or that exists on disk, is a path; anything
-    else is taken as a hub id (and fails later, with its own message, when offline).
-    """
-    if not model:
-        raise ConfigError("no model given: pass --policy.model PATH_OR_HUB_ID")
-    p = Path(model).expanduser()
-    if model.startswith((".", "/", "~")) and not p.exists():
-        raise ConfigError(f"model path {model!r} does not exist")
-    if p.is_dir() and not (p / "config.json").is_file():
-        raise ConfigError(
-            f"{model!r} is a folder but not a Hugging Face model (it has no config.json)"
-        )
+    resolve_model(model, flag="--policy.model", adapters=False)
 
 
 def check_runtimes(env: Environment | None, eval_config: InRunEvalConfig) -> None:

@@ -137,10 +137,15 @@ class LocalRuntime(Runtime):
     def preflight(self) -> None:
         """Find the Lean project and the REPL (or ``lean``), and check that Lean can be
         sandboxed as configured, without starting anything."""
-        cfg = self.config
-        refused = isolation_refused(cfg.isolate)
+        self._find_lean()
+        refused = isolation_refused(self.config.isolate)
         if refused is not None:
             raise refused
+
+    def _find_lean(self) -> None:
+        # Lean before the sandbox: without Lean nothing runs, so its LeanNotFoundError (with how
+        # to set Lean up) is the first thing a new machine should be told.
+        cfg = self.config
         if cfg.mode == "repl" and self._option_command("repl_command") is None:
             repl_command(find_project(cfg.lean_project))
         elif cfg.mode == "oneshot" and self._option_command("lean_command") is None:
@@ -190,6 +195,7 @@ class LocalRuntime(Runtime):
         if self.pool is not None or self.oneshot is not None:
             return
         cfg = self.config
+        await asyncio.to_thread(self._find_lean)
         isolate = await asyncio.to_thread(resolve_isolation, cfg.isolate)
         if cfg.mode == "repl":
             found = self._option_command("repl_command")

@@ -70,7 +70,6 @@ import logging
 import math
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from leanrl._dist import install_hint
@@ -174,7 +173,6 @@ class GRPOTrainer:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
         cfg = self.config
         check_model_path(cfg.policy.model)
-        _check_relative_model_path(cfg.policy.model)
         from leanrl.train.grpo.engine import device_and_precision
 
         device, _ = device_and_precision(cfg)
@@ -694,23 +692,6 @@ def _check_ranks(cfg: GRPOConfig) -> None:
             f"policy.backend 'vllm' (an engine inside each trainer process) with {ranks} ranks is "
             "not supported: run a vLLM server instead (--policy.backend openai "
             "--vllm_server.transport nccl; docs/training-grpo.md, 'vLLM server')"
-        )
-
-
-def _check_relative_model_path(model: str) -> None:
-    """A ``--model`` that looks like a relative path (``./x``, or ``a/b`` where the folder ``a``
-    exists here) but does not exist is a typo, not a hub id: say so before anything loads.
-    Hub ids (``org/name``, no such local folder ``org``) pass through to the loader."""
-    if os.sep not in model and not (os.altsep and os.altsep in model):
-        return
-    p = Path(model).expanduser()
-    if p.exists() or p.is_absolute():
-        return
-    first = Path(p.parts[0])
-    if model.startswith(("./", "../")) or first.is_dir():
-        raise ConfigError(
-            f"model path {model!r} does not exist (relative to {Path.cwd()}; the folder "
-            f"{str(first)!r} exists, so this is taken as a path, not a Hugging Face id)"
         )
 
 
