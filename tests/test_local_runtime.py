@@ -169,6 +169,23 @@ def test_no_lean_anywhere_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_
         LocalRuntime(RuntimeConfig(mode="oneshot")).check_sync([att("rfl")])
 
 
+def test_no_lean_is_told_before_no_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A bare machine lacks both: the first error must be Lean's (what the README promises, and
+    # the longer set-up), not bubblewrap's, in start() and in preflight() alike.
+    import leanrl.runtimes.local as local
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
+    monkeypatch.delenv(local.ALLOW_UNSANDBOXED, raising=False)
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(local, "isolation_problem", lambda: "bubblewrap (`bwrap`) is missing")
+    assert local.isolation_refused(None) is not None  # the sandbox would be refused too
+    with pytest.raises(LeanNotFoundError):
+        LocalRuntime(RuntimeConfig()).check_sync([att("rfl")])
+    with pytest.raises(LeanNotFoundError):
+        LocalRuntime(RuntimeConfig()).preflight()
+
+
 # -- leanrl verify ---------------------------------------------------------------------------
 
 
