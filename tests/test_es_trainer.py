@@ -262,3 +262,36 @@ def test_config_rejects_a_policy_backend_es_cannot_train(tiny_model_dir: Path) -
     with pytest.raises(ValueError, match="cannot be trained"):
         ESConfig(policy={"backend": "openai"}, scorer={"backend": "vllm"})
     ESConfig(policy={"backend": "vllm"}, scorer={"backend": "vllm"})  # the engine runs it
+
+
+def test_a_start_that_failed_before_its_first_iteration_leaves_the_folder_usable(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model would not load after the folder was bound: the rerun with the fix (here, a
+    different sigma) must start, not be refused as "a run with a different config"."""
+
+    class Boom(RuntimeError):
+        pass
+
+    def load(*a: Any, **kw: Any) -> None:
+        raise Boom("the weights would not load")
+
+    monkeypatch.setattr("leanrl.train.es.trainer.load_weights", load)
+    out = tmp_path / "run"
+    with pytest.raises(Boom):
+        ESTrainer(toy_config(tiny_model_dir, out, sigma=0.02)).train_sync()
+    assert (out / "config.json").is_file() and (out / "es_history.bin").is_file()
+    with pytest.raises(Boom):  # got past bind_config: the failed start held nothing
+        ESTrainer(toy_config(tiny_model_dir, out, sigma=0.05)).train_sync()
+    assert '"sigma": 0.05' in (out / "config.json").read_text()
+
+
+def test_a_run_with_an_iteration_still_refuses_another_config(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    cfg = toy_config(tiny_model_dir, out, steps=1, save_every=5)
+    run_steps(cfg, ScriptedScorer([[1.0, 0.0, 0.5, 0.2, 0.1, 0.3]]), 1)
+    assert len(ESHistory(out / "es_history.bin").open(read_only=True)) == 1
+    with pytest.raises(ConfigError, match="different config"):
+        ESTrainer(toy_config(tiny_model_dir, out, steps=1, sigma=0.05)).train_sync()

@@ -11,7 +11,7 @@ from typing import ClassVar
 from leanrl.config import ConfigCommand
 from leanrl.launch.cli import launched
 from leanrl.train.common import check_model_path, print_run_summary
-from leanrl.train.es.trainer import ESConfig
+from leanrl.train.es.config import ESConfig
 
 __all__ = ["ESCommand"]
 

@@ -45,9 +45,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
@@ -58,13 +56,13 @@ from leanrl.runtime import run_sync
 from leanrl.train.common import (
     MetricsLogger,
     RunDir,
-    TrainConfig,
     batch_for_step,
     check_model_path,
     check_runtimes,
     resume_line,
     runtime_metrics,
 )
+from leanrl.train.es.config import ESConfig, ESScorerConfig
 from leanrl.train.es.history import (
     DIGEST_KEY,
     HISTORY_FILE,
@@ -89,9 +87,6 @@ from leanrl.train.es.workers import (
     VLLMScorer,
 )
 from leanrl.train.infra import infra_metrics, warn_if_mostly_infra
-from leanrl.train.lora import LoRAConfig
-
-log = logging.getLogger("leanrl.train.es")
 
 __all__ = ["ESConfig", "ESScorerConfig", "ESTrainer", "es_coefficients", "shape_rewards"]
 
@@ -99,95 +94,6 @@ log = logging.getLogger("leanrl.train")
 
 _ENGINE_TMP = ".tmp-es-engine-master-"
 """Prefix of the folder the vLLM scorer's master is saved to while a checkpoint is built."""
-
-
-class ESScorerConfig(BaseModel):
-    """Where population members are scored."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    backend: Literal["inprocess", "processes", "vllm"] = "inprocess"
-    """``inprocess``: one after another on the trainer's model (no copies). ``processes``: local
-    worker processes, each rebuilding the weights from base model + history (CPU, or one GPU
-    each). ``vllm``: perturb inside a vLLM engine on a GPU (the ``vllm`` extra)."""
-    workers: int = Field(default=2, ge=1)
-    """``processes``: number of worker processes (each holds one copy of the model)."""
-    threads_per_worker: int = Field(default=1, ge=1)
-    """``processes``: torch CPU threads per worker process."""
-    pipeline: int = Field(default=2, ge=1)
-    """``inprocess`` and ``vllm``: members in flight on the engine at once. With 2, member i+1
-    generates while member i's attempts are checked (the engine's weights are switched
-    exactly per generate call, so rewards do not change); 1 scores them one after another.
-    The engine's idle share of each iteration is logged as ``gpu_idle_frac``."""
-
-
-class ESConfig(TrainConfig):
-    """Evolution strategies. Defaults from Qiu et al. 2025, "Evolution Strategies at Scale: LLM
-    Fine-Tuning Beyond Reinforcement Learning": N = 30, σ = 1e-3, α = σ/2, greedy decoding.
-
-    ``steps`` counts ES iterations; ``save_every`` (M) is the full-checkpoint period (between
-    checkpoints the run is still fully recoverable from the history, written every iteration).
-    """
-
-    population: int = Field(default=30, ge=2)
-    """Population size N: perturbed copies scored per iteration (Qiu et al. 2025 use 30)."""
-    sigma: float = Field(default=1e-3, gt=0)
-    """Noise scale σ: each member is θ + σ·ε with ε ~ N(0, I) (Qiu et al. 2025: 0.001)."""
-    alpha: float | None = Field(default=None, gt=0)
-    """Learning rate α of θ += α·(1/N)·Σ zₙ·εₙ. ``None`` means σ/2 (Qiu et al. 2025: 5e-4 with
-    σ = 1e-3)."""
-    mirrored: bool = False
-    """Antithetic pairs: N/2 seeds, each scored as +σε and -σε (lower-variance estimate; not in
-    Qiu et al. 2025, from Salimans et al. 2017). Needs an even population."""
-    shaping: Literal["zscore", "rank"] = "zscore"
-    """Reward normalisation across the population. ``zscore`` (Qiu et al. 2025): (R - mean)/std.
-    ``rank``: centered ranks (ties averaged), then z-scored, so α keeps its meaning; robust to
-    outlier rewards (Salimans et al. 2017)."""
-    samples_per_task: int = Field(default=1, ge=1)
-    """Rollouts per task for each member, averaged into its reward (useful with sampling; with
-    greedy decoding the samples are identical)."""
-    greedy: bool = True
-    """Greedy decoding for every member (temperature 0), as in Qiu et al. 2025. False: use
-    ``sampling`` as given, with the same sampling seed for every member of an iteration."""
-    scorer: ESScorerConfig = Field(default_factory=ESScorerConfig)
-    """How members are scored (in-process, local processes, vLLM)."""
-    lora: LoRAConfig = Field(default_factory=LoRAConfig)
-    """Perturb only low-rank adapters (``--lora.rank 16``): the fp32 master is the adapters',
-    not the model's (``docs/training-es.md`` explains the trade-off). Not with the vLLM scorer."""
-
-    @model_validator(mode="after")
-    def _check(self) -> ESConfig:
-        if self.lora.enabled and self.scorer.backend == "vllm":
-            raise ValueError(
-                "lora.rank > 0 with scorer.backend = 'vllm' is not supported: the vLLM scorer "
-                "perturbs full weights inside the engine. Use scorer.backend = 'inprocess' or "
-                "'processes' with LoRA, or lora.rank = 0 with vLLM"
-            )
-        if self.mirrored and self.population % 2:
-            raise ValueError(
-                f"mirrored pairs need an even population, got {self.population}: use "
-                f"{self.population + 1} or mirrored = false"
-            )
-        backend = self.policy.backend
-        if self.scorer.backend == "vllm" and backend == "openai":
-            raise ValueError(
-                "policy.backend = 'openai' cannot be trained: ES perturbs the weights, so it "
-                "needs them in-process. Use policy.backend = 'vllm' (or 'hf') with "
-                "scorer.backend = 'vllm'"
-            )
-        if self.scorer.backend != "vllm" and backend != "hf":
-            raise ValueError(
-                f"policy.backend = {backend!r} is not used by scorer.backend = "
-                f"{self.scorer.backend!r}: ES perturbs the weights in-process, so members are "
-                "scored with a transformers model. Set policy.backend = 'hf', or "
-                "scorer.backend = 'vllm' for vLLM on a GPU"
-            )
-        return self
-
-    @property
-    def lr(self) -> float:
-        """α, with its default σ/2 filled in."""
-        return self.alpha if self.alpha is not None else self.sigma / 2
 
 
 # -- the math --------------------------------------------------------------------------------------
@@ -316,9 +222,19 @@ class ESTrainer:
                 "eval.every needs the weights in the trainer, but with scorer.backend 'vllm' "
                 "they live in the engine: evaluate the checkpoints with leanrl eval instead"
             )
+        # What a bad flag or a bare machine gets wrong fails here, before the folder is written.
+        self.tasks = self.env.tasks()
+        batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
+        cfg.eval.check_held_out(t.name for t in self.tasks)
+        self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
+        # No Lean project, REPL or sandbox here: the runtime's own error, in seconds. The
+        # runtime then starts before the weights load, as `leanrl eval` does, so what the
+        # preflight cannot see (a Docker daemon, a Modal sandbox) fails first too.
+        check_runtimes(self.env, cfg.eval)
         world = self._world()
         if world.is_main:  # torchrun: rank 0 alone writes the run folder
             self.run.lock("ES run")  # before anything is written: one run per folder
+            self._forget_a_start_that_never_ran()
             self.run.bind_config(cfg, ignore=self.RESUMABLE)
             for leftover in self.run.path.glob(f"{_ENGINE_TMP}*"):  # a kill mid-checkpoint
                 shutil.rmtree(leftover, ignore_errors=True)
@@ -329,16 +245,8 @@ class ESTrainer:
         self._check_meta()
         verify_checkpoints(self.history, self.run)  # records changed since a checkpoint: refused
         self.iteration = len(records)
-        self.tasks = self.env.tasks()
         if world.is_main:
             save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
-        batch_for_step(self.tasks, 0, 1, cfg.seed)  # an empty taskset fails here, clearly
-        cfg.eval.check_held_out(t.name for t in self.tasks)
-        self.env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before loading
-        # No Lean project, REPL or sandbox here: the runtime's own error, in seconds. The
-        # runtime then starts before the weights load, as `leanrl eval` does, so what the
-        # preflight cannot see (a Docker daemon, a Modal sandbox) fails first too.
-        check_runtimes(self.env, cfg.eval)
         await self.env.start()
         source = self._source()
         # Launched functions, worker processes and the vLLM engine rebuild θ from the source
@@ -371,6 +279,22 @@ class ESTrainer:
             )
             self._logger.start()
         self._started = True
+
+    def _forget_a_start_that_never_ran(self) -> None:
+        """A start that failed after the folder was bound (the model would not load, the scorer
+        would not start) left ``config.json`` and a history with no iteration in it. Nothing of
+        that run exists, so the corrected command starts afresh here, instead of being refused
+        as "a different config" (what it is: the fix the error asked for)."""
+        if not self.history.path.is_file() or any(self.run.path.glob("checkpoint-*")):
+            return
+        try:
+            done = len(ESHistory(self.history.path).open(read_only=True))
+        except ConfigError:  # a damaged history is reported by the normal open, unchanged
+            return
+        if done == 0:
+            log.info("%s holds no completed iteration: starting it afresh", self.run.path)
+            (self.run.path / "config.json").unlink(missing_ok=True)
+            self.history.path.unlink()
 
     def _world(self) -> Any:
         """The ranks of a torchrun launch (one engine per rank, one rank per GPU), or one."""

@@ -1,0 +1,102 @@
+"""The ES trainer's config: :class:`ESConfig` (the run) and :class:`ESScorerConfig` (where the
+population is scored). Kept apart from the trainer so the CLI and the docs read it without torch."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from leanrl.train.common import TrainConfig
+from leanrl.train.lora import LoRAConfig
+
+__all__ = ["ESConfig", "ESScorerConfig"]
+
+
+class ESScorerConfig(BaseModel):
+    """Where population members are scored."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: Literal["inprocess", "processes", "vllm"] = "inprocess"
+    """``inprocess``: one after another on the trainer's model (no copies). ``processes``: local
+    worker processes, each rebuilding the weights from base model + history (CPU, or one GPU
+    each). ``vllm``: perturb inside a vLLM engine on a GPU (the ``vllm`` extra)."""
+    workers: int = Field(default=2, ge=1)
+    """``processes``: number of worker processes (each holds one copy of the model)."""
+    threads_per_worker: int = Field(default=1, ge=1)
+    """``processes``: torch CPU threads per worker process."""
+    pipeline: int = Field(default=2, ge=1)
+    """``inprocess`` and ``vllm``: members in flight on the engine at once. With 2, member i+1
+    generates while member i's attempts are checked (the engine's weights are switched
+    exactly per generate call, so rewards do not change); 1 scores them one after another.
+    The engine's idle share of each iteration is logged as ``gpu_idle_frac``."""
+
+
+class ESConfig(TrainConfig):
+    """Evolution strategies. Defaults from Qiu et al. 2025, "Evolution Strategies at Scale: LLM
+    Fine-Tuning Beyond Reinforcement Learning": N = 30, σ = 1e-3, α = σ/2, greedy decoding.
+
+    ``steps`` counts ES iterations; ``save_every`` (M) is the full-checkpoint period (between
+    checkpoints the run is still fully recoverable from the history, written every iteration).
+    """
+
+    population: int = Field(default=30, ge=2)
+    """Population size N: perturbed copies scored per iteration (Qiu et al. 2025 use 30)."""
+    sigma: float = Field(default=1e-3, gt=0)
+    """Noise scale σ: each member is θ + σ·ε with ε ~ N(0, I) (Qiu et al. 2025: 0.001)."""
+    alpha: float | None = Field(default=None, gt=0)
+    """Learning rate α of θ += α·(1/N)·Σ zₙ·εₙ. ``None`` means σ/2 (Qiu et al. 2025: 5e-4 with
+    σ = 1e-3)."""
+    mirrored: bool = False
+    """Antithetic pairs: N/2 seeds, each scored as +σε and -σε (lower-variance estimate; not in
+    Qiu et al. 2025, from Salimans et al. 2017). Needs an even population."""
+    shaping: Literal["zscore", "rank"] = "zscore"
+    """Reward normalisation across the population. ``zscore`` (Qiu et al. 2025): (R - mean)/std.
+    ``rank``: centered ranks (ties averaged), then z-scored, so α keeps its meaning; robust to
+    outlier rewards (Salimans et al. 2017)."""
+    samples_per_task: int = Field(default=1, ge=1)
+    """Rollouts per task for each member, averaged into its reward (useful with sampling; with
+    greedy decoding the samples are identical)."""
+    greedy: bool = True
+    """Greedy decoding for every member (temperature 0), as in Qiu et al. 2025. False: use
+    ``sampling`` as given, with the same sampling seed for every member of an iteration."""
+    scorer: ESScorerConfig = Field(default_factory=ESScorerConfig)
+    """How members are scored (in-process, local processes, vLLM)."""
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    """Perturb only low-rank adapters (``--lora.rank 16``): the fp32 master is the adapters',
+    not the model's (``docs/training-es.md`` explains the trade-off). Not with the vLLM scorer."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ESConfig:
+        if self.lora.enabled and self.scorer.backend == "vllm":
+            raise ValueError(
+                "lora.rank > 0 with scorer.backend = 'vllm' is not supported: the vLLM scorer "
+                "perturbs full weights inside the engine. Use scorer.backend = 'inprocess' or "
+                "'processes' with LoRA, or lora.rank = 0 with vLLM"
+            )
+        if self.mirrored and self.population % 2:
+            raise ValueError(
+                f"mirrored pairs need an even population, got {self.population}: use "
+                f"{self.population + 1} or mirrored = false"
+            )
+        backend = self.policy.backend
+        if self.scorer.backend == "vllm" and backend == "openai":
+            raise ValueError(
+                "policy.backend = 'openai' cannot be trained: ES perturbs the weights, so it "
+                "needs them in-process. Use policy.backend = 'vllm' (or 'hf') with "
+                "scorer.backend = 'vllm'"
+            )
+        if self.scorer.backend != "vllm" and backend != "hf":
+            raise ValueError(
+                f"policy.backend = {backend!r} is not used by scorer.backend = "
+                f"{self.scorer.backend!r}: ES perturbs the weights in-process, so members are "
+                "scored with a transformers model. Set policy.backend = 'hf', or "
+                "scorer.backend = 'vllm' for vLLM on a GPU"
+            )
+        return self
+
+    @property
+    def lr(self) -> float:
+        """α, with its default σ/2 filled in."""
+        return self.alpha if self.alpha is not None else self.sigma / 2
