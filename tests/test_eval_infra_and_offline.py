@@ -192,3 +192,49 @@ async def test_report_names_the_lean_that_ran_and_flags_a_mismatch(
     assert "- Lean that ran: 4.9.0" in report
     ok = make(bench_data, tmp_path / "w", runtime_options={"lean_version": "4.24.0"}, limit=1)
     assert (await run_eval(ok, policy=ScriptedPolicy(TEXTS)))["warnings"] == []
+
+
+async def test_the_suggested_verify_command_keeps_the_local_taskset(tmp_path: Path) -> None:
+    """--env dataset from a local file with renamed columns: the `leanrl verify` the eval
+    suggests must read the same file the same way (it used to drop everything but --env)."""
+    import shlex
+
+    data = tmp_path / "my tasks.jsonl"
+    toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+    rows = [json.loads(x) for x in toy.read_text().splitlines()[:2]]
+    data.write_text("".join(json.dumps({"id": r["name"], "stmt": r["formal_statement"],
+                                        "split": "test"}) + "\n" for r in rows))  # fmt: skip
+    env = EnvironmentConfig(
+        id="dataset",
+        taskset=TasksetConfig(path=data, columns={"name": "id", "formal_statement": "stmt"}),
+        runtime=RuntimeConfig(name=RT, timeout_s=12.5),
+    )
+    cfg = EvalConfig(env=env, samples=1, out=tmp_path / "g", generate_only=True, progress=False)
+    s = await run_eval(cfg, policy=ScriptedPolicy(["\n  omega\n"]))
+    report = (tmp_path / "g" / "report.md").read_text()
+    line = next(x for x in report.splitlines() if "leanrl verify" in x)
+    argv = shlex.split(line.split("`")[1])
+    assert argv[:3] == ["leanrl", "verify", s["completions"]]
+    assert "--env.runtime.timeout-s" in argv  # the runtime options travel too
+    # The command runs as suggested: the file, its columns and the runtime come along.
+    import asyncio
+
+    out = tmp_path / "v.jsonl"
+    rc = await asyncio.to_thread(main, [*argv[1:], "--out", str(out)])
+    assert rc in (0, None)
+    verdicts = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(verdicts) == 2 and all(v["accepted"] for v in verdicts)
+
+
+async def test_no_verify_command_for_completions_without_a_proof(tmp_path: Path) -> None:
+    toy = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
+    env = EnvironmentConfig(
+        id="dataset",
+        taskset=TasksetConfig(path=toy, split="train", limit=2),
+        runtime=RuntimeConfig(name=RT),
+    )
+    cfg = EvalConfig(env=env, samples=1, out=tmp_path / "e", generate_only=True, progress=False)
+    s = await run_eval(cfg, policy=ScriptedPolicy([""]))
+    assert s["results"]["reasons"].get("unchecked", 0) == 0
+    report = (tmp_path / "e" / "report.md").read_text()
+    assert "leanrl verify" not in report and "nothing to verify" in report

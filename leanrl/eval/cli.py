@@ -80,12 +80,16 @@ class EvalCommand(ConfigCommand, EvalConfig):
             print(json.dumps(summary, indent=2, default=str))
             return
         if summary.get("generate_only"):
+            from leanrl.eval.report import verify_command
+
             res = summary["results"]
+            unchecked = res["reasons"].get("unchecked", 0)
             where = "where Lean is installed" if summary.get("lean", True) else "to check them"
+            command = verify_command(config.env.model_dump(mode="json"), summary["completions"])
             print(
-                f"{res['attempts']} completions ({res['reasons'].get('unchecked', 0)} with a proof)"
-                f" in {summary['completions']}\nnothing was checked (--generate-only); {where}: "
-                f"leanrl verify {summary['completions']} --env {config.env.id}"
+                f"{res['attempts']} completions ({unchecked} with a proof) in "
+                f"{summary['completions']}\nnothing was checked (--generate-only); "
+                + (f"{where}: {command}" if unchecked else "no proof to check")
             )
             return
         table = summary["results"]["pass_at_k"]

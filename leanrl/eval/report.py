@@ -282,18 +282,65 @@ def _markdown(s: Mapping[str, Any], png: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Taskset fields that only choose which tasks run: `verify` matches rows by name over all splits.
+_SELECTION = {"split", "limit", "names", "pattern", "shuffle", "seed"}
+
+
+def _flags(prefix: str, given: Any, default: Any) -> list[str]:
+    """``--prefix.field value`` for each leaf of ``given`` that differs from ``default``."""
+    if isinstance(given, Mapping) and isinstance(default, Mapping):
+        out: list[str] = []
+        for key, value in given.items():
+            if prefix == "--env.taskset" and key in _SELECTION:
+                continue
+            name = f"{prefix}.{key.replace('_', '-')}"
+            out += _flags(name, value, default.get(key))
+        return out
+    if given == default:
+        return []
+    if isinstance(given, (Mapping, list)):
+        import json
+
+        text = json.dumps(given)
+    elif isinstance(given, bool):
+        return [prefix if given else f"{prefix.rsplit('.', 1)[0]}.no-{prefix.rsplit('.', 1)[1]}"]
+    else:
+        text = str(given)
+    return [prefix, text]
+
+
+def verify_command(env: Mapping[str, Any], completions: str | Path) -> str:
+    """The ``leanrl verify`` command that checks an eval's ``completions.jsonl`` against the
+    same statements and runtime: ``--env ID`` plus every taskset and runtime option the eval set
+    (a local ``path``, renamed ``columns``, a ``lean_project``...), shell-quoted."""
+    import shlex
+
+    from leanrl.environment import EnvironmentConfig
+
+    default = EnvironmentConfig(id=env["id"]).model_dump(mode="json")
+    args = ["leanrl", "verify", str(completions), "--env", str(env["id"])]
+    for part in ("taskset", "runtime"):
+        args += _flags(f"--env.{part}", env.get(part) or {}, default.get(part) or {})
+    return shlex.join(args)
+
+
 def _generate_only_lines(s: Mapping[str, Any]) -> list[str]:
     cfg, res = s["config"], s["results"]
     unchecked = res["reasons"].get("unchecked", 0)
     lean = s.get("lean", True)  # summaries from before the key were all Lean's
+    check = (
+        f"- check them{' where Lean is installed' if lean else ''}: "
+        f"`{verify_command(cfg['env'], s.get('completions') or 'completions.jsonl')}`"
+        if unchecked
+        else f"- no completion holds {'a proof' if lean else 'an answer'}: nothing to verify"
+    )
     return [
         f"Completions only (`--generate-only`): nothing was checked{' by Lean' if lean else ''}, "
         "so there is no pass@k yet.",
         "",
         f"- tasks: {res['tasks']}, samples per task: {cfg['samples']}, completions: "
         f"{res['attempts']}, with {'a proof' if lean else 'an answer'} to check: {unchecked}",
-        f"- check them{' where Lean is installed' if lean else ''}: `leanrl verify "
-        f"{s.get('completions')} --env {cfg['env']['id']}`",
+        check,
         "",
         f"| {'before Lean' if lean else 'unchecked'} | attempts |",
         "|---|---:|",
