@@ -102,7 +102,9 @@ class Environment:
     def harness(self) -> Harness:
         if self._harness is None:
             self.check_config()
-            self._harness = self.make_harness()
+            harness = self.make_harness()
+            harness.check_config()  # a bad prompt format or few-shot file: before any model loads
+            self._harness = harness
         return self._harness
 
     @property

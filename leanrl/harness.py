@@ -94,6 +94,12 @@ class Harness(abc.ABC):
         self.config = config or HarnessConfig(name=self.name or "whole-proof")
         self.check_options()
 
+    def check_config(self) -> None:
+        """Refuse a config this harness cannot run (an unknown prompt format, a missing few-shot
+        file), with what to use instead. Called when the environment makes the harness, so it
+        fails before any model loads; cheap, builds nothing (default: nothing to check)."""
+        return None
+
     def check_options(self) -> None:
         """Refuse ``config.options`` keys not in :attr:`option_keys`, naming the known ones."""
         known = self.option_keys

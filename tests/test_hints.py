@@ -172,3 +172,63 @@ def test_trainers_refuse_an_adapter_folder_with_what_to_pass(tmp_path: Path) -> 
     (ckpt / "adapter_config.json").write_text("{}")
     with pytest.raises(ConfigError, match="holds LoRA adapters, not a full model"):
         resolve_model(str(ckpt), flag="--policy.model", adapters=False)
+
+
+# -- prompt settings checked before the model loads (issue 22, item 10) ----------------------------
+
+
+@pytest.fixture
+def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    def load(*a: object, **k: object) -> None:
+        raise AssertionError("a model was loaded before the prompt settings were checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
+
+
+@pytest.mark.parametrize("command", [["eval", "--model"], ["train", "grpo", "--policy.model"]])
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--env.harness.prompt-format", "kimna"], "unknown prompt_format 'kimna' (did you mean 'kimina'?)"),
+        (["--env.harness.few-shot", "missing.jsonl"], "few_shot file missing.jsonl does not exist"),
+        (["--env.harness.name", "self-correction", "--env.harness.prompt-format", "chatt"], "did you mean 'chat'?"),
+        (["--env.harness.name", "tactic-loop", "--env.harness.prompt-format", "goedl"], "did you mean 'goedel'?"),
+    ],
+)  # fmt: skip
+def test_bad_prompt_settings_fail_before_the_model_loads(
+    command: list[str],
+    flags: list[str],
+    said: str,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_model_load: None,
+) -> None:
+    from leanrl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    data = REPO / "tests" / "fixtures" / "data" / "minif2f.jsonl"
+    argv = [*command, str(tiny_model_dir), "--env", "minif2f", "--env.taskset.path", str(data)]
+    assert main([*argv, *flags, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+    assert "Traceback" not in err
+
+
+def test_countdown_refuses_a_prompt_format_it_would_ignore(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    no_model_load: None,
+) -> None:
+    from leanrl.cli import main
+
+    argv = ["eval", "--env", "countdown", "--model", str(tiny_model_dir), "--out", str(tmp_path)]
+    assert main([*argv, "--env.harness.prompt-format", "chat"]) == 2
+    assert "countdown harness writes its own prompt" in capsys.readouterr().err
+    assert main([*argv, "--env.harness.options", '{"style": "dirct"}']) == 2
+    assert "style must be 'think' or 'direct', got 'dirct'" in capsys.readouterr().err

@@ -194,11 +194,32 @@ class CountdownHarness(Harness):
     description = "Countdown: one turn, the answer in <answer> tags"
     option_keys = frozenset({"style", "reward"})  # reward: read by the environment
 
+    def check_config(self) -> None:
+        """The style option, and no prompt format: this harness writes its own prompt, so a
+        ``prompt_format`` (or template, few-shot file) given for it would be silently ignored."""
+        _ = self.style
+        cfg = self.config
+        ignored = [
+            f"--env.harness.{name.replace('_', '-')}"
+            for name in ("prompt_format", "template", "few_shot")
+            if name in cfg.model_fields_set
+            and getattr(cfg, name) != type(cfg).model_fields[name].default
+        ]
+        if ignored:
+            raise ConfigError(
+                f"the countdown harness writes its own prompt, so {', '.join(ignored)} would be "
+                "ignored: leave it out, and choose the prompt with --env.harness.options "
+                """'{"style": "direct"}' (or "think", the default)"""
+            )
+
     @property
     def style(self) -> Style:
         s = self.config.options.get("style", "think")
         if s not in ("think", "direct"):
-            raise DatasetError(f"harness option style must be 'think' or 'direct', got {s!r}")
+            raise ConfigError(
+                f"harness option style must be 'think' or 'direct', got {s!r} "
+                """(--env.harness.options '{"style": "direct"}')"""
+            )
         return s  # type: ignore[no-any-return]
 
     def prompt(self, task: Task) -> str:

@@ -37,7 +37,13 @@ from leanrl.verdict import Verdict
 from ..tactic_loop.context import ids_capable, record_turn
 from ..whole_proof.extract import extract_proof
 from ..whole_proof.harness import check_and_reward, off_loop
-from ..whole_proof.prompts import DEEPSEEK_INSTRUCTION, build_prompt, default_stop, informal_comment
+from ..whole_proof.prompts import (
+    DEEPSEEK_INSTRUCTION,
+    build_prompt,
+    default_stop,
+    informal_comment,
+)
+from ..whole_proof.prompts import check_config as check_prompt
 from ..whole_proof.prompts import is_completion_style as _completion_style
 from .feedback import checked_text, render_errors
 
@@ -79,6 +85,10 @@ class SelfCorrectionHarness(Harness):
     name = "self-correction"
     description = "a whole proof, then revisions shown Lean's errors (Goedel-Prover-V2 style)"
     option_keys = frozenset()
+
+    def check_config(self) -> None:
+        """The prompt format, its template and the few-shot file, checked up front."""
+        check_prompt(self.config)
 
     @property
     def chat(self) -> bool:

@@ -117,6 +117,15 @@ class TacticLoopHarness(Harness):
     description = "many turns: send tactics, see goals and errors, continue (REPL tactic mode)"
     option_keys = frozenset({"max_sessions"})
 
+    def check_config(self) -> None:
+        """An unknown prompt format (a typo would silently give chat prompts), up front."""
+        from ..whole_proof.prompts import FORMATS
+
+        if self.config.prompt_format not in FORMATS:
+            from ..whole_proof.prompts import check_config as check_prompt
+
+            check_prompt(self.config)  # raises, with a did-you-mean
+
     @property
     def chat(self) -> bool:
         """Chat prompts (messages) unless the prompt format is a completion format."""

@@ -18,6 +18,7 @@ from leanrl.verdict import Attempt, Verdict
 
 from .extract import Extracted, extract_proof
 from .prompts import build_prompt, default_stop, is_completion_style
+from .prompts import check_config as check_prompt
 
 __all__ = ["INLINE_CHARS", "WholeProofHarness", "check_and_reward", "off_loop"]
 
@@ -28,6 +29,10 @@ class WholeProofHarness(Harness):
     name = "whole-proof"
     description = "one turn: the model writes the whole proof (completion or chat prompts)"
     option_keys = frozenset()
+
+    def check_config(self) -> None:
+        """The prompt format, its template and the few-shot file, checked up front."""
+        check_prompt(self.config)
 
     def prompt(self, task: Task) -> Prompt:
         """The prompt for ``task`` in the configured format."""

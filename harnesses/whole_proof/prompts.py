@@ -43,6 +43,7 @@ __all__ = [
     "FORMATS",
     "FewShotExample",
     "build_prompt",
+    "check_config",
     "default_stop",
     "few_shot_examples",
     "informal_comment",
@@ -82,10 +83,24 @@ def informal_comment(task: Task) -> str:
     return f"/-- {text}-/\n"
 
 
+def check_config(config: HarnessConfig) -> None:
+    """Everything about the prompt that can be wrong, found before a model loads: the format
+    (with a did-you-mean), a custom format's template, and the few-shot file (it exists and
+    every line is an example)."""
+    _check(config)
+    if config.few_shot is not None:
+        _load_examples(*_file_key(config.few_shot))
+
+
 def _check(config: HarnessConfig) -> None:
     if config.prompt_format not in FORMATS:
+        from leanrl._cli_help import suggest
+
+        close = suggest(config.prompt_format, FORMATS)
         raise ConfigError(
-            f"unknown prompt_format {config.prompt_format!r}; use one of {', '.join(FORMATS)}"
+            f"unknown prompt_format {config.prompt_format!r}"
+            + (f" (did you mean {close!r}?)" if close else "")
+            + f"; use one of {', '.join(FORMATS)} (--env.harness.prompt-format)"
         )
     if config.prompt_format == "custom" and not config.template:
         raise ConfigError(
@@ -205,7 +220,10 @@ def few_shot_examples(task: Task, config: HarnessConfig) -> list[FewShotExample]
 def _file_key(path: Path) -> tuple[str, float]:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(f"few_shot file {p} does not exist")
+        raise ConfigError(
+            f"few_shot file {p} does not exist (--env.harness.few-shot takes a JSONL file of "
+            "solved examples: name, formal_statement, proof per line)"
+        )
     return str(p), p.stat().st_mtime
 
 
