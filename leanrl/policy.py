@@ -8,7 +8,7 @@ Backends: ``hf`` (transformers, the default), ``openai`` (any OpenAI-compatible 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
@@ -122,8 +122,20 @@ class Policy(abc.ABC):
     name: ClassVar[str] = ""
     """Backend id (``hf``, ``openai``, ``vllm``)."""
 
+    on_completions: Callable[[int], None] | None = None
+    """Set by a caller that shows progress (the eval runner): called with a number of
+    completions each time that many finish inside a :meth:`generate` call, possibly from a
+    worker thread. Backends call :meth:`completed`; one that never does only moves the caller's
+    progress when ``generate`` returns."""
+
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
+
+    def completed(self, n: int) -> None:
+        """Report ``n`` finished completions to :attr:`on_completions` (if anyone listens)."""
+        hook = self.on_completions
+        if hook is not None and n:
+            hook(n)
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model or open the connection. Idempotent."""

@@ -298,3 +298,74 @@ def test_greedy_with_several_samples_warns(
     with caplog.at_level(logging.WARNING, logger="leanrl"):
         run_eval_sync(cfg, policy=ScriptedPolicy(["<answer>1</answer>"]))
     assert any("pass@k for k > 1 equals pass@1" in r.getMessage() for r in caplog.records)
+
+
+class _ReportingPolicy(ScriptedPolicy):
+    """Reports its completions one at a time inside generate (as the HF backend does per
+    batch), and records where the eval's progress bar stood after each report."""
+
+    def __init__(self, texts: list[str]) -> None:
+        super().__init__(texts)
+        self.positions: list[int] = []
+
+    async def generate(self, prompts: Any, sampling: Any) -> Any:
+        out = await super().generate(prompts, sampling)
+        for group in out:
+            self.completed(len(group))
+            bar = getattr(self.on_completions, "__self__", None)  # the runner's _Progress
+            self.positions.append(-1 if bar is None else bar.at)
+        return out
+
+
+async def test_the_bar_moves_inside_a_generate_call_without_lean(tmp_path: Path) -> None:
+    # Countdown (no Lean): one chunk of 4 tasks x 2 samples is one generate call; the bar must
+    # move per reported completion, not sit at 0 until the call (here: the whole run) ends.
+    cfg = EvalConfig(
+        env=EnvironmentConfig(id="countdown", taskset=TasksetConfig(limit=4)),
+        samples=2,
+        out=tmp_path / "c",
+        chunk_tasks=8,
+        progress=False,
+    )
+    policy = _ReportingPolicy(["<answer> 1 + 2 </answer>"])
+    await run_eval(cfg, policy=policy)
+    assert len(policy.calls) == 1
+    assert policy.positions == [2, 4, 6, 8]
+    assert policy.on_completions is None  # unhooked after the run
+
+
+async def test_with_lean_the_bar_counts_verdicts_not_generations(
+    bench_data: Path, tmp_path: Path
+) -> None:
+    cfg = make(bench_data, tmp_path / "l", limit=2, samples=2, k=[1, 2])
+    policy = _ReportingPolicy(TEXTS)
+    await run_eval(cfg, policy=policy)
+    assert policy.positions == [0, 0]  # generated, not yet checked: the bar waits for Lean
+
+
+async def test_a_resumed_eval_says_what_was_recorded(
+    bench_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make(bench_data, tmp_path / "r", limit=2, samples=2, k=[1, 2])
+    await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
+    with caplog.at_level("INFO", logger="leanrl.eval"):
+        await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
+    said = [r.getMessage() for r in caplog.records if "resuming" in r.getMessage()]
+    assert said == [
+        f"resuming {cfg.out_dir}: 4 of 4 attempts already recorded, nothing to redo "
+        "(reporting only)"
+    ]
+
+
+def test_the_hf_backend_reports_each_batch(tiny_model_dir: Path) -> None:
+    from leanrl.policies.hf import HFPolicy
+    from leanrl.policy import PolicyConfig, SamplingConfig
+    from leanrl.runtime import run_sync
+
+    policy = HFPolicy(PolicyConfig(model=str(tiny_model_dir), device="cpu", batch_size=2))
+    seen: list[int] = []
+    policy.on_completions = seen.append
+    sampling = SamplingConfig(n=3, max_tokens=2, temperature=1.0, seed=0)
+    out = run_sync(policy.generate(["a b", "c d"], sampling))
+    assert [len(g) for g in out] == [3, 3]
+    assert seen == [2, 2, 2]

@@ -16,6 +16,7 @@ import json
 import logging
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -124,6 +125,16 @@ async def run_eval(
         for i, ch in enumerate(chunks)
         if any(not store.has((t.id, s)) for t in ch for s in range(n))
     ]
+    recorded = sum(1 for t in tasks for s in range(n) if store.has((t.id, s)))
+    if recorded:
+        total = len(tasks) * n
+        log.info(
+            "resuming %s: %d of %d attempts already recorded, %s",
+            config.out_dir,
+            recorded,
+            total,
+            f"{total - recorded} to go" if pending else "nothing to redo (reporting only)",
+        )
     model_name = policy.config.model or config.policy.model
     t_start = time.perf_counter()
     new = 0
@@ -138,8 +149,11 @@ async def run_eval(
             if checking:
                 await runtime.start()  # a missing Lean project fails here, before the model loads
             await policy.start()
-            progress = _Progress(config, tasks, store)
+            # Without Lean verdicts to wait for, an attempt is as good as done once generated.
+            by_generation = not checking or not env.needs_lean
+            progress = _Progress(config, tasks, store, by_generation=by_generation)
             counted = _CountingRuntime(runtime, progress.checked)
+            policy.on_completions = progress.generated
             sem = asyncio.Semaphore(config.pipeline_depth)
 
             async def one(i: int) -> int:
@@ -180,6 +194,7 @@ async def run_eval(
             finally:
                 for j in jobs:
                     j.cancel()
+                policy.on_completions = None
                 progress.close()
         versions = await _versions(
             policy.config.model or config.policy.model,
@@ -509,10 +524,21 @@ class _Progress:
     """tqdm bar over attempts: it moves as verdicts arrive (and as chunks are recorded), with
     attempts/s and the pass rate so far (tasks with an accepted attempt) beside it."""
 
-    def __init__(self, config: EvalConfig, tasks: Sequence[Task], store: ResultStore) -> None:
+    def __init__(
+        self,
+        config: EvalConfig,
+        tasks: Sequence[Task],
+        store: ResultStore,
+        *,
+        by_generation: bool = False,
+    ) -> None:
         from tqdm import tqdm
 
         self.n = config.samples
+        # Completions come back from the policy's worker thread (Policy.completed).
+        self._lock = threading.Lock()
+        self.by_generation = by_generation  # the bar moves as completions are generated
+        self.generated_n = 0  # completions generated in this run
         self.store = store
         self.generate_only = config.generate_only
         self.t0 = time.perf_counter()
@@ -542,32 +568,49 @@ class _Progress:
 
     def checked(self, verdicts: int) -> None:
         """Verdicts arrived (called by the runtime wrapper, before the chunk is recorded)."""
-        self.verdicts += verdicts
-        self._move()
+        with self._lock:
+            self.verdicts += verdicts
+            self._move()
+
+    def generated(self, n: int) -> None:
+        """Completions finished inside a generate call (:attr:`Policy.on_completions`)."""
+        with self._lock:
+            self.generated_n += n
+            self._move()
 
     def update(self, chunk: Sequence[Task], written: int) -> None:
         """A chunk was recorded."""
-        self.new += written
-        finished = [t for t in chunk if self._complete(t)]
-        self.done += len(finished)
-        self.solved += sum(1 for t in finished if self._solved(t))
-        self._move()
+        with self._lock:
+            self.new += written
+            finished = [t for t in chunk if self._complete(t)]
+            self.done += len(finished)
+            self.solved += sum(1 for t in finished if self._solved(t))
+            self._move()
+
+    def _moved(self) -> int:
+        """Attempts of this run the bar counts as done."""
+        return max(self.new, self.verdicts, self.generated_n if self.by_generation else 0)
 
     def _move(self) -> None:
         # Attempts rejected before Lean (no proof in the text) never reach the runtime: they
         # count when their chunk is recorded; the bar never moves back.
-        at = min(self.total, self.initial + max(self.new, self.verdicts))
+        at = min(self.total, self.initial + self._moved())
         self._postfix()
         self.bar.update(max(0, at - self.at))
         self.at = max(self.at, at)
 
     def _postfix(self) -> None:
-        rate = max(self.new, self.verdicts) / max(1e-9, time.perf_counter() - self.t0)
+        rate = self._moved() / max(1e-9, time.perf_counter() - self.t0)
         if self.generate_only:  # nothing is checked: no pass rate to show
             self.bar.set_postfix_str(f"{rate:.2f} att/s, not checked", refresh=False)
             return
         pass_rate = self.solved / self.done if self.done else 0.0
-        self.bar.set_postfix_str(f"{rate:.2f} att/s, pass {100 * pass_rate:.1f}%", refresh=False)
+        # With Lean, generation runs ahead of the verdicts: say how far, so the bar is not "stuck".
+        ahead = self.generated_n - max(self.new, self.verdicts)
+        gen = f", {ahead} generated awaiting Lean" if not self.by_generation and ahead > 0 else ""
+        self.bar.set_postfix_str(
+            f"{rate:.2f} att/s, pass {100 * pass_rate:.1f}%{gen}", refresh=False
+        )
 
     def close(self) -> None:
         self.bar.close()

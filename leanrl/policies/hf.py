@@ -137,6 +137,7 @@ class HFPolicy(Policy):
                 batch, self._generate_batch([encoded[i] for i in batch], sampling), strict=True
             ):
                 out[i].append(c)
+            self.completed(len(batch))  # a progress bar moves per batch, not per call
         return out
 
     def _generate_batch(self, batch: list[list[int]], sampling: SamplingConfig) -> list[Completion]:

@@ -82,7 +82,13 @@ class OpenAIPolicy(Policy):
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         await self.start()
-        jobs = [asyncio.ensure_future(self._one(p, sampling)) for p in prompts]
+
+        async def reported(prompt: Prompt) -> list[Completion]:
+            got = await self._one(prompt, sampling)
+            self.completed(len(got))  # progress per prompt, as the requests come back
+            return got
+
+        jobs = [asyncio.ensure_future(reported(p)) for p in prompts]
         try:
             return list(await asyncio.gather(*jobs))
         finally:
