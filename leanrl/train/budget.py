@@ -5,6 +5,13 @@ Every metrics row carries ``tokens`` (generated this step, all members or sample
 ``total_tokens`` (the whole run, resumes included); GPU-seconds are ``cost/total_gpu_s``. The
 row of the step that spends the budget has ``budget_spent = true``, the trainer logs one line
 saying so (:meth:`BudgetTracker.spent_line`), and ``summary.json`` has a ``budget`` section.
+
+A run stops at the step boundary *nearest* its budget: after a step, it stops when the budget
+is reached, or when one more step of the mean size so far would end further past the budget
+than the run is short of it now (``total + mean_step / 2 > budget``). Stopping only once the
+budget is reached would overshoot by up to a whole step, and a method with big steps (GRPO: a
+step is tasks x group x completion) would get up to a third more than one with small steps in
+a compare; this way either ends within about half of its own step of the budget.
 SFT and expert iteration generate no tokens to count (or not step by step) and refuse a budget.
 """
 
@@ -23,9 +30,10 @@ class BudgetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     tokens: int | None = Field(default=None, ge=1)
-    """Stop after the step at which the run's generated tokens reach this many."""
+    """Stop at the step boundary nearest this many generated tokens: the run's total ends within
+    about half a step of it (docs/training-grpo.md explains the rule)."""
     gpu_s: float | None = Field(default=None, gt=0)
-    """Stop after the step at which the run's GPU-seconds (``cost/total_gpu_s``) reach this."""
+    """Stop at the step boundary nearest this many GPU-seconds (``cost/total_gpu_s``)."""
 
     @property
     def active(self) -> bool:
@@ -40,19 +48,22 @@ class BudgetTracker:
         self.budget = budget
         self.total_tokens = 0
         self.total_gpu_s = 0.0
+        self.steps = 0  # steps counted (resumed ones included): the mean step size
         self.spent = False
+        self.early = False  # stopped short of the budget: one more step would overshoot more
 
     def resume(self, rows: list[dict[str, Any]]) -> None:
-        for row in reversed(rows):
-            if "total_tokens" in row:
-                self.total_tokens = int(row["total_tokens"])
-                self._check(row)
-                return
+        counted = [r for r in rows if "total_tokens" in r]
+        if counted:
+            self.steps = len(counted)
+            self.total_tokens = int(counted[-1]["total_tokens"])
+            self._check(counted[-1])
 
     def update(self, row: dict[str, Any]) -> None:
         """Count ``row['tokens']`` and set ``row['total_tokens']``; the row that spends the
         budget also gets ``budget_spent = True``."""
         self.total_tokens += int(row.get("tokens") or 0)
+        self.steps += 1
         row["total_tokens"] = self.total_tokens
         self._check(row)
         if self.spent:
@@ -64,11 +75,13 @@ class BudgetTracker:
         started (nothing to train; the budget may be raised on resume)."""
         b = self.budget
         what = []
-        if b.tokens is not None and self.total_tokens >= b.tokens:
+        if b.tokens is not None and self._near(self.total_tokens, b.tokens):
             what.append(f"{self.total_tokens} generated tokens of {b.tokens}")
-        if b.gpu_s is not None and self.total_gpu_s >= b.gpu_s:
+        if b.gpu_s is not None and self._near(self.total_gpu_s, b.gpu_s):
             what.append(f"{self.total_gpu_s:.1f} GPU-seconds of {b.gpu_s:g}")
         spent = " and ".join(what)
+        if self.early:
+            spent += " (one more step would have ended further past it)"
         if already:
             return (
                 f"budget already spent: {spent} at {unit} {step}; nothing to train (raise "
@@ -89,10 +102,22 @@ class BudgetTracker:
             }
         }
 
+    def _near(self, total: float, budget: float) -> bool:
+        """At the step boundary nearest ``budget``: reached, or a mean step away from ending
+        further past it than ``total`` is short of it."""
+        mean = total / self.steps if self.steps else 0.0
+        return total >= budget or total + mean / 2 > budget
+
     def _check(self, row: dict[str, Any]) -> None:
         b = self.budget
         self.total_gpu_s = float(row.get("cost/total_gpu_s") or 0.0)
-        self.spent = bool(
+        reached = bool(
             (b.tokens is not None and self.total_tokens >= b.tokens)
             or (b.gpu_s is not None and self.total_gpu_s >= b.gpu_s)
         )
+        near = bool(
+            (b.tokens is not None and self._near(self.total_tokens, b.tokens))
+            or (b.gpu_s is not None and self._near(self.total_gpu_s, b.gpu_s))
+        )
+        self.spent = near
+        self.early = near and not reached
