@@ -49,3 +49,45 @@ def test_resume_counts_the_steps_before_it() -> None:
     tracker = BudgetTracker(BudgetConfig(tokens=240))
     tracker.resume([{"tokens": 100, "total_tokens": 100}, {"tokens": 100, "total_tokens": 200}])
     assert tracker.steps == 2 and tracker.spent and tracker.early
+
+
+def test_log_lines_show_the_budget_share_not_the_step_cap() -> None:
+    from leanrl.train.es.trainer import _iteration_line
+    from leanrl.train.grpo.trainer import _step_line
+
+    tracker = BudgetTracker(BudgetConfig(tokens=1000))
+    row: dict[str, object] = {"tokens": 410}
+    tracker.update(row)
+    assert tracker.counter(1, 10_000) == "step 1, 41% of the token budget"
+    assert BudgetTracker(BudgetConfig()).counter(3, 20, "iteration") == "iteration 3/20"
+    grpo = {"reward_mean": 0.5, "pass_rate": None, "groups_kept": 2, "groups": 4, "loss": 0.1}
+    line = _step_line({**grpo, "time_step": 1.0}, tracker.counter(1, 10_000))
+    assert line.startswith("step 1, 41% of the token budget: reward 0.500 groups 2/4")
+    assert "pass" not in line and "10000" not in line  # reward-only: no pass rate, no cap
+    assert " pass 0.250 " in _step_line({**grpo, "pass_rate": 0.25, "time_step": 1.0}, "step 1/2")
+    es = {"reward_mean": 0.5, "reward_max": 1.0, "population": 4, "update_norm": 0.1}
+    line = _iteration_line({**es, "pass_rate": None, "step_time_s": 2.0}, "iteration 1/2")
+    assert line.startswith("iteration 1/2: reward 0.500 (max 1.000) population 4")
+    line = _iteration_line({**es, "pass_rate": 0.5, "step_time_s": 2.0}, "iteration 1/2")
+    assert "(max 1.000) pass 0.500 population 4" in line
+
+
+async def test_a_reward_only_member_has_no_pass_rate() -> None:
+    from typing import Any
+
+    from leanrl.rollout import Rollout
+    from leanrl.train.es.workers import score_rollouts
+    from leanrl.verdict import Reason, Verdict
+
+    class Env:  # rollout() is all score_rollouts asks of an environment
+        def __init__(self, verdicts: bool) -> None:
+            self.verdicts = verdicts
+
+        async def rollout(self, tasks: Any, policy: Any, sampling: Any) -> list[list[Rollout]]:
+            v = Verdict(accepted=True, reason=Reason.OK) if self.verdicts else None
+            return [[Rollout(task_id="t", prompt="p", reward=0.5, verdict=v)]]
+
+    got = await score_rollouts(Env(False), None, [], None)  # type: ignore[arg-type]
+    assert got.pass_rate is None and got.reward == 0.5
+    got = await score_rollouts(Env(True), None, [], None)  # type: ignore[arg-type]
+    assert got.pass_rate == 1.0

@@ -89,6 +89,19 @@ class BudgetTracker:
             )
         return f"budget spent: {spent}; stopping after {unit} {step}"
 
+    def counter(self, step: int, steps: int, unit: str = "step") -> str:
+        """How far the run is, for its log line: ``step 3/20``, or with a budget (where
+        ``steps`` is only a cap) ``step 3, 41% of the token budget``."""
+        b = self.budget
+        if not b.active:
+            return f"{unit} {step}/{steps}"
+        shares = []
+        if b.tokens is not None:
+            shares.append(f"{100 * self.total_tokens / b.tokens:.0f}% of the token budget")
+        if b.gpu_s is not None:
+            shares.append(f"{100 * self.total_gpu_s / b.gpu_s:.0f}% of the GPU-second budget")
+        return f"{unit} {step}, {' and '.join(shares)}"
+
     def summary(self) -> dict[str, Any]:
         """The budget's part of ``summary.json`` (nothing without a budget)."""
         if not self.budget.active:

@@ -463,7 +463,7 @@ class ESTrainer:
             ),
             "reward_max": max(rewards, default=None),
             "reward_min": min(rewards, default=None),
-            "pass_rate": sum(s.pass_rate for _, s in judged) / n if n else None,
+            "pass_rate": _mean_or_none([s.pass_rate for _, s in judged]),
             "skipped": skipped,
             "members_judged": n,  # members with at least one attempt the checker judged
             **infra_metrics(infra, attempts),
@@ -493,7 +493,7 @@ class ESTrainer:
             return row
         if self._logger is not None:
             self._logger.log(row)
-        log.info(_iteration_line(row, cfg.steps))
+        log.info(_iteration_line(row, self.budget.counter(row["step"], cfg.steps, "iteration")))
         warn_if_mostly_infra(row, log, unit="iteration")
         self.history.append(record)
         if it % cfg.save_every == 0 or it == cfg.steps:
@@ -711,8 +711,15 @@ def _check_finite(scores: Sequence[MemberScore], members: Sequence[Member], it: 
             )
 
 
-def _iteration_line(row: dict[str, Any], steps: int) -> str:
-    """One concise log line for a finished iteration."""
+def _mean_or_none(xs: Sequence[float | None]) -> float | None:
+    """The mean of the values given (None ones left out); None when there are none."""
+    got = [x for x in xs if x is not None]
+    return sum(got) / len(got) if got else None
+
+
+def _iteration_line(row: dict[str, Any], counter: str) -> str:
+    """One concise log line for a finished iteration (``counter``: ``iteration 3/20``, or the
+    budget's share); no pass rate where the environment gives rewards but no verdicts."""
 
     def f(key: str, fmt: str = ".3f") -> str:
         v = row.get(key)
@@ -724,6 +731,7 @@ def _iteration_line(row: dict[str, Any], steps: int) -> str:
         else (f"update {f('update_norm', '.3g')}")
     )
     return (
-        f"iteration {row['step']}/{steps}: reward {f('reward_mean')} (max {f('reward_max')}) "
-        f"pass {f('pass_rate')} population {row['population']} {what} {f('step_time_s', '.2f')}s"
+        f"{counter}: reward {f('reward_mean')} (max {f('reward_max')}) "
+        + ("" if row.get("pass_rate") is None else f"pass {f('pass_rate')} ")
+        + f"population {row['population']} {what} {f('step_time_s', '.2f')}s"
     )

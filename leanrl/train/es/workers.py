@@ -86,8 +86,9 @@ class MemberScore:
     reward: float
     """Mean reward over every judged rollout (tasks × samples per task, less the ``infra``
     ones); 0.0 when none was judged (see :attr:`unjudged`)."""
-    pass_rate: float
-    """Fraction of the judged rollouts Lean accepted."""
+    pass_rate: float | None
+    """Fraction of the judged rollouts the checker accepted; None when the environment gives
+    rewards but no verdicts (nothing to pass or fail), or when none was judged."""
     tokens: int = 0
     """Generated tokens (for tokens/s)."""
     perturb_s: float = 0.0
@@ -157,7 +158,8 @@ async def score_rollouts(
     ]
     return MemberScore(
         reward=sum(rewards) / len(rewards) if rewards else 0.0,
-        pass_rate=passed / len(judged) if judged else 0.0,
+        # a reward-only environment (no verdicts at all) has no pass rate, not a 0.0 one
+        pass_rate=(passed / len(judged) if any(r.verdict is not None for r in judged) else None),
         tokens=tokens,
         score_s=time.perf_counter() - t0,
         rewards=rewards,

@@ -385,7 +385,8 @@ class GRPOTrainer:
                 # a step that learned nothing because of the config is worth a warning
                 level = logging.WARNING if row.get("skip_reason") in _CUT_OFF else logging.INFO
                 why = self._skip_text(row, batch) if row.get("skipped") else ""
-                log.log(level, _step_line(row, cfg.steps, why))
+                counter = self._budget.counter(row["step"], cfg.steps)
+                log.log(level, _step_line(row, counter, why))
                 if self._is_main():
                     warn_if_mostly_infra(row, log)
                 rows.append(row)
@@ -578,9 +579,9 @@ class GRPOTrainer:
             "step": engine.step,
             "reward_mean": _mean(rewards),
             "reward_std": _std(rewards),
-            # a rollout without a Verdict (no proof extracted) counts as not accepted; None only
-            # when no attempt could be judged at all (every one an infrastructure fault), as ES
-            "pass_rate": (sum(v.accepted for v in verdicts) / len(own) if own else None),
+            # None when no attempt could be judged at all (every one an infrastructure fault),
+            # or when the environment gives rewards but no verdicts (nothing passes or fails)
+            "pass_rate": (sum(v.accepted for v in verdicts) / len(own) if verdicts else None),
             # every attempt sampled in the step (refills included)
             **infra_metrics(sum(r.infra for r in every), len(every)),
             "pass_at_group": (
@@ -649,16 +650,19 @@ def _skip_reason(batch: _Batch, mask_truncated: bool) -> str:
     return "no_model_tokens"
 
 
-def _step_line(row: dict[str, Any], steps: int, skipped: str = "") -> str:
-    """One concise log line for a finished step (``skipped``: why it trained on nothing)."""
+def _step_line(row: dict[str, Any], counter: str, skipped: str = "") -> str:
+    """One concise log line for a finished step: ``counter`` (``step 3/20``, or the budget's
+    share), ``skipped`` (why it trained on nothing). No pass rate where the environment gives
+    rewards but no verdicts."""
 
     def f(key: str, fmt: str = ".3f") -> str:
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
 
     what = f"skipped ({skipped})" if row.get("skipped") else f"loss {f('loss', '.4g')}"
+    passed = "" if row.get("pass_rate") is None else f" pass {f('pass_rate')}"
     return (
-        f"step {row['step']}/{steps}: reward {f('reward_mean')} pass {f('pass_rate')} "
+        f"{counter}: reward {f('reward_mean')}{passed} "
         f"groups {row['groups_kept']}/{row['groups']} {what} {f('time_step', '.2f')}s"
     )
 
