@@ -51,7 +51,13 @@ def test_found_the_core_models() -> None:
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
 def test_every_field_has_a_docstring(model: type[pydantic.BaseModel]) -> None:
+    def ours(name: str) -> bool:  # declared by leanrl (a verifiers base's fields are its own)
+        owner = next(c for c in model.__mro__ if name in getattr(c, "__annotations__", {}))
+        return owner.__module__.startswith("leanrl")
+
     undocumented = [
-        name for name, f in model.model_fields.items() if not (f.description or "").strip()
+        name
+        for name, f in model.model_fields.items()
+        if ours(name) and not (f.description or "").strip()
     ]
     assert not undocumented, f"{model.__name__}: fields without a docstring: {undocumented}"

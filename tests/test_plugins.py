@@ -171,6 +171,7 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
         ("environments", "leanrl.environments"),
         ("harnesses", "leanrl.harnesses"),
         ("runtimes", "leanrl.runtimes"),
+        ("leanrl_verifiers", "leanrl_verifiers"),  # verifiers' plugin id, top-level by design
     ):
         for init in (REPO / top).rglob("__init__.py"):
             rel = init.parent.relative_to(REPO / top).parts

@@ -27,6 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 def test_import_leanrl_does_not_import_verifiers() -> None:
     code = (
         "import sys, leanrl, leanrl.interop, leanrl.service.app\n"
+        # the parts of the interop that need no verifiers, and the environment until it is used
+        "import leanrl.interop.traces, leanrl.interop.tactics, leanrl.interop.traces_cli\n"
+        "import leanrl.environments.verifiers\n"
+        "from leanrl import load_environment\n"
+        "load_environment('verifiers', harness={'options': {'env': 'x'}})\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'verifiers')\n"
         "assert not bad, bad\n"
     )
@@ -131,16 +136,24 @@ async def test_the_reward_can_come_from_leanrl_serve() -> None:
     assert a.formal_statement == task.data.leanrl_task["formal_statement"]
 
 
-@pytest.mark.slow  # a fresh interpreter / a live service / verifiers' plugin scan
-def test_verifiers_resolves_the_taskset_by_id_through_a_top_level_module(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """verifiers imports a taskset id as a top-level module and takes the Taskset subclass
-    its ``__all__`` exports. The shim is the one-line module docs/interop.md describes."""
-    (tmp_path / "leanrl_verifiers.py").write_text(
-        "from leanrl.interop.verifiers_plugin import *  # noqa: F403\n"
-        "from leanrl.interop.verifiers_plugin import __all__  # noqa: F401\n"
+@pytest.mark.slow  # verifiers' plugin scan
+def test_verifiers_resolves_the_shipped_plugin_by_id() -> None:
+    """verifiers imports an id as a top-level module (``leanrl-verifiers`` ->
+    ``leanrl_verifiers``, shipped with leanrl) and takes the one Taskset, Harness and Env
+    subclass its ``__all__`` exports."""
+    from verifiers.v1.utils import loaders
+
+    from leanrl.interop.verifiers_plugin import LeanrlChatHarness, LeanrlEnv
+
+    assert loaders.taskset_class("leanrl-verifiers") is LeanrlTaskset
+    assert loaders.harness_class("leanrl-verifiers") is LeanrlChatHarness
+    assert loaders.environment_class("leanrl-verifiers") is LeanrlEnv
+    # unpinned, the seat plays leanrl's chat harness on the local host (no Prime sandbox)
+    env_cfg = loaders.resolve_env_config(
+        {"taskset": {"id": "leanrl-verifiers", "env": "core", "runtime": SCRIPTED}}
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    assert env_cfg.agent_harnesses() == {"agent": env_cfg.agent_harnesses()["agent"]}
+    assert env_cfg.agent_harnesses()["agent"].id == "leanrl-verifiers"
+    assert env_cfg.agent.runtime.type == "subprocess"  # type: ignore[attr-defined]
     ts = vf.load_taskset(config(limit=2))
     assert isinstance(ts, LeanrlTaskset) and len(list(ts)) == 2

@@ -1,8 +1,9 @@
 """leanrl in PrimeIntellect's verifiers (v1 API): a ``vf.Taskset`` whose reward is leanrl's verdict.
 
 Needs ``pip install -e '.[verifiers]'`` (verifiers 0.4, Python 3.11+). Nothing imports this
-module but verifiers (through its plugin id, docs/interop.md) and code that asks for it:
-``import leanrl`` stays free of verifiers.
+module but verifiers (through its plugin id ``leanrl-verifiers``: the top-level module
+``leanrl_verifiers`` re-exports it; docs/interop.md) and code that asks for it: ``import
+leanrl`` stays free of verifiers.
 
 * :class:`LeanrlTaskset` yields one task per theorem of a leanrl environment (``env``, ``split``,
   ``path`` in its config), prompted in one of leanrl's chat formats (``prompt_format``).
@@ -15,8 +16,12 @@ module but verifiers (through its plugin id, docs/interop.md) and code that asks
   trace's ``info["leanrl_verdict"]``.
 * An ``infra`` verdict (the checker could not run: not the proof's fault) raises
   :class:`LeanrlInfraError` instead of scoring 0, so the trace is an errored rollout that
-  verifiers can retry (``--env.solver.retries.rules '[{"type": "LeanrlInfraError",
+  verifiers can retry (``--env.agent.retries.rules '[{"type": "LeanrlInfraError",
   "max_retries": 3}]'``), never a wrong 0 a trainer learns from.
+* :class:`LeanrlChatHarness` (the taskset's default harness) is one chat turn run in-process
+  through the rollout's interception endpoint, and :class:`LeanrlEnv` is verifiers'
+  single-agent env with its seat on the local host (``subprocess``): ``vf-eval
+  leanrl-verifiers`` then needs no ``uv``, no container and no Prime account.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import verifiers.v1 as vf
 from pydantic import ConfigDict, Field, SerializeAsAny
 
@@ -40,7 +46,17 @@ from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Reason, Verdict
 
-__all__ = ["LeanrlInfraError", "LeanrlTask", "LeanrlTaskData", "LeanrlTaskset"]
+__all__ = [
+    "LeanrlChatHarness",
+    "LeanrlChatHarnessConfig",
+    "LeanrlEnv",
+    "LeanrlEnvConfig",
+    "LeanrlInfraError",
+    "LeanrlTask",
+    "LeanrlTaskData",
+    "LeanrlTaskset",
+    "LeanrlTasksetConfig",
+]
 
 
 class LeanrlInfraError(vf.TaskError):
@@ -210,3 +226,87 @@ class LeanrlTaskset(vf.Taskset[LeanrlTask, LeanrlTasksetConfig]):
                 checker=self.checker_key,
             )
             yield LeanrlTask(data, self.config.task)
+
+
+class LeanrlChatHarnessConfig(vf.HarnessConfig):
+    """``--env.agent.harness.*`` of the leanrl chat harness (id ``leanrl-verifiers``)."""
+
+    # Attribute docstrings become field descriptions, as in leanrl's own configs.
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    id: vf.ID = "leanrl-verifiers"
+    """The harness id (the plugin's own: the default harness of the leanrl taskset)."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds one model call may take."""
+
+
+class LeanrlChatHarness(vf.Harness[LeanrlChatHarnessConfig]):
+    """One chat turn, in-process: the task's prompt to the model, its reply is the trace.
+
+    leanrl's whole-proof harness as a verifiers harness. It runs no program and needs no
+    runtime tooling (verifiers' ``null`` harness starts a ``uv run`` script, which needs uv
+    and a package index): the call goes to the rollout's interception ``endpoint`` with its
+    ``secret``, as verifiers' harness contract asks, so verifiers records the turn, applies
+    the eval's sampling and relays it to the model endpoint (``--client.base-url``).
+    """
+
+    APPENDS_SYSTEM_PROMPT = True
+    EXECUTES_CODE = False
+    NEEDS_CONTAINER = False
+    SUPPORTS_RESUME = True
+
+    async def launch(
+        self,
+        ctx: vf.ModelContext,
+        trace: vf.Trace,
+        runtime: vf.Runtime,
+        endpoint: str,
+        secret: str,
+        mcp_urls: dict[str, str],
+        data: vf.TaskData,
+    ) -> vf.ProgramResult:
+        system, prompt = self.resolve_prompt(data)
+        messages: list[dict[str, Any]] = []
+        if system:
+            messages.append({"role": "system", "content": system})
+        if isinstance(prompt, str):
+            messages.append({"role": "user", "content": prompt})
+        elif prompt is not None:  # a resumed exchange: the conversation so far
+            messages.extend(
+                {"role": m.role, "content": m.content or ""}
+                for m in prompt
+                if getattr(m, "content", None) is not None
+            )
+        body = {"model": ctx.model, "messages": messages}
+        async with httpx.AsyncClient(timeout=self.config.timeout_s) as client:
+            r = await client.post(
+                f"{endpoint.rstrip('/')}/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {secret}"},
+            )
+        if r.status_code != 200:
+            # stderr carries the cause; verifiers turns a non-zero exit into a HarnessError
+            return vf.ProgramResult(1, "", f"model call failed: HTTP {r.status_code}: {r.text}")
+        choices = r.json().get("choices") or [{}]
+        text = (choices[0].get("message") or {}).get("content") or ""
+        return vf.ProgramResult(0, text, "")
+
+
+class LeanrlEnvConfig(vf.SingleAgentEnvConfig):
+    """The leanrl taskset's env: verifiers' single-agent env, its seat on the local host."""
+
+    # Attribute docstrings become field descriptions, as in leanrl's own configs.
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
+    """The one seat. Its runtime defaults to ``subprocess`` (verifiers' own default is a
+    Prime sandbox, which needs an account and the network): the leanrl chat harness runs
+    nothing in it, and leanrl's checker brings its own isolation. Pin
+    ``--env.agent.runtime.type`` / ``--env.agent.harness.id`` for other harnesses."""
+
+
+class LeanrlEnv(vf.Env[LeanrlEnvConfig]):
+    """verifiers' single-agent episode (one seat plays the task) with the local default seat."""
+
+    async def run(self, task: vf.Task, agents: vf.Agents) -> None:
+        await agents.agent.run(task)
