@@ -83,6 +83,7 @@ class Environment:
         runtime: Runtime = _instantiate(cls, Runtime, self.config.runtime, "runtime")
         ts = self.taskset
         runtime.taskset_pins = (ts.lean_toolchain, ts.mathlib_rev)
+        runtime.env_id = self.config.id
         return runtime
 
     # -- parts ----------------------------------------------------------------------------------

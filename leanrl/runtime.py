@@ -121,6 +121,9 @@ class Runtime(abc.ABC):
         self.taskset_pins: tuple[str | None, str | None] = (None, None)
         """(Lean toolchain, Mathlib revision) the taskset is written for; set by the
         Environment, so that sandbox images default to the taskset's Lean."""
+        self.env_id: str | None = None
+        """The environment this runtime serves (set by the Environment): errors name the
+        ``leanrl setup --env ID`` to run."""
 
     def preflight(self) -> None:  # noqa: B027 - optional hook
         """Cheap checks, without starting anything: raise the error :meth:`start` would raise

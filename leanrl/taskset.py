@@ -86,7 +86,8 @@ class TasksetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     path: Path | None = None
-    """A local JSONL file, or a folder holding the taskset's file (e.g. ``shared/data``). When
+    """A local JSONL file, or a folder holding the taskset's file (e.g. a folder with
+    ``minif2f.jsonl`` in it, for ``--env minif2f``). When
     unset, the taskset loads from the Hugging Face hub (``hub_id``)."""
     hub_id: str | None = None
     """Hugging Face dataset id to load instead of the taskset's default."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from leanrl.train.budget import BudgetConfig, BudgetTracker
 
 
@@ -91,3 +95,16 @@ async def test_a_reward_only_member_has_no_pass_rate() -> None:
     assert got.pass_rate is None and got.reward == 0.5
     got = await score_rollouts(Env(True), None, [], None)  # type: ignore[arg-type]
     assert got.pass_rate == 1.0
+
+
+def test_the_last_line_of_a_run_rounds_its_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from leanrl.train.common import RunDir, print_run_summary
+
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir(parents=True)
+    run.log({"step": 3, "loss": 0.123456789012, "tokens_per_s": 1234.5678, "skipped": None})
+    print_run_summary(run, ("loss", "tokens_per_s", "skipped"))
+    out = capsys.readouterr().out
+    assert "step 3: loss=0.1235 tokens_per_s=1235 skipped=-" in out

@@ -390,3 +390,22 @@ async def test_oneshot_lean_killed_from_outside_is_run_again(tmp_path: Path) -> 
     await crasher.start()
     (v,) = await crasher.check([att("rfl")])
     assert v.reason is Reason.CRASH and v.detail.endswith("(2 runs)"), v.detail
+
+
+def test_no_lean_names_the_setup_of_the_environment_in_use(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from leanrl import load_environment
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("LEANRL_LEAN_PROJECT", raising=False)
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(LeanNotFoundError) as e:
+        load_environment("core").runtime.preflight()
+    assert "`leanrl setup --env core`" in str(e.value) and "minif2f" not in str(e.value)
+    missing = tmp_path / "nope"
+    with pytest.raises(LeanNotFoundError) as e:
+        load_environment("core", runtime={"lean_project": str(missing)}).runtime.preflight()
+    assert f"{missing} does not exist" in str(e.value) and "--env core`" in str(e.value)
+    with pytest.raises(LeanNotFoundError, match=r"e\.g\. `leanrl setup --env minif2f`"):
+        LocalRuntime(RuntimeConfig()).preflight()  # no environment: a placeholder, an example

@@ -137,14 +137,25 @@ def project_dir(toolchain: str, mathlib_rev: str | None) -> Path:
     return cache_root() / "projects" / f"lean-{tag}-mathlib-{rev}-{digest}"
 
 
-def find_project(configured: Path | None = None) -> Path | None:
-    """The Lean project to use (see the module docstring for the order), or None."""
+def setup_hint(env_id: str | None) -> str:
+    """The ``leanrl setup`` to run: for the environment in use when it is known, else a
+    placeholder with an example."""
+    if env_id:
+        return f"`leanrl setup --env {env_id}`"
+    return (
+        "`leanrl setup --env ENV` with the environment you use (e.g. `leanrl setup --env minif2f`)"
+    )
+
+
+def find_project(configured: Path | None = None, *, env_id: str | None = None) -> Path | None:
+    """The Lean project to use (see the module docstring for the order), or None. ``env_id``
+    (the environment in use) names the ``leanrl setup`` to run in errors."""
     if configured is not None:
         p = Path(configured).expanduser()
         if not p.is_dir():
             raise LeanNotFoundError(
                 f"the configured Lean project {p} does not exist; fix runtime.lean_project or "
-                "run `leanrl setup --env ENV` (e.g. `leanrl setup --env minif2f`)"
+                f"run {setup_hint(env_id)}"
             )
         return p
     env = os.environ.get("LEANRL_LEAN_PROJECT")
@@ -190,18 +201,20 @@ def _is_lake_project(project: Path | None) -> bool:
     )
 
 
-def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
-    """The command line that starts a REPL, and the folder to run it in."""
+def repl_command(
+    project: Path | None, *, env_id: str | None = None
+) -> tuple[list[str], Path | None]:
+    """The command line that starts a REPL, and the folder to run it in (``env_id``: the
+    environment in use, named in the ``leanrl setup`` an error suggests)."""
     repl = find_repl(project)
     if repl is None:
         if project is None and not any(which(t) for t in ("lean", "lake", "elan")):
             # Nothing of Lean here: building a REPL or one-shot mode would both fail next.
             raise LeanNotFoundError(
                 "Lean is not installed here (no `lean`, `lake` or `elan` on PATH). Install the "
-                f"toolchain manager elan: {ELAN_INSTALL} ; open a new shell, then run `leanrl "
-                "setup --env ENV` with the environment you use (e.g. `leanrl setup --env "
-                "minif2f`): it installs the taskset's Lean and builds the REPL. Or point "
-                "LEANRL_LEAN_PROJECT at a Lean project that has one."
+                f"toolchain manager elan: {ELAN_INSTALL} ; open a new shell, then run "
+                f"{setup_hint(env_id)}: it installs the taskset's Lean and builds the REPL. Or "
+                "point LEANRL_LEAN_PROJECT at a Lean project that has one."
             )
         where = f" in {project}" if project else ""
         oneshot = (
@@ -210,8 +223,7 @@ def repl_command(project: Path | None) -> tuple[list[str], Path | None]:
             else ""
         )
         raise LeanNotFoundError(
-            f"no Lean REPL found{where}. Run `leanrl setup --env ENV` with the environment you "
-            f"use (e.g. `leanrl setup --env minif2f`) to build one{oneshot}"
+            f"no Lean REPL found{where}. Run {setup_hint(env_id)} to build one{oneshot}"
         )
     if _is_lake_project(project):
         if which("lake") is None:

@@ -510,13 +510,20 @@ class RunDir:
         return out
 
 
+def _short(v: Any) -> str:
+    """A metric as a person reads it: 4 significant digits for a float (not 0.1234567891)."""
+    if isinstance(v, float):
+        return format(v, ".4g")
+    return "-" if v is None else str(v)
+
+
 def print_run_summary(run: RunDir, keys: Sequence[str]) -> None:
     """What both training commands print at the end: the folder, the last step, the checkpoint."""
     rows = run.metrics()
     print(f"run folder: {run.path}")
     if rows:
         last = rows[-1]
-        print(f"step {last.get('step')}: " + " ".join(f"{k}={last.get(k)}" for k in keys))
+        print(f"step {last.get('step')}: " + " ".join(f"{k}={_short(last.get(k))}" for k in keys))
     from leanrl.train.infra import infra_summary
 
     infra = infra_summary(rows)

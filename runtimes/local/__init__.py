@@ -142,14 +142,17 @@ class LocalRuntime(Runtime):
         if refused is not None:
             raise refused
 
+    def _project(self) -> Path | None:
+        return find_project(self.config.lean_project, env_id=self.env_id)
+
     def _find_lean(self) -> None:
         # Lean before the sandbox: without Lean nothing runs, so its LeanNotFoundError (with how
         # to set Lean up) is the first thing a new machine should be told.
         cfg = self.config
         if cfg.mode == "repl" and self._option_command("repl_command") is None:
-            repl_command(find_project(cfg.lean_project))
+            repl_command(self._project(), env_id=self.env_id)
         elif cfg.mode == "oneshot" and self._option_command("lean_command") is None:
-            lean_command(find_project(cfg.lean_project))
+            lean_command(self._project())
 
     async def lean_version(self) -> str | None:
         """What ``lean --version`` says in the Lean project (or ``options.lean_command``); the
@@ -158,7 +161,7 @@ class LocalRuntime(Runtime):
         cwd: Path | None = None
         project = None
         try:
-            project = find_project(self.config.lean_project)
+            project = self._project()
             if cmd is None:
                 cmd, cwd = lean_command(project)
         except LeanNotFoundError:
@@ -201,7 +204,7 @@ class LocalRuntime(Runtime):
             found = self._option_command("repl_command")
             cwd: Path | None = None
             if found is None:
-                found, cwd = repl_command(find_project(cfg.lean_project))
+                found, cwd = repl_command(self._project(), env_id=self.env_id)
             # Run the REPL itself, not `lake env` around it: lake could write to the project
             # (read-only in the sandbox), and the REPL must be the child that dies with us.
             cmd, env = await asyncio.to_thread(resolve_lake_env, found, cwd)
@@ -233,7 +236,7 @@ class LocalRuntime(Runtime):
             found = self._option_command("lean_command")
             cwd = None
             if found is None:
-                found, cwd = lean_command(find_project(cfg.lean_project))
+                found, cwd = lean_command(self._project())
             cmd, env = await asyncio.to_thread(resolve_lake_env, found, cwd)
             self.oneshot = OneShotChecker(
                 cmd,
