@@ -217,9 +217,11 @@ def test_setup_offline_fails_fast(bare: Path, tmp_path: Path) -> None:
         exe = bare / tool
         exe.write_text("#!/bin/sh\necho should-not-run >&2\nexit 99\n")
         exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    with pytest.raises(LeanNotFoundError, match="needs the internet"):
+    with pytest.raises(LeanNotFoundError, match="needs the internet") as e:
         setup_project(TOOLCHAIN, REV, is_online=lambda: False, log=lambda s: None)
     assert not project_dir(TOOLCHAIN, REV).exists()
+    # what the README promises it says offline: the Lean project, and the local model folder
+    assert "LEANRL_LEAN_PROJECT" in str(e.value) and "--model ./my-model" in str(e.value)
 
 
 def test_online_probe_is_false_for_a_closed_port() -> None:

@@ -137,6 +137,13 @@ def project_dir(toolchain: str, mathlib_rev: str | None) -> Path:
     return cache_root() / "projects" / f"lean-{tag}-mathlib-{rev}-{digest}"
 
 
+#: What an offline machine needs besides Lean (the README's promise, said where it is needed).
+_OFFLINE_MODEL = (
+    "Offline, the model must be a local folder too: --model ./my-model (copied from a "
+    "connected machine's `hf download ID --local-dir DIR`)."
+)
+
+
 def setup_hint(env_id: str | None) -> str:
     """The ``leanrl setup`` to run: for the environment in use when it is known, else a
     placeholder with an example."""
@@ -542,7 +549,7 @@ def setup_project(
             raise LeanNotFoundError(
                 "elan (the Lean toolchain manager) is missing and the internet is unreachable, "
                 f"so it cannot be installed. On a connected machine: {ELAN_INSTALL}; or point "
-                "LEANRL_LEAN_PROJECT at an existing Lean project"
+                f"LEANRL_LEAN_PROJECT at an existing Lean project. {_OFFLINE_MODEL}"
             )
         install_elan(log, fetch)
     if which("lake") is None:
@@ -556,7 +563,7 @@ def setup_project(
         raise LeanNotFoundError(
             "leanrl setup needs the internet (github.com is unreachable): it downloads the "
             f"Lean toolchain {toolchain}, Mathlib and the REPL. Run it on a connected machine, "
-            "or point LEANRL_LEAN_PROJECT at an existing project"
+            f"or point LEANRL_LEAN_PROJECT at an existing project. {_OFFLINE_MODEL}"
         )
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "lean-toolchain").write_text(toolchain + "\n", encoding="utf-8")
