@@ -486,6 +486,7 @@ class RunDir:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         steps = [r["step"] for r in rows]
         vals = [r[key] for r in rows]
@@ -499,6 +500,8 @@ class RunDir:
             ]
             ax.plot(steps, avg, lw=2, label=f"{key} (moving avg, {w})")
         ax.set_xlabel("step")
+        # steps are whole numbers: no 2.5 tick on a short run
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(key)
         ax.set_title(title)
         ax.grid(alpha=0.3)

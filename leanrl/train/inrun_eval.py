@@ -103,12 +103,15 @@ def plot_eval(run: RunDir) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     for key in keys:
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", lw=1.5, label=key[5:])
     ax.set_xlabel("step")
+    # steps are whole numbers: no 2.5 tick on a short run
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("held-out pass rate")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"in-run eval ({run.path.name})")
