@@ -25,6 +25,9 @@ class LettersConfig(vf.TasksetConfig):
     """``count``: how many tasks (cycling over the words)."""
 
     count: int = 4
+    offset: int = 0
+    """Start at this task index (a held-out set of other words: ``offset`` past the training
+    tasks)."""
     broken: bool = False
     """Make the ``letters`` reward raise (a rubric that cannot score)."""
 
@@ -56,11 +59,11 @@ class LettersTask(vf.Task[LettersData, vf.State, vf.TaskConfig]):
 
 class LettersTaskset(vf.Taskset[LettersTask, LettersConfig]):
     def load(self) -> Iterator[LettersTask]:
-        for i in range(self.config.count):
+        for i in range(self.config.offset, self.config.offset + self.config.count):
             w = WORDS[i % len(WORDS)]
             data = LettersData(
                 idx=i,
-                name=f"say_{w}",
+                name=f"say_{w}" + (f"_{i // len(WORDS)}" if i >= len(WORDS) else ""),
                 word=w,
                 prompt=f"Say the word {w}.",
                 system_prompt="Answer with one word.",

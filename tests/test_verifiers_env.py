@@ -211,3 +211,35 @@ def test_expert_iteration_keeps_solved_tasks_and_fine_tunes_on_the_verifiers_pro
         f"Say the word {w}.<|im_end|>\n<|im_start|>assistant\n{w}<|im_end|>\n"
         for w in ("cat", "dog", "owl")
     ], seen
+
+
+@pytest.mark.slow  # two short trainings and three held-out evals on CPU
+def test_compare_runs_es_and_grpo_on_a_verifiers_taskset(
+    letters_model: Path, tmp_path: Path
+) -> None:
+    from leanrl.compare import CompareConfig, run_compare
+
+    held_out = env_config(2, offset=4)  # yak, ant: words the runs never train on
+    cfg = CompareConfig.model_validate(
+        {
+            "env": env_config(4),
+            "eval_env": held_out,
+            "eval_limit": 2,
+            "eval_every": 1,
+            "policy": {"model": str(letters_model), "device": "cpu"},
+            "sampling": {"max_tokens": 6, "temperature": 1.0, "top_p": 1.0, "seed": 0},
+            "budget": {"tokens": 60},
+            "tasks_per_step": 2,
+            "es": {"population": 2, "sigma": 0.02, "alpha": 0.02},
+            "grpo": {"group_size": 2, "lr": 1e-3, "mask_truncated": False},
+            "seeds": [0],
+            "out": str(tmp_path / "cmp"),
+        }
+    )
+    report = run_compare(cfg)
+    assert {r["method"] for r in report["runs"]} == {"es", "grpo"}
+    for r in report["runs"]:
+        rows = _reward_rows(Path(r["run"]))
+        assert rows and all(0.0 <= x["reward_mean"] <= 1.0 for x in rows)
+        assert r["tokens"] > 0 and r["acc_start"] is not None
+    assert "ES vs GRPO on verifiers" in (tmp_path / "cmp" / "report.md").read_text()
