@@ -56,11 +56,9 @@ def test_compare_es_and_grpo_on_countdown(cd_model: Path, tmp_path: Path) -> Non
 
         # each run stopped at the step boundary nearest the budget (leanrl/train/budget.py):
         # reached, or one more mean-sized step would have ended further past it
-        def near(i: int) -> bool:
-            total = steps[i]["total_tokens"]
-            return total >= 600 or total + total / (i + 1) / 2 > 600
-
-        assert near(len(steps) - 1) and not any(near(i) for i in range(len(steps) - 1))
+        totals = [x["total_tokens"] for x in steps]
+        near = [t >= 600 or t + t / (i + 1) / 2 > 600 for i, t in enumerate(totals)]
+        assert near[-1] and not any(near[:-1])
         assert r["tokens"] == steps[-1]["total_tokens"]
         # the same held-out set: evaluated at the start (step 0) and at the end
         assert rows[0]["step"] == 0 and rows[0]["eval/tasks"] == 6
