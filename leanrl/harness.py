@@ -69,7 +69,9 @@ class HarnessConfig(BaseModel):
     from ``few_shot``, never the task itself."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Settings of the harness's own: ``tactic-loop``: ``max_sessions``; the ``countdown``
-    environment: ``style`` and ``reward``; ``whole-proof`` and ``self-correction`` take none;
+    environment: ``style`` and ``reward``; the ``verifiers`` environment: ``env`` (a verifiers
+    taskset id), ``taskset`` (its config) and ``solved_at``; ``whole-proof`` and
+    ``self-correction`` take none;
     third-party harnesses: theirs. A key the harness does not know is refused (a harness that
     declares no ``option_keys`` takes any)."""
 

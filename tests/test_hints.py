@@ -232,3 +232,18 @@ def test_countdown_refuses_a_prompt_format_it_would_ignore(
     assert "countdown harness writes its own prompt" in capsys.readouterr().err
     assert main([*argv, "--env.harness.options", '{"style": "dirct"}']) == 2
     assert "style must be 'think' or 'direct', got 'dirct'" in capsys.readouterr().err
+
+
+def test_a_catalogue_model_not_made_yet_says_how_to_make_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from leanrl.models import models_root
+
+    for given in ("smollm2", str(models_root() / "smollm2")):
+        with pytest.raises((ConfigError, PolicyError), match="leanrl models get smollm2"):
+            resolve_model(given)
+    with pytest.raises(ConfigError) as e:
+        resolve_model(str(tmp_path / "elsewhere" / "smollm2"))  # not the cache: no such hint
+    assert "models get" not in str(e.value)

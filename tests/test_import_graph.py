@@ -48,6 +48,7 @@ GROUND: tuple[str, ...] = (
     "leanrl.jsonl",
     "leanrl.integrity",
     "leanrl.runlock",
+    "leanrl.models",
     "leanrl.costs",
     "leanrl.decontam_config",
     "leanrl.lean.versions",

@@ -30,6 +30,8 @@ _COMMANDS = (
     "leanrl.cli",
     "leanrl.config_reference",
     "leanrl.decontam_cli",
+    "leanrl.models_cli",
+    "leanrl.interop.traces_cli",
     "leanrl.lean.commands",
     "leanrl.eval.cli",
     "leanrl.launch.cli",
@@ -43,7 +45,7 @@ _COMMANDS = (
 )
 
 BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ground floor\nerrors · verdict · task · config\nregistry · jsonl · costs · runlock\nlean.versions · ...": (
+    "ground floor\nerrors · verdict · task · config\nregistry · jsonl · costs · runlock\nmodels · lean.versions · ...": (
         "ground",
         ig.GROUND,
     ),
@@ -89,7 +91,7 @@ BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
     "launch/config": ("core", ("leanrl.launch.config",)),
     "launch/\nlocal · Modal": ("app", ("leanrl.launch",)),
     "compare": ("app", ("leanrl.compare",)),
-    "interop/\nverifiers plugin": ("app", ("leanrl.interop",)),
+    "interop/\nverifiers · traces · tactics": ("app", ("leanrl.interop",)),
     "import leanrl\n(the public API)": ("api", ("=leanrl", "=leanrl.train")),
     "commands\nleanrl eval · train · serve · ...": ("cli", tuple("=" + m for m in _COMMANDS)),
 }

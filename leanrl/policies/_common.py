@@ -72,6 +72,19 @@ def _nearby(path: Path) -> str:
     return ""
 
 
+def _catalogue_hint(path: Path) -> str:
+    """`` Make it with `leanrl models get smollm2`.`` when ``path`` names a catalogue model
+    (``smollm2``, or its folder under leanrl's model cache) that is not made yet."""
+    from leanrl.models import CATALOGUE, models_root
+
+    name = path.name
+    if name not in CATALOGUE:
+        return ""
+    if len(path.parts) > 1 and path.expanduser().parent != models_root():
+        return ""
+    return f" Make it offline with `leanrl models get {name}` (then {models_root() / name})."
+
+
 def resolve_model(model: str, *, flag: str = "--model", adapters: bool = True) -> str:
     """Check that ``model`` can be loaded here; return the local folder or the hub id.
 
@@ -109,7 +122,7 @@ def resolve_model(model: str, *, flag: str = "--model", adapters: bool = True) -
             raise ConfigError(
                 f"model folder {path} does not exist{_nearby(path)}. Pass {flag} with a local "
                 "folder holding config.json and the weights, or a Hugging Face id such as "
-                "'AI-MO/Kimina-Prover-Distill-1.7B'."
+                f"'AI-MO/Kimina-Prover-Distill-1.7B'.{_catalogue_hint(path)}"
             )
         if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
             if adapters:
@@ -136,6 +149,7 @@ def resolve_model(model: str, *, flag: str = "--model", adapters: bool = True) -
         f"Download it on a machine with internet (`hf download {model} --local-dir DIR`, the "
         f"command huggingface_hub installs), copy DIR here, and pass {flag} DIR."
     )
+    fix += _catalogue_hint(path)
     if hub_offline():
         raise PolicyError(
             f"model {model!r} is not in the local Hugging Face cache and offline mode is on "
