@@ -130,7 +130,10 @@ def _no_conversion(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 # -- errors and layout ----------------------------------------------------------------------------
 
 
-def test_missing_packages_say_how_to_install_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_packages_say_how_to_install_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LEANRL_CACHE", str(tmp_path))  # not a cache where it is already made
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(PolicyError) as e:
         get_model("smollm2")
