@@ -37,12 +37,36 @@ pip install -q --disable-pip-version-check -e ".[${LEANRL_EXTRAS:-all,dev}]"
 # An editable install reaches leanrl through a finder that Python consults only after its own path
 # search, so from the folder that holds the clone (itself named `leanrl`, with no __init__.py)
 # `import leanrl` found the clone as an empty namespace package: "module 'leanrl' has no attribute
-# 'load_environment'". This .pth (read after setuptools' own, names sort after `__editable__`)
-# moves leanrl's finder to the front; it answers for leanrl's modules only.
-# tests/test_setup_torch.py::test_import_from_the_folder_holding_the_clone checks it.
+# 'load_environment'". The guard below (loaded by a .pth, after setuptools' own: the names sort
+# after `__editable__`) steps in only then: when the path search finds no regular package
+# `leanrl` but a namespace one, leanrl's editable finder answers. A real leanrl package on
+# sys.path (PYTHONPATH, an installed wheel) still wins, as without the guard.
+# tests/test_setup_editable.py checks it.
 site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo 'import sys; sys.meta_path[:] = sorted(sys.meta_path, key=lambda f: not str(getattr(f, "__module__", "")).startswith("__editable___leanrl"))' \
-  > "$site/leanrl-editable-first.pth"
+cat > "$site/_leanrl_editable_guard.py" <<'PY'
+"""Written by leanrl's .ci/setup.sh: a folder named `leanrl` in the current directory (the clone,
+seen from the folder holding it) must not shadow the editable install as a namespace package."""
+import sys
+from importlib.machinery import PathFinder
+
+
+class LeanrlNamespaceGuard:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "leanrl":
+            return None
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None and spec.origin not in (None, "namespace"):
+            return spec  # a regular package on sys.path: Python's own answer
+        for finder in sys.meta_path:
+            if str(getattr(finder, "__module__", "")).startswith("__editable___leanrl"):
+                return finder.find_spec(name, path, target) or spec
+        return spec
+
+
+sys.meta_path.insert(0, LeanrlNamespaceGuard)
+PY
+echo 'import _leanrl_editable_guard' > "$site/leanrl-editable-first.pth"
 
 case ",${LEANRL_EXTRAS:-all,dev}," in *,dev,*)
   # The real test model (SmolLM2-135M-Instruct, tests marked real_model): only the GGUF file in

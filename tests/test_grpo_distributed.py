@@ -182,6 +182,8 @@ def test_refused_with_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
 
     monkeypatch.setenv("WORLD_SIZE", "2")
+    # "org/name" stands for a hub model in the local cache (the model check comes first)
+    monkeypatch.setattr("leanrl.policies._common._cached", lambda repo_id: repo_id == "org/name")
     for kw, msg in [
         ({"async_generation": True}, "async_generation with 2 ranks"),
         ({"policy": {"model": "org/name", "backend": "vllm"}}, "run a vLLM server instead"),

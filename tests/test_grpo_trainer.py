@@ -380,7 +380,7 @@ def test_rerun_with_a_different_config_is_refused(tiny_model_dir: Path, tmp_path
 # -- bad config, before any model is loaded -----------------------------------------------------
 
 
-def test_bad_configs_fail_early(tmp_path: Path) -> None:
+def test_bad_configs_fail_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pydantic import ValidationError
 
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
@@ -398,6 +398,8 @@ def test_bad_configs_fail_early(tmp_path: Path) -> None:
         trainer.train_sync()
     assert not (tmp_path / "r").exists()  # failed before touching the run folder
     if not torch.cuda.is_available():
+        # "org/model" stands for a hub model in the local cache (the model check comes first)
+        monkeypatch.setattr("leanrl.policies._common._cached", lambda r: r == "org/model")
         cpu_mixed = GRPOConfig(policy=PolicyConfig(model="org/model"), precision="bf16-mixed")
         with pytest.raises(ConfigError, match="needs a CUDA device"):
             GRPOTrainer(cpu_mixed.model_copy(update={"out": tmp_path / "r"})).check()

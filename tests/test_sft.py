@@ -342,6 +342,9 @@ def test_no_lean_for_the_in_run_eval_fails_before_the_model_loads(
     with pytest.raises(LeanNotFoundError, match="leanrl setup"):
         SFTTrainer(cfg, pairs=_pairs()).train_sync()
     # no sandbox, not allowed to run without: the error the runtime's start would give, first
+    # (with a REPL command given, so that Lean is found: a missing Lean is reported first)
+    held_out["runtime"] = {"options": {"repl_command": ["/bin/true"]}}
+    cfg = _config(toy_model_dir, tmp_path / "run", eval=InRunEvalConfig(every=2, env=held_out))
     monkeypatch.setattr("leanrl.runtimes.local.isolation_problem", lambda: "no bwrap (test)")
     monkeypatch.delenv("LEANRL_ALLOW_UNSANDBOXED", raising=False)
     with pytest.raises(RuntimeUnavailable, match="cannot be sandboxed here: no bwrap"):

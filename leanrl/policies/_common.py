@@ -85,7 +85,9 @@ def _catalogue_hint(path: Path) -> str:
     return f" Make it offline with `leanrl models get {name}` (then {models_root() / name})."
 
 
-def resolve_model(model: str, *, flag: str = "--model", adapters: bool = True) -> str:
+def resolve_model(
+    model: str, *, flag: str = "--model", adapters: bool = True, hub: bool = True
+) -> str:
     """Check that ``model`` can be loaded here; return the local folder or the hub id.
 
     The one model check of every command (eval, the trainers, compare), run before anything
@@ -96,7 +98,9 @@ def resolve_model(model: str, *, flag: str = "--model", adapters: bool = True) -
 
     ``flag``: the option named in messages (``--policy.model`` for the trainers). ``adapters``:
     a LoRA checkpoint folder (adapters, no ``config.json``) is merged into a loadable folder
-    (True, for inference) or refused (False: the trainers start from a full model).
+    (True, for inference) or refused (False: the trainers start from a full model). ``hub``:
+    False where the model is not loaded here (a ``--dry-run``, a launch to Modal): a hub id is
+    then taken as it is, and only local folders are checked.
     """
     if not model:
         raise ConfigError(f"no model given: pass {flag} with a model folder or a Hugging Face id")
@@ -143,7 +147,7 @@ def resolve_model(model: str, *, flag: str = "--model", adapters: bool = True) -
         return str(path)
     if not re.fullmatch(r"[\w.\-]+/[\w.\-]+|[\w.\-]+", model):
         raise ConfigError(f"{flag} {model!r} is neither a local folder nor a Hugging Face id")
-    if _cached(model):
+    if not hub or _cached(model):
         return model
     fix = (
         f"Download it on a machine with internet (`hf download {model} --local-dir DIR`, the "

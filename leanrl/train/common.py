@@ -132,13 +132,14 @@ class TrainConfig(BaseModel):
         return self
 
 
-def check_model_path(model: str) -> None:
+def check_model_path(model: str, *, hub: bool = True) -> None:
     """Fail early, before loading anything, when ``model`` cannot be loaded here: the check
     eval makes too (:func:`leanrl.policies._common.resolve_model`), so a missing folder gets a
-    did-you-mean and an uncached hub id offline fails in seconds with how to fetch it."""
+    did-you-mean and an uncached hub id offline fails in seconds with how to fetch it.
+    ``hub=False``: the model is not loaded here (a dry run, a launch): local folders only."""
     from leanrl.policies._common import resolve_model
 
-    resolve_model(model, flag="--policy.model", adapters=False)
+    resolve_model(model, flag="--policy.model", adapters=False, hub=hub)
 
 
 def check_runtimes(env: Environment | None, eval_config: InRunEvalConfig) -> None:

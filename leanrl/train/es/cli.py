@@ -44,7 +44,8 @@ class ESCommand(ConfigCommand, ESConfig):
         config = self.build_config(
             ESConfig, "ES config", {"model": ("policy", "model")}, command_only=("dry_run",)
         )
-        check_model_path(config.policy.model)  # before any model is loaded
+        # Folders now; a hub id where the model loads (here, or in a launched container).
+        check_model_path(config.policy.model, hub=False)
         return config
 
     def cli_cmd(self) -> None:
