@@ -122,13 +122,14 @@ async def test_a_lean_process_killed_from_outside_is_not_the_attempts_crash(
     import signal
 
     pids = tmp_path / "pids"
-    p = pool(command=fake_cmd(pid_file=pids), workers=1, spares=0, timeout_s=10.0)
+    p = pool(command=fake_cmd(pid_file=pids), workers=1, spares=0, timeout_s=30.0)
     try:
         assert (await p.check([att(i=0)]))[0].reason is Reason.OK
         for pid in _pids(pids):  # idle, warm, and now dead (not yet reaped)
             os.kill(pid, signal.SIGKILL)
         idle = (await p.check([att(i=1)]))[0]
-        busy_task = asyncio.ensure_future(p.check([att(i=2, delay=1.0)]))
+        # long enough that the kill below lands while it works, on a loaded machine too
+        busy_task = asyncio.ensure_future(p.check([att(i=2, delay=5.0)]))
         for _ in range(200):  # the process the slow attempt is on
             await asyncio.sleep(0.05)
             if p.stats.checked >= 3:

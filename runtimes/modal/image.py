@@ -44,6 +44,7 @@ SOURCE_PATHS = (
     "environments",
     "harnesses",
     "runtimes",
+    "leanrl_verifiers",  # a name only (verifiers' plugin id), listed in pyproject's packages
 )
 """What leanrl is built from in a source checkout: the same set the Dockerfile copies (not the
 whole checkout, whose runs/, .venv or data would be uploaded and rebuilt on every change)."""
