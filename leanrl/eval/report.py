@@ -302,8 +302,9 @@ def _flags(prefix: str, given: Any, default: Any) -> list[str]:
         import json
 
         text = json.dumps(given)
-    elif isinstance(given, bool):
-        return [prefix if given else f"{prefix.rsplit('.', 1)[0]}.no-{prefix.rsplit('.', 1)[1]}"]
+    elif isinstance(given, bool):  # a flag: --x.name, or --x.no-name
+        head, _, name = prefix.rpartition(".")
+        return [prefix if given else f"{head}.no-{name}"]
     else:
         text = str(given)
     return [prefix, text]
