@@ -143,7 +143,9 @@ async def test_a_lean_process_killed_from_outside_is_not_the_attempts_crash(
         await p.close()
     assert idle.reason is Reason.OK, idle.detail
     assert busy.reason is Reason.OK, busy.detail
-    assert p.stats.crash_retried >= 2
+    # At least one attempt ran again on a fresh process. (Both kills usually cost a retry each;
+    # on a loaded machine the idle death can be seen before the attempt is sent, which is fine.)
+    assert p.stats.crash_retried >= 1
 
 
 async def test_without_crash_retries_a_dead_process_costs_its_attempt() -> None:
