@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from leanrl.environment import Environment, EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, disk_errors
@@ -255,11 +255,8 @@ class RunDir:
                     f"run's settings, delete {cfg_file} and rerun (it is written again and the "
                     "run resumes from its checkpoints); otherwise use a new --out folder."
                 ) from None
-            diff = sorted(
-                k
-                for k in set(old) | set(new)
-                if k not in ignore and k not in ("launcher", "budget") and old.get(k) != new.get(k)
-            )
+            skip = {*ignore, "launcher", "budget"}
+            diff = sorted(k for k in _changed(old, new, config) if k.split(".")[0] not in skip)
             if diff:
                 raise ConfigError(
                     f"{self.path} holds a run with a different config (fields {diff}). Use a new "
@@ -699,3 +696,37 @@ def _atomic_write(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+
+
+_ABSENT = object()
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any], model: BaseModel, at: str = "") -> list[str]:
+    """Dotted names of the fields where a stored config (``old``, JSON) and ``new`` (the dump
+    of ``model``) differ. A field missing from ``old`` counts as unchanged when ``new`` holds its
+    default: it was added to leanrl after the run started, and its default is what the run did
+    (every new option defaults to the old behaviour), so such a run still resumes."""
+    out: list[str] = []
+    for k in sorted(set(old) | set(new)):
+        nv = new.get(k)
+        if k not in old:
+            if _default_dump(type(model), k) != nv:
+                out.append(at + k)
+            continue
+        ov, sub = old[k], getattr(model, k, None)
+        if isinstance(ov, dict) and isinstance(nv, dict) and isinstance(sub, BaseModel):
+            out.extend(_changed(ov, nv, sub, f"{at}{k}."))
+        elif ov != nv:
+            out.append(at + k)
+    return out
+
+
+def _default_dump(cls: type[BaseModel], name: str) -> Any:
+    """The JSON form of field ``name``'s default, or a marker that equals nothing."""
+    field = cls.model_fields.get(name)
+    if field is None or field.is_required():
+        return _ABSENT
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return json.loads(value.model_dump_json())
+    return json.loads(TypeAdapter(field.annotation).dump_json(value))
