@@ -13,6 +13,9 @@ Where each step lives:
   scoring, reward shaping, the update, the history record, checkpoints, in-run eval, resume;
 - ``weights.py``: :class:`~leanrl.train.es.weights.ESWeights`, seeded per-tensor noise, exact
   perturb/restore and the fp32 update;
+- ``lowrank.py``: low-rank perturbations (``perturbation = "lowrank"``, EGGROLL): per-matrix
+  factors A·Bᵀ/√r drawn per (seed, tensor name), and
+  :class:`~leanrl.train.es.lowrank.LowRankWeights`, the same three rules for them;
 - ``history.py``: the history file (:class:`~leanrl.train.es.history.ESHistory`), the weights
   a worker starts from and :func:`~leanrl.train.es.history.replay`;
 - ``workers.py``: the :class:`~leanrl.train.es.workers.MemberScorer` interface and its

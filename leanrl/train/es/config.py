@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leanrl.train.common import TrainConfig
+from leanrl.train.curriculum import CurriculumConfig
 from leanrl.train.lora import LoRAConfig
 
 __all__ = ["ESConfig", "ESScorerConfig"]
@@ -22,6 +23,11 @@ class ESScorerConfig(BaseModel):
     """``inprocess``: one after another on the trainer's model (no copies). ``processes``: local
     worker processes, each rebuilding the weights from base model + history (CPU, or one GPU
     each). ``vllm``: perturb inside a vLLM engine on a GPU (the ``vllm`` extra)."""
+    members_per_batch: int = Field(default=1, ge=1)
+    """``inprocess`` with ``perturbation = "lowrank"``: members decoded together in one batched
+    generate call (rows of the batch belong to members; each perturbed linear layer adds its
+    member's low-rank term without materialising the weights). 1 (the default): one member per
+    call, as with full-rank noise."""
     workers: int = Field(default=2, ge=1)
     """``processes``: number of worker processes (each holds one copy of the model)."""
     threads_per_worker: int = Field(default=1, ge=1)
@@ -55,12 +61,30 @@ class ESConfig(TrainConfig):
     """Reward normalisation across the population. ``zscore`` (Qiu et al. 2025): (R - mean)/std.
     ``rank``: centered ranks (ties averaged), then z-scored, so α keeps its meaning; robust to
     outlier rewards (Salimans et al. 2017)."""
+    perturbation: Literal["full", "lowrank"] = "full"
+    """``full`` (Qiu et al. 2025): ε ~ N(0, I) over every weight. ``lowrank`` (EGGROLL, Sarkar et
+    al. 2025, arXiv 2511.16652): each 2-D weight (with LoRA: each adapter matrix) gets
+    ``A·Bᵀ/√rank`` with Gaussian A [m, rank], B [n, rank], drawn per (seed, tensor name), so
+    members can share one batched forward (``scorer.members_per_batch``). An iteration's update
+    of a matrix is then a sum of N rank-r terms: rank ≤ N·rank. Recorded in the history's header:
+    a resume or replay with another mode is refused."""
+    rank: int = Field(default=1, ge=1)
+    """``perturbation = "lowrank"``: the rank r of each member's perturbation of a weight matrix
+    (EGGROLL reports r = 1 already matching full-rank ES; a larger r costs r passes per matrix)."""
+    lowrank_other: Literal["full", "frozen"] = "frozen"
+    """``perturbation = "lowrank"``: what happens to tensors that are not 2-D (norms, biases):
+    ``frozen`` (not perturbed, not updated: the whole update is low rank, and a batched forward
+    needs no per-member norm weights) or ``full`` (full-rank noise, as in ``full`` mode)."""
     samples_per_task: int = Field(default=1, ge=1)
     """Rollouts per task for each member, averaged into its reward (useful with sampling; with
     greedy decoding the samples are identical)."""
     greedy: bool = True
     """Greedy decoding for every member (temperature 0), as in Qiu et al. 2025. False: use
     ``sampling`` as given, with the same sampling seed for every member of an iteration."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """Choose each iteration's tasks by difficulty (a per-task table of the population's
+    attempts in the run folder; ``docs/training-grpo.md#curriculum``). ``off`` (the default):
+    the seeded order every trainer uses."""
     scorer: ESScorerConfig = Field(default_factory=ESScorerConfig)
     """How members are scored (in-process, local processes, vLLM)."""
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -75,6 +99,7 @@ class ESConfig(TrainConfig):
                 "perturbs full weights inside the engine. Use scorer.backend = 'inprocess' or "
                 "'processes' with LoRA, or lora.rank = 0 with vLLM"
             )
+        self._check_perturbation()
         if self.mirrored and self.population % 2:
             raise ValueError(
                 f"mirrored pairs need an even population, got {self.population}: use "
@@ -95,6 +120,46 @@ class ESConfig(TrainConfig):
                 "scorer.backend = 'vllm' for vLLM on a GPU"
             )
         return self
+
+    def _check_perturbation(self) -> None:
+        """Low-rank settings only where they mean something (a typo'd mode would otherwise run
+        full-rank ES with ``--rank 4`` silently ignored)."""
+        if self.perturbation == "full":
+            given = []
+            if self.rank != 1:
+                given.append(f"rank = {self.rank}")
+            if self.lowrank_other != "frozen":
+                given.append(f"lowrank_other = {self.lowrank_other!r}")
+            if self.scorer.members_per_batch != 1:
+                given.append(f"scorer.members_per_batch = {self.scorer.members_per_batch}")
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} only apply to low-rank perturbations: add "
+                    "perturbation = 'lowrank' (--perturbation lowrank), or drop them for "
+                    "full-rank ES"
+                )
+            return
+        if self.scorer.backend == "vllm":
+            raise ValueError(
+                "perturbation = 'lowrank' with scorer.backend = 'vllm' is not supported yet: the "
+                "vLLM scorer's engine draws full-rank noise inside its workers, so its members "
+                "would not be the low-rank ones the update uses. Use scorer.backend = "
+                "'inprocess' (optionally with scorer.members_per_batch > 1) or 'processes'"
+            )
+        if self.scorer.members_per_batch > 1 and self.scorer.backend != "inprocess":
+            raise ValueError(
+                f"scorer.members_per_batch = {self.scorer.members_per_batch} needs "
+                f"scorer.backend = 'inprocess' (got {self.scorer.backend!r}): members are "
+                "batched in the trainer's own model. Set members_per_batch = 1, or use "
+                "scorer.backend = 'inprocess'"
+            )
+        if self.scorer.members_per_batch > 1 and self.lora.enabled:
+            raise ValueError(
+                "scorer.members_per_batch > 1 with lora.rank > 0 is not supported: with LoRA the "
+                "perturbed tensors are the adapter matrices, and the batched decoder adds a "
+                "member's term to the base linear layers only. Use members_per_batch = 1 with "
+                "LoRA (each member's adapters are written in turn), or lora.rank = 0"
+            )
 
     @property
     def lr(self) -> float:

@@ -23,7 +23,11 @@ chain breaks. An edit after the newest checkpoint, made with every later link re
 detectable: nothing outside the file vouches for those iterations yet.
 
 The header JSON holds ``run_seed`` (the seeds are regenerated from it), and ``device_type`` and
-``dtype``: the kind of device the noise was drawn on and the model dtype. CPU and CUDA generators
+``dtype``: the kind of device the noise was drawn on and the model dtype. A low-rank run's header
+also holds ``perturbation`` (``"lowrank"``), ``rank`` and ``lowrank_other``: the same coefficients
+mean another update under another perturbation, so resume and ``replay`` follow (and check) the
+header's. A header without them is a full-rank run (every history written before low rank
+existed, and every full-rank one since, whose header bytes are unchanged). CPU and CUDA generators
 draw different numbers from the same seed, so records only mean the same update on the same kind
 of device; a resume or ``replay`` elsewhere is refused (replay can be forced). The file is created
 atomically (written aside, then renamed), so a crash cannot leave a torn header.
@@ -61,6 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leanrl.errors import ConfigError, disk_errors
+from leanrl.train.es.lowrank import LowRankSpec, describe
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +79,7 @@ __all__ = [
     "HistoryRecord",
     "WeightsSource",
     "chain_digest",
+    "check_perturbation",
     "draw_seeds",
     "load_weights",
     "replay",
@@ -167,9 +173,17 @@ class HistoryMeta:
     """Kind of device the noise is drawn on (``cpu``, ``cuda``): it decides the noise numbers."""
     dtype: str
     """Model dtype (``float32``, ``bfloat16``...): it decides the starting fp32 master."""
+    lowrank: LowRankSpec | None = None
+    """Low-rank perturbation settings; None: full-rank noise (and no keys in the header)."""
 
     def to_json(self) -> bytes:
-        data = {"run_seed": self.run_seed, "device_type": self.device_type, "dtype": self.dtype}
+        data: dict[str, Any] = {
+            "run_seed": self.run_seed,
+            "device_type": self.device_type,
+            "dtype": self.dtype,
+        }
+        if self.lowrank is not None:
+            data.update(self.lowrank.header())
         return json.dumps(data, sort_keys=True).encode()
 
 
@@ -347,9 +361,12 @@ class ESHistory:
                 raise ValueError("header CRC mismatch")
             info = json.loads(head)
             self.meta = HistoryMeta(
-                int(info["run_seed"]), str(info["device_type"]), str(info["dtype"])
+                int(info["run_seed"]),
+                str(info["device_type"]),
+                str(info["dtype"]),
+                LowRankSpec.from_header(info),
             )
-        except (struct.error, ValueError, KeyError, TypeError) as e:
+        except (struct.error, ValueError, KeyError, TypeError, ConfigError) as e:
             raise ConfigError(
                 f"{self.path}: the ES history header is damaged ({e}). Restore the file from a "
                 f"backup; the run cannot be replayed without it. {hint}"
@@ -431,6 +448,9 @@ class WeightsSource:
     lora: dict[str, Any] | None = None
     """LoRA runs: the ``LoRAConfig`` fields plus ``seed`` (the adapters' init); ES then perturbs
     only the adapters, and a checkpoint holds adapters, not a full model."""
+    lowrank: LowRankSpec | None = None
+    """Low-rank runs (``perturbation = "lowrank"``): the perturbation every process applies and
+    replays; None: full-rank noise."""
 
 
 def load_weights(
@@ -440,8 +460,9 @@ def load_weights(
 
     Returns ``(model, tokenizer, weights)``; the model holds ``cast(θ_t)``.
     """
+    from leanrl.train.es.lowrank import make_weights
     from leanrl.train.es.policy import load_model
-    from leanrl.train.es.weights import MASTER_FILE, ESWeights, load_master_file
+    from leanrl.train.es.weights import MASTER_FILE, load_master_file
 
     if source.lora is not None:
         from leanrl.train.lora import LoRAConfig, apply_lora, load_adapter
@@ -453,11 +474,11 @@ def load_weights(
         if source.checkpoint is not None:
             load_adapter(model, source.checkpoint)
         model.eval()
-        weights = ESWeights.from_model(model, trainable_only=True)
+        weights = make_weights(model, trainable_only=True, lowrank=source.lowrank)
     else:
         path = source.checkpoint or source.model
         model, tokenizer = load_model(path, source.dtype, source.device, source.options)
-        weights = ESWeights.from_model(model)
+        weights = make_weights(model, lowrank=source.lowrank)
     if source.checkpoint is not None and (Path(source.checkpoint) / MASTER_FILE).is_file():
         weights.load_master(load_master_file(Path(source.checkpoint) / MASTER_FILE))
     for rec in records or []:
@@ -480,7 +501,8 @@ def replay(
     changed), starts from the newest complete checkpoint at or before ``upto`` (unless
     ``use_checkpoints`` is False: then from the base model) and applies the remaining records.
     The result is bitwise identical to the live weights, which needs the kind of device and the
-    dtype the run used (both recorded in the history): by default replay uses them, and it
+    dtype the run used (both recorded in the history): by default replay uses them (and the
+    perturbation, full or low rank, that the history's header records), and it
     refuses another kind of device, whose generators draw different noise, unless
     ``allow_other_device`` (the result is then *not* the run's weights).
     """
@@ -534,11 +556,23 @@ def replay(
     opts = dict(pcfg.options)
     lora = cfg.get("lora") or {}
     spec = {**lora, "seed": int(cfg.get("seed", 0))} if int(lora.get("rank", 0)) > 0 else None
-    source = WeightsSource(model=pcfg.model, dtype=dtype, device=dev, options=opts, lora=spec)
+    lowrank = meta.lowrank if meta is not None else None  # the header's, which resumes checked
+    if "perturbation" in cfg:  # config.json from before low rank existed has no such key
+        try:
+            said = LowRankSpec.from_header(cfg)
+        except (ValueError, KeyError, TypeError, ConfigError) as e:
+            raise ConfigError(f"{cfg_file} has bad perturbation settings ({e})") from None
+        # a config.json edited, or copied from another run
+        check_perturbation(hist, said, run.path, f"{cfg_file.name} says")
+    source = WeightsSource(
+        model=pcfg.model, dtype=dtype, device=dev, options=opts, lora=spec, lowrank=lowrank
+    )
     if use_checkpoints:  # a damaged checkpoint is skipped, with a warning, for an older one
         for step, path in run.resumable_checkpoints():
             if step <= upto and checkpoint_usable(path):
-                source = WeightsSource(pcfg.model, dtype, dev, str(path), step, opts, spec)
+                source = WeightsSource(
+                    pcfg.model, dtype, dev, str(path), step, opts, spec, lowrank=lowrank
+                )
                 break
     return load_weights(source, records)
 
@@ -599,6 +633,39 @@ def check_run_seed(history: ESHistory, run_seed: int, run_path: Path) -> None:
             "another run or edited. Put the run's own es_history.bin back, or use the seed of "
             "the run that wrote it."
         )
+
+
+def check_perturbation(
+    history: ESHistory,
+    lowrank: LowRankSpec | None,
+    run_path: Path,
+    asked: str = "this run asks for",
+) -> None:
+    """Refuse to continue a history with another perturbation than the one it was written with.
+
+    The records hold only coefficients: under full-rank noise they weight ε(seed), under low rank
+    ``A·Bᵀ/√r``, so resuming (or replaying) with another mode or rank would rebuild other weights,
+    silently. A history without the keys (format 1, or written before low rank) is full-rank.
+    """
+    old = history.meta.lowrank if history.meta is not None else None
+    if old != lowrank:
+        raise ConfigError(
+            f"{run_path} was trained with perturbation {describe(old)}, but {asked} "
+            f"{describe(lowrank)}: the history's coefficients weight the perturbations it was "
+            "written with, so they would rebuild other weights. Resume with the run's settings "
+            + _perturbation_flags(old)
+            + ", or start a new --out folder."
+        )
+
+
+def _perturbation_flags(spec: LowRankSpec | None) -> str:
+    if spec is None:
+        return "(perturbation = 'full')"
+    return (
+        f"(perturbation = 'lowrank', rank = {spec.rank}, lowrank_other = {spec.other!r}; "
+        f"on the command line --perturbation lowrank --rank {spec.rank} "
+        f"--lowrank_other {spec.other})"
+    )
 
 
 def master_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -21,11 +21,13 @@ the scorer reports the **GPU-idle fraction** of each iteration (``gpu_idle_frac`
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from leanrl.errors import PolicyError
+from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
 from leanrl.train.es.workers import (
     IterationState,
@@ -37,9 +39,12 @@ from leanrl.train.es.workers import (
 
 if TYPE_CHECKING:
     from leanrl.environment import Environment
+    from leanrl.train.es.config import ESConfig
+    from leanrl.train.es.population import LowRankPopulation
     from leanrl.train.es.weights import ESWeights
 
 __all__ = [
+    "BatchGate",
     "Engine",
     "EngineGate",
     "MemberPolicy",
@@ -47,6 +52,7 @@ __all__ = [
     "PipelinedVLLMScorer",
     "TorchEngine",
     "VLLMEngine",
+    "inprocess_scorer",
 ]
 
 
@@ -63,11 +69,42 @@ class Engine(Protocol):
 
 
 class TorchEngine:
-    """A transformers model in this process (:class:`~leanrl.train.es.weights.ESWeights`)."""
+    """A transformers model in this process (:class:`~leanrl.train.es.weights.ESWeights`).
 
-    def __init__(self, weights: ESWeights, policy: Policy) -> None:
+    With a ``population`` (low-rank runs, ``scorer.members_per_batch > 1``) it also decodes
+    several members in one call without writing their weights (:meth:`generate_members`)."""
+
+    def __init__(
+        self, weights: ESWeights, policy: Policy, population: LowRankPopulation | None = None
+    ) -> None:
         self.weights = weights
         self.policy = policy
+        self.population = population
+        self._lock = threading.Lock()
+
+    def generate_members(
+        self,
+        requests: Sequence[tuple[tuple[int, float], Sequence[Prompt]]],
+        sampling: SamplingConfig,
+    ) -> list[list[list[Completion]]]:
+        """Blocking: one batched generate for ((seed, scale), prompts) requests (weights = θ)."""
+        from leanrl.train.es.population import generate_members
+
+        assert self.population is not None
+        with self._lock:
+            return generate_members(self.policy, self.population, requests, sampling)
+
+    def call_member(self, seed: int, scale: float, fn: Any, *args: Any, **kw: Any) -> Any:
+        """Run a blocking forward-based call (``continuation_logprob``...) as member (seed,
+        scale): every row of every forward inside gets that member's low-rank term."""
+        assert self.population is not None
+        # the hooks are the modules' own: one population call at a time, whichever thread
+        with self._lock, self.population.active([(seed, scale)]):
+            return fn(*args, **kw)
+
+    def forget(self, seed: int) -> None:
+        if self.population is not None:
+            self.population.forget(seed)
 
     def perturb(self, seed: int, scale: float) -> None:
         self.weights.perturb(seed, scale)
@@ -152,11 +189,138 @@ class EngineGate:
             self.loaded = None
 
 
+@dataclass
+class _Request:
+    key: tuple[int, float]  # (seed, scale) of the member
+    prompts: Sequence[Prompt]
+    sampling: SamplingConfig
+    done: asyncio.Future[list[list[Completion]]]
+
+
+class BatchGate:
+    """Takes turns on one engine that decodes several members per call (low-rank ES).
+
+    Members ask as with :class:`EngineGate`; their requests wait in a FIFO queue and each engine
+    call takes up to ``members_per_batch`` members' requests (same decoding settings). A call
+    waits for the members admitted but not yet heard from, unless enough members are already
+    queued: members are admitted a whole batch at a time (:meth:`admit`), so the members of one
+    batch meet in one call, whatever the timing of their harnesses.
+    """
+
+    def __init__(self, engine: Any, members_per_batch: int) -> None:
+        self.engine = engine
+        self.members_per_batch = members_per_batch
+        self.pending: list[_Request] = []
+        self.fresh: set[tuple[int, float]] = set()
+        """Admitted members that have not asked for a generate yet (their first is coming)."""
+        self.running = False
+        self.busy_s = 0.0
+        self.perturb_s: dict[tuple[int, float], float] = {}
+        """Seconds drawing factors, split evenly among the members of each call."""
+        self.calls: list[list[tuple[int, float]]] = []
+        """The members of each engine call, in order (for tests and logs)."""
+        self._wake = asyncio.Event()
+
+    def admit(self, keys: Sequence[tuple[int, float]]) -> None:
+        self.fresh.update(keys)
+        self._wake.set()
+
+    def finish(self, key: tuple[int, float]) -> None:
+        """Member ``key`` is done: it will ask for nothing more."""
+        self.fresh.discard(key)
+        self._wake.set()
+
+    async def generate(
+        self, seed: int, scale: float, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        req = _Request((seed, scale), prompts, sampling, asyncio.get_running_loop().create_future())
+        self.fresh.discard(req.key)
+        self.pending.append(req)
+        self._wake.set()
+        return await req.done
+
+    def _take(self) -> list[_Request] | None:
+        if not self.pending:
+            return None
+        keys = {r.key for r in self.pending}
+        if len(keys) < self.members_per_batch and self.fresh:
+            return None  # the rest of the batch is on its way
+        first = self.pending[0].sampling
+        batch: list[_Request] = []
+        chosen: set[tuple[int, float]] = set()
+        for r in self.pending:
+            if r.sampling != first:
+                continue
+            if r.key not in chosen and len(chosen) == self.members_per_batch:
+                continue
+            chosen.add(r.key)
+            batch.append(r)
+        self.pending = [r for r in self.pending if r not in batch]
+        return batch
+
+    async def run(self) -> None:
+        """The dispatcher: one engine call at a time, until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while (batch := self._take()) is not None:
+                await self._call(batch)
+
+    async def _call(self, batch: list[_Request]) -> None:
+        keys = list(dict.fromkeys(r.key for r in batch))
+        self.calls.append(keys)
+        pop = getattr(self.engine, "population", None)
+        f0 = pop.factor_s if pop is not None else 0.0
+        t0 = time.perf_counter()
+        self.running = True
+        try:
+            outs = await asyncio.to_thread(
+                self.engine.generate_members, [(r.key, r.prompts) for r in batch], batch[0].sampling
+            )
+        except Exception as e:  # noqa: BLE001 - each member of the call gets it (its harness raises)
+            for r in batch:
+                if not r.done.done():
+                    r.done.set_exception(e)
+            return
+        except BaseException:
+            for r in batch:
+                r.done.cancel()
+            raise
+        finally:
+            self.running = False
+            self.busy_s += time.perf_counter() - t0
+            share = ((pop.factor_s if pop is not None else 0.0) - f0) / len(keys)
+            for k in keys:
+                self.perturb_s[k] = self.perturb_s.get(k, 0.0) + share
+        for r, out in zip(batch, outs, strict=True):
+            if not r.done.done():
+                r.done.set_result(out)
+        # Let the members just answered run up to their next await before the next call starts:
+        # a harness that reads the weights right after generate (``continuation_logprob``) then
+        # does so while the engine is free (else :meth:`call_now` waits for the call to end).
+        # A few turns of the loop: a member's wake-up may pass through wrapping tasks.
+        for _ in range(8):
+            await asyncio.sleep(0)
+
+    def call_now(self, seed: int, scale: float, fn: Any, *args: Any, **kw: Any) -> Any:
+        """A blocking weight-dependent call for a member, now. The weights are never written
+        in batched mode, so this is possible at any time; should a batched call be in flight in
+        its worker thread, the engine's lock makes this wait for it (the event loop with it)."""
+        t0 = time.perf_counter()
+        try:
+            return self.engine.call_member(seed, scale, fn, *args, **kw)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def restore(self) -> None:
+        """Nothing to restore: batched decoding never writes the weights."""
+
+
 class MemberPolicy(Policy):
     """One member's view of a shared engine: generation takes the gate with this member's
     weights; other calls (``tokenize``, ``render``...) go to the engine's policy."""
 
-    def __init__(self, gate: EngineGate, member: Member, sigma: float) -> None:
+    def __init__(self, gate: EngineGate | BatchGate, member: Member, sigma: float) -> None:
         inner = gate.engine.policy
         super().__init__(inner.config)
         self.name = inner.name  # type: ignore[misc]
@@ -192,18 +356,32 @@ class PipelinedScorer:
     """Scores members on one engine with up to ``depth`` members in flight (see the module
     docstring). ``last_idle_frac`` is the engine's idle fraction of the last ``score`` call."""
 
-    def __init__(self, env: Environment, engine: Engine, depth: int = 2) -> None:
+    def __init__(
+        self, env: Environment, engine: Engine, depth: int = 2, members_per_batch: int = 1
+    ) -> None:
         if depth < 1:
             raise ValueError("depth must be at least 1")
+        if members_per_batch < 1:
+            raise ValueError("members_per_batch must be at least 1")
+        if members_per_batch > 1 and not hasattr(engine, "generate_members"):
+            raise ConfigError(
+                f"scorer.members_per_batch = {members_per_batch} needs an engine that decodes "
+                f"several members per call; {type(engine).__name__} does not"
+            )
         self.env = env
         self.engine = engine
         self.depth = depth
+        self.members_per_batch = members_per_batch
         self.last_idle_frac: float | None = None
+        self.last_calls: list[list[tuple[int, float]]] = []
+        """Batched mode: the members of each engine call of the last ``score``."""
 
     async def start(self) -> None:
         await self.engine.policy.start()
 
     async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
+        if self.members_per_batch > 1:
+            return await self._score_batched(state, members)
         gate = EngineGate(self.engine)
         slots = asyncio.Semaphore(self.depth)
         t0 = time.perf_counter()
@@ -231,8 +409,100 @@ class PipelinedScorer:
         self.last_idle_frac = max(0.0, 1.0 - gate.busy_s / wall) if wall > 0 else 0.0
         return scores
 
+    async def _score_batched(
+        self, state: IterationState, members: Sequence[Member]
+    ) -> list[MemberScore]:
+        """Members in batches of ``members_per_batch`` per engine call, ``depth`` batches in
+        flight: batch b+1 decodes while batch b's attempts are checked."""
+        size = self.members_per_batch
+        gate = BatchGate(self.engine, size)
+        keys = [(m.seed, m.sign * state.sigma) for m in members]
+        chunks = [list(range(i, min(i + size, len(members)))) for i in range(0, len(keys), size)]
+        admitted = [asyncio.Event() for _ in members]
+        left = [len(c) for c in chunks]  # members of each chunk still scoring
+        seed_left: dict[int, int] = {}
+        for m in members:
+            seed_left[m.seed] = seed_left.get(m.seed, 0) + 1
+        nxt = 0
+
+        def admit_chunk() -> None:
+            # whole chunks at a time: admitting members one by one as others finish would let
+            # the dispatcher run a call for the first of them alone
+            nonlocal nxt
+            if nxt < len(chunks):
+                gate.admit([keys[i] for i in chunks[nxt]])
+                for i in chunks[nxt]:
+                    admitted[i].set()
+                nxt += 1
+
+        for _ in range(self.depth):
+            admit_chunk()
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> MemberScore:
+            m = members[i]
+            await admitted[i].wait()
+            try:
+                policy = MemberPolicy(gate, m, state.sigma)
+                res = await score_rollouts(self.env, policy, state.tasks, state.sampling)
+                res.perturb_s = gate.perturb_s.get(keys[i], 0.0)
+                return res
+            finally:
+                gate.finish(keys[i])
+                seed_left[m.seed] -= 1
+                if seed_left[m.seed] == 0:  # its mirrored twin is done too
+                    forget = getattr(self.engine, "forget", None)
+                    if forget is not None:
+                        forget(m.seed)
+                c = i // size
+                left[c] -= 1
+                if left[c] == 0:
+                    admit_chunk()
+
+        dispatcher = asyncio.ensure_future(gate.run())
+        jobs = [asyncio.ensure_future(one(i)) for i in range(len(members))]
+        try:
+            scores = list(await asyncio.gather(*jobs))
+        except BaseException:
+            for j in jobs:
+                j.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
+        finally:
+            dispatcher.cancel()
+            await asyncio.gather(dispatcher, return_exceptions=True)
+        wall = time.perf_counter() - t0
+        self.last_idle_frac = max(0.0, 1.0 - gate.busy_s / wall) if wall > 0 else 0.0
+        self.last_calls = gate.calls
+        return scores
+
     async def close(self) -> None:
         return None
+
+
+def inprocess_scorer(
+    env: Environment, weights: ESWeights, policy: Policy, config: ESConfig
+) -> PipelinedScorer:
+    """The ``inprocess`` scorer for ``config``: members one per call, or, for a low-rank run
+    with ``scorer.members_per_batch > 1``, several per batched call (``population``)."""
+    sc = config.scorer
+    if sc.members_per_batch == 1:
+        return PipelinedScorer(env, TorchEngine(weights, policy), sc.pipeline)
+    if config.perturbation != "lowrank":
+        raise ConfigError(
+            f"scorer.members_per_batch = {sc.members_per_batch} needs perturbation = 'lowrank' "
+            "(full-rank members cannot share a forward pass): set perturbation = 'lowrank', or "
+            "scorer.members_per_batch = 1"
+        )
+    from leanrl.train.es.population import LowRankPopulation
+
+    model = getattr(policy, "model", None)
+    if model is None:
+        raise ConfigError("scorer.members_per_batch > 1 needs the in-process torch policy")
+    pop = LowRankPopulation(model, weights.params, config.rank, config.lowrank_other)
+    return PipelinedScorer(
+        env, TorchEngine(weights, policy, pop), sc.pipeline, members_per_batch=sc.members_per_batch
+    )
 
 
 class PipelinedVLLMScorer(VLLMScorer):

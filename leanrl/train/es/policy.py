@@ -138,6 +138,16 @@ class TorchPolicy(Policy):
             out += self._generate_batch(flat[i : i + bs], sampling)
         return [out[i * sampling.n : (i + 1) * sampling.n] for i in range(len(texts))]
 
+    def generate_rows(self, texts: Sequence[str], sampling: SamplingConfig) -> list[Completion]:
+        """One completion per entry of ``texts`` (already rendered), all in one ``generate``
+        call whatever ``batch_size``: the batched population decoder lays out the rows of its
+        members itself (``leanrl.train.es.population``). Seeded as :meth:`generate_sync`."""
+        import torch
+
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        return self._generate_batch(list(texts), sampling)
+
     def _generate_batch(self, texts: list[str], sampling: SamplingConfig) -> list[Completion]:
         import torch
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper

@@ -11,8 +11,11 @@ Learning" (Algorithm 1). Per iteration t, with θ the fp32 master weights:
     c_k  = f32( α/N · Σ_{n: s_n = s_k} sign_n·z_n )        one coefficient per seed
     θ   += Σ_k c_k · ε(s_k)                                 accumulated and applied in fp32
 
-with ε(s) drawn tensor by tensor from a generator seeded by hash(s, tensor name). Note that, as in
-the paper, σ is folded into α (the update is α·mean(z·ε), not α/σ·mean(z·ε)), so α = σ/2 is a
+with ε(s) drawn tensor by tensor from a generator seeded by hash(s, tensor name). With
+``perturbation = "lowrank"`` (EGGROLL, Sarkar et al. 2025) every weight matrix uses
+``E(s) = A(s)·B(s)ᵀ/√r`` in place of ε(s), so its update Σ_k c_k·E(s_k) has rank ≤ N·r
+(:mod:`leanrl.train.es.lowrank`; tensors that are not 2-D follow ``lowrank_other``). Note that,
+as in the paper, σ is folded into α (the update is α·mean(z·ε), not α/σ·mean(z·ε)), so α = σ/2 is a
 step of ~α/√N per coordinate.
 
 Where this departs from the paper's reference code, and why:
@@ -62,6 +65,7 @@ from leanrl.train.common import (
     resume_line,
     runtime_metrics,
 )
+from leanrl.train.curriculum import Curriculum
 from leanrl.train.es.config import ESConfig, ESScorerConfig
 from leanrl.train.es.history import (
     DIGEST_KEY,
@@ -70,6 +74,7 @@ from leanrl.train.es.history import (
     HistoryMeta,
     HistoryRecord,
     WeightsSource,
+    check_perturbation,
     checkpoint_usable,
     device_kind,
     draw_seeds,
@@ -77,6 +82,7 @@ from leanrl.train.es.history import (
     load_weights,
     verify_checkpoints,
 )
+from leanrl.train.es.lowrank import LowRankSpec
 from leanrl.train.es.weights import MASTER_FILE
 from leanrl.train.es.workers import (
     IterationState,
@@ -171,6 +177,10 @@ class ESTrainer:
         "steps", "out", "scorer", "log_to", "run_name", "keep_checkpoints", "save_every", "eval",
     )  # fmt: skip
 
+    #: Fields that config.json does not check on resume because the history's header does
+    #: (:meth:`_check_perturbation_early`): a config.json written before they existed lacks them.
+    HEADER_CHECKED = ("perturbation", "rank", "lowrank_other")
+
     def __init__(
         self,
         config: ESConfig,
@@ -185,6 +195,7 @@ class ESTrainer:
         self.run = RunDir(config.out)
         self.history = ESHistory(self.run.path / HISTORY_FILE)
         self.iteration = 0
+        self._curriculum: Curriculum  # opened by start(), at the iteration the run resumes at
         self.model: Any = None
         self.tokenizer: Any = None
         self.weights: Any = None
@@ -235,7 +246,8 @@ class ESTrainer:
         if world.is_main:  # torchrun: rank 0 alone writes the run folder
             self.run.lock("ES run")  # before anything is written: one run per folder
             self._forget_a_start_that_never_ran()
-            self.run.bind_config(cfg, ignore=self.RESUMABLE)
+            self._check_perturbation_early()  # before config.json is rewritten
+            self.run.bind_config(cfg, ignore=self.RESUMABLE + self.HEADER_CHECKED)
             for leftover in self.run.path.glob(f"{_ENGINE_TMP}*"):  # a kill mid-checkpoint
                 shutil.rmtree(leftover, ignore_errors=True)
             records = self.history.open(self._meta())
@@ -245,6 +257,10 @@ class ESTrainer:
         self._check_meta()
         verify_checkpoints(self.history, self.run)  # records changed since a checkpoint: refused
         self.iteration = len(records)
+        # the difficulty table as of the iteration the run resumes at (curriculum.mode)
+        self._curriculum = Curriculum.open(
+            cfg.curriculum, self.tasks, self.run.path, before=self.iteration, writer=world.is_main
+        )
         if world.is_main:
             save_taskset_report(self.env.taskset, self.run.path)  # what decontamination dropped
         await self.env.start()
@@ -296,6 +312,14 @@ class ESTrainer:
             (self.run.path / "config.json").unlink(missing_ok=True)
             self.history.path.unlink()
 
+    def _check_perturbation_early(self) -> None:
+        """Refuse a resume with another perturbation mode, rank or 1-D rule than the history's
+        header records (a header without them, from before low rank existed: full-rank)."""
+        if self.history.path.is_file():
+            peek = ESHistory(self.history.path)
+            peek.open(read_only=True)
+            check_perturbation(peek, LowRankSpec.from_config(self.config), self.run.path)
+
     def _world(self) -> Any:
         """The ranks of a torchrun launch (one engine per rank, one rank per GPU), or one."""
         if self.world is None:
@@ -315,11 +339,12 @@ class ESTrainer:
         kind = "cuda" if self.config.scorer.backend == "vllm" else device_kind(device)
         if self._remote:  # the members draw the noise where they run
             kind = str(getattr(self._scorer, "device_kind", kind))
-        return HistoryMeta(self.config.seed, kind, dtype)
+        return HistoryMeta(self.config.seed, kind, dtype, LowRankSpec.from_config(self.config))
 
     def _check_meta(self) -> None:
         """Refuse to continue a run whose noise was drawn on another kind of device / dtype."""
         old, new = self.history.meta, self._meta()
+        check_perturbation(self.history, new.lowrank, self.run.path)  # format 1: full-rank
         if old is None:  # a format 1 history: it did not record them
             return
         if (old.device_type, old.dtype) != (new.device_type, new.dtype):
@@ -351,7 +376,10 @@ class ESTrainer:
         if self.config.scorer.backend == "vllm":
             opts = {}  # policy.options go to vllm.LLM(...), not to from_pretrained
         lora = self.lora_spec()
-        base = WeightsSource(self.config.policy.model, dtype, device, options=opts, lora=lora)
+        lowrank = LowRankSpec.from_config(self.config)
+        base = WeightsSource(
+            self.config.policy.model, dtype, device, options=opts, lora=lora, lowrank=lowrank
+        )
         for step, path in reversed(self.run.checkpoints()):
             if step > self.iteration:
                 raise ConfigError(
@@ -363,7 +391,9 @@ class ESTrainer:
         # intact history rebuilds the weights from the base model, so nothing is lost.
         for step, path in self.run.resumable_checkpoints():
             if checkpoint_usable(path):
-                return WeightsSource(base.model, dtype, device, str(path), step, opts, lora)
+                return WeightsSource(
+                    base.model, dtype, device, str(path), step, opts, lora, lowrank=lowrank
+                )
         if self.run.damaged and self.iteration:
             log.warning(
                 "no intact checkpoint in %s: rebuilding iteration %d from the base model and "
@@ -385,10 +415,11 @@ class ESTrainer:
 
         sc = self.config.scorer
         if sc.backend == "inprocess":
-            from leanrl.train.es.pipeline import PipelinedScorer, TorchEngine
+            from leanrl.train.es.pipeline import inprocess_scorer
 
             policy = TorchPolicy(self.model, self.tokenizer, self.config.policy)
-            return PipelinedScorer(self.env, TorchEngine(self.weights, policy), sc.pipeline)
+            # members_per_batch > 1 (low rank): several members per batched generate call
+            return inprocess_scorer(self.env, self.weights, policy, self.config)
         if sc.backend == "processes":
             return ProcessPoolScorer(
                 source,
@@ -419,7 +450,8 @@ class ESTrainer:
         cfg = self.config
         it = self.iteration + 1
         t_start = time.perf_counter()
-        tasks = batch_for_step(self.tasks, it - 1, cfg.tasks_per_step, cfg.seed)
+        tasks = self._curriculum.select(it - 1, cfg.tasks_per_step, cfg.seed)
+        pools = self._curriculum.metrics(it - 1)  # the pool sizes the tasks came from
         members = population(cfg, it)
         state = IterationState(
             it, tuple(tasks), self.sampling_for(it), cfg.sigma, tuple(self.history.records)
@@ -429,6 +461,10 @@ class ESTrainer:
         if self._world().is_main:  # every rank has every score; rank 0 keeps the proofs
             self._keep(tasks, members, scores, it)
         _check_finite(scores, members, it)
+        if cfg.curriculum.active:
+            # Every member's judged attempts count (on every rank, so all draw the same next
+            # tasks); recorded before the history, so a crash in between is rolled back.
+            self._curriculum.record(it - 1, _outcomes(scores))
         # A member none of whose attempts the checker could judge (all `infra`) has no reward:
         # it is left out of the shaping and the update (z = 0, and N of α/N counts the judged
         # members only). Its seed keeps its place in the history, whose seeds are regenerated.
@@ -476,6 +512,7 @@ class ESTrainer:
             "population": len(scores),
             "tokens": tokens,
             **_idle(self._scorer),
+            **pools,
             **runtime_metrics(self._env),
             **self.costs.row(self._env, self._scorer),
         }
@@ -685,6 +722,17 @@ def _idle(scorer: Any) -> dict[str, float]:
     """The scorer's GPU-idle fraction of the iteration just scored, when it measures one."""
     frac = getattr(scorer, "last_idle_frac", None)
     return {} if frac is None else {"gpu_idle_frac": float(frac)}
+
+
+def _outcomes(scores: Sequence[MemberScore]) -> list[tuple[str, bool, float]]:
+    """(task id, accepted, reward) of every judged attempt of every member. A scorer that does
+    not fill ``passed`` (a user's) counts its attempts as not accepted, as a reward-only
+    environment's are."""
+    out: list[tuple[str, bool, float]] = []
+    for s in scores:
+        passed = s.passed if len(s.passed) == len(s.rewards) else [False] * len(s.rewards)
+        out.extend(zip(s.task_ids, passed, s.rewards, strict=True))
+    return out
 
 
 def _copy(src: Path, dst: Path) -> None:

@@ -14,6 +14,10 @@ Three rules make an ES run reproducible and its history replayable bit for bit:
 The same :meth:`ESWeights.apply_update` is used live and by ``replay``, so both perform the same
 floating-point operations in the same order, which is what makes replay bitwise identical on the
 same kind of device (CPU and CUDA generators give different numbers for the same seed).
+
+Low-rank perturbations (``perturbation = "lowrank"``: each matrix gets ``A·Bᵀ/√r`` instead of a
+full ε) are :class:`~leanrl.train.es.lowrank.LowRankWeights`, a subclass that keeps all three
+rules; :func:`~leanrl.train.es.lowrank.make_weights` builds whichever a run uses.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Scoring an ES population: the :class:`MemberScorer` interface and its backends.
 
-A member is ``(seed, sign)``: it scores the weights ``θ + sign·σ·ε(seed)``. Members are
+A member is ``(seed, sign)``: it scores the weights ``θ + sign·σ·ε(seed)`` (low-rank runs:
+``A(seed)·B(seed)ᵀ/√r`` per matrix in place of ε, which the
+:class:`~leanrl.train.es.history.WeightsSource` carries, so every backend that builds its weights
+with :func:`~leanrl.train.es.history.load_weights` perturbs the same way). Members are
 independent, so they can be scored anywhere that can rebuild ``θ``. Every backend here follows the
 same rule: **a worker holds the base weights and the history, never receives full weights**. Per
 iteration it gets the history records it has not applied yet (a few hundred bytes each), the tasks,
@@ -99,6 +102,9 @@ class MemberScore:
     """Every judged rollout's reward, task-major."""
     task_ids: list[str] = field(default_factory=list)
     """The task of each entry of ``rewards`` (to name the task in error messages)."""
+    passed: list[bool] = field(default_factory=list)
+    """Whether the checker accepted each entry of ``rewards`` (False where the environment gives
+    rewards but no verdicts); the run's difficulty table reads it (``curriculum``)."""
     infra: int = 0
     """Rollouts the checker could not judge (verdict ``infra``): no outcome of the member, so
     they are left out of ``reward``, ``pass_rate`` and ``rewards``."""
@@ -164,6 +170,7 @@ async def score_rollouts(
         score_s=time.perf_counter() - t0,
         rewards=rewards,
         task_ids=[str(r.task_id) for r in judged],
+        passed=[r.verdict is not None and r.verdict.accepted for r in judged],
         kept=kept,
         infra=len(rollouts) - len(judged),
     )
@@ -597,6 +604,12 @@ class VLLMScorer:
     def __init__(
         self, env: Environment, source: WeightsSource, policy: PolicyConfig, master_path: str | None
     ) -> None:
+        if source.lowrank is not None:  # the config refuses it too; this guards direct use
+            raise ConfigError(
+                "the vLLM scorer draws full-rank noise inside its engine, so it cannot score a "
+                "low-rank run (perturbation = 'lowrank'): use scorer.backend = 'inprocess' or "
+                "'processes'"
+            )
         self.env = env
         self.source = source
         self.policy_config = policy
