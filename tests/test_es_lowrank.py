@@ -186,7 +186,7 @@ def test_config_refuses_lowrank_settings_where_they_mean_nothing() -> None:
         toy_config(
             Path("m"), Path("o"), scorer={"backend": "processes", "members_per_batch": 2}, **LOWRANK
         )
-    with pytest.raises(ValidationError, match=r"scorer\.backend = 'vllm' is not supported yet"):
+    with pytest.raises(ValidationError, match=r"scorer\.backend = 'vllm' needs lowrank_targets"):
         toy_config(
             Path("m"), Path("o"), scorer={"backend": "vllm"},
             policy={"model": "m", "backend": "vllm"}, **LOWRANK,

@@ -24,10 +24,12 @@ class ESScorerConfig(BaseModel):
     worker processes, each rebuilding the weights from base model + history (CPU, or one GPU
     each). ``vllm``: perturb inside a vLLM engine on a GPU (the ``vllm`` extra)."""
     members_per_batch: int = Field(default=1, ge=1)
-    """``inprocess`` with ``perturbation = "lowrank"``: members decoded together in one batched
-    generate call (rows of the batch belong to members; each perturbed linear layer adds its
-    member's low-rank term without materialising the weights). 1 (the default): one member per
-    call, as with full-rank noise."""
+    """``inprocess`` or ``vllm`` with ``perturbation = "lowrank"``: members decoded together in
+    one batched generate call (rows of the batch belong to members; ``inprocess``: each
+    perturbed linear layer adds its member's low-rank term without materialising the weights;
+    ``vllm``: each member is a LoRA adapter of the engine, one ``LoRARequest`` per prompt, and
+    this is also the engine's ``max_loras``). Set it to the population size for one call per
+    iteration. 1 (the default): one member per call."""
     workers: int = Field(default=2, ge=1)
     """``processes``: number of worker processes (each holds one copy of the model)."""
     threads_per_worker: int = Field(default=1, ge=1)
@@ -75,6 +77,14 @@ class ESConfig(TrainConfig):
     """``perturbation = "lowrank"``: what happens to tensors that are not 2-D (norms, biases):
     ``frozen`` (not perturbed, not updated: the whole update is low rank, and a batched forward
     needs no per-member norm weights) or ``full`` (full-rank noise, as in ``full`` mode)."""
+    lowrank_targets: Literal["all", "linear"] = "all"
+    """``perturbation = "lowrank"``: which 2-D weights get the low-rank term. ``all`` (EGGROLL):
+    every one, embeddings and ``lm_head`` included. ``linear``: only the weights of the
+    ``nn.Linear`` layers other than the output embedding (attention and MLP projections), the
+    ones vLLM's LoRA adapters can carry; embeddings and ``lm_head`` (tied or not) stay frozen,
+    as do GPT-2's ``Conv1D`` layers. Needed by ``scorer.backend = "vllm"`` (with
+    ``lowrank_other = "frozen"``). Recorded in the history's header when ``linear``: a resume or
+    replay with the other value is refused."""
     samples_per_task: int = Field(default=1, ge=1)
     """Rollouts per task for each member, averaged into its reward (useful with sampling; with
     greedy decoding the samples are identical)."""
@@ -130,6 +140,8 @@ class ESConfig(TrainConfig):
                 given.append(f"rank = {self.rank}")
             if self.lowrank_other != "frozen":
                 given.append(f"lowrank_other = {self.lowrank_other!r}")
+            if self.lowrank_targets != "all":
+                given.append(f"lowrank_targets = {self.lowrank_targets!r}")
             if self.scorer.members_per_batch != 1:
                 given.append(f"scorer.members_per_batch = {self.scorer.members_per_batch}")
             if given:
@@ -140,18 +152,26 @@ class ESConfig(TrainConfig):
                 )
             return
         if self.scorer.backend == "vllm":
-            raise ValueError(
-                "perturbation = 'lowrank' with scorer.backend = 'vllm' is not supported yet: the "
-                "vLLM scorer's engine draws full-rank noise inside its workers, so its members "
-                "would not be the low-rank ones the update uses. Use scorer.backend = "
-                "'inprocess' (optionally with scorer.members_per_batch > 1) or 'processes'"
-            )
-        if self.scorer.members_per_batch > 1 and self.scorer.backend != "inprocess":
+            got = []
+            if self.lowrank_targets != "linear":
+                got.append(f"lowrank_targets = {self.lowrank_targets!r}")
+            if self.lowrank_other != "frozen":
+                got.append(f"lowrank_other = {self.lowrank_other!r}")
+            if got:
+                raise ValueError(
+                    "perturbation = 'lowrank' with scorer.backend = 'vllm' needs "
+                    f"lowrank_targets = 'linear' and lowrank_other = 'frozen' (got "
+                    f"{' and '.join(got)}): the engine scores each member as a LoRA adapter, "
+                    "and vLLM's adapters carry the decoder's linear layers only, not embeddings, "
+                    "lm_head or tensors that are not 2-D. Add --lowrank_targets linear "
+                    "--lowrank_other frozen, or use scorer.backend = 'inprocess'"
+                )
+        if self.scorer.members_per_batch > 1 and self.scorer.backend == "processes":
             raise ValueError(
                 f"scorer.members_per_batch = {self.scorer.members_per_batch} needs "
-                f"scorer.backend = 'inprocess' (got {self.scorer.backend!r}): members are "
-                "batched in the trainer's own model. Set members_per_batch = 1, or use "
-                "scorer.backend = 'inprocess'"
+                "scorer.backend = 'inprocess' or 'vllm' (got 'processes'): members are batched "
+                "in the trainer's own model or in the vLLM engine. Set members_per_batch = 1, or "
+                "use scorer.backend = 'inprocess'"
             )
         if self.scorer.members_per_batch > 1 and self.lora.enabled:
             raise ValueError(

@@ -24,7 +24,9 @@ detectable: nothing outside the file vouches for those iterations yet.
 
 The header JSON holds ``run_seed`` (the seeds are regenerated from it), and ``device_type`` and
 ``dtype``: the kind of device the noise was drawn on and the model dtype. A low-rank run's header
-also holds ``perturbation`` (``"lowrank"``), ``rank`` and ``lowrank_other``: the same coefficients
+also holds ``perturbation`` (``"lowrank"``), ``rank`` and ``lowrank_other`` (and
+``lowrank_targets`` when it is ``"linear"``, so a header of a run on every 2-D tensor keeps its
+bytes): the same coefficients
 mean another update under another perturbation, so resume and ``replay`` follow (and check) the
 header's. A header without them is a full-rank run (every history written before low rank
 existed, and every full-rank one since, whose header bytes are unchanged). CPU and CUDA generators
@@ -661,10 +663,12 @@ def check_perturbation(
 def _perturbation_flags(spec: LowRankSpec | None) -> str:
     if spec is None:
         return "(perturbation = 'full')"
+    targets = f", lowrank_targets = {spec.targets!r}" if spec.targets != "all" else ""
+    flag = f" --lowrank_targets {spec.targets}" if spec.targets != "all" else ""
     return (
-        f"(perturbation = 'lowrank', rank = {spec.rank}, lowrank_other = {spec.other!r}; "
-        f"on the command line --perturbation lowrank --rank {spec.rank} "
-        f"--lowrank_other {spec.other})"
+        f"(perturbation = 'lowrank', rank = {spec.rank}, lowrank_other = {spec.other!r}"
+        f"{targets}; on the command line --perturbation lowrank --rank {spec.rank} "
+        f"--lowrank_other {spec.other}{flag})"
     )
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "describe",
     "factors",
     "is_lowrank_target",
+    "linear_weight_names",
     "lowrank_delta",
     "make_weights",
 ]
@@ -65,6 +66,10 @@ class LowRankSpec:
     """r: each member's change to a weight matrix is ``σ·A·Bᵀ/√r`` with A [m, r], B [n, r]."""
     other: Literal["frozen", "full"] = "frozen"
     """What tensors that are not 2-D get: ``frozen`` (nothing) or ``full`` (full-rank noise)."""
+    targets: Literal["all", "linear"] = "all"
+    """Which 2-D tensors get the low-rank term: ``all`` of them, or only the weights of
+    ``nn.Linear`` layers other than the output embedding (:func:`linear_weight_names`; the rest
+    stay frozen), which is what vLLM's LoRA adapters can carry."""
 
     def __post_init__(self) -> None:
         if int(self.rank) < 1:
@@ -74,18 +79,31 @@ class LowRankSpec:
                 f"lowrank_other must be 'frozen' or 'full', got {self.other!r} (what tensors "
                 "that are not 2-D, such as norms and biases, get)"
             )
+        if self.targets not in ("all", "linear"):
+            raise ConfigError(
+                f"lowrank_targets must be 'all' or 'linear', got {self.targets!r} (which 2-D "
+                "weights get low-rank perturbations)"
+            )
 
     @classmethod
     def from_config(cls, config: Any) -> LowRankSpec | None:
         """The spec of an :class:`~leanrl.train.es.config.ESConfig` (None: full-rank noise)."""
         if config.perturbation == "full":
             return None
-        return cls(int(config.rank), config.lowrank_other)
+        return cls(int(config.rank), config.lowrank_other, config.lowrank_targets)
 
     def header(self) -> dict[str, Any]:
         """The history header's keys for this spec (a full-rank run writes none of them, so its
-        header, and so its history, stays byte for byte what it was before low rank existed)."""
-        return {"perturbation": "lowrank", "rank": self.rank, "lowrank_other": self.other}
+        header, and so its history, stays byte for byte what it was before low rank existed; so
+        does a low-rank run on every 2-D tensor, which writes no ``lowrank_targets``)."""
+        out: dict[str, Any] = {
+            "perturbation": "lowrank",
+            "rank": self.rank,
+            "lowrank_other": self.other,
+        }
+        if self.targets != "all":
+            out["lowrank_targets"] = self.targets
+        return out
 
     @classmethod
     def from_header(cls, info: dict[str, Any]) -> LowRankSpec | None:
@@ -95,11 +113,13 @@ class LowRankSpec:
             return None
         if kind != "lowrank":
             raise ValueError(f"unknown perturbation {kind!r}")
-        return cls(int(info["rank"]), str(info["lowrank_other"]))  # type: ignore[arg-type]
+        targets = str(info.get("lowrank_targets", "all"))  # absent: from before the setting
+        return cls(int(info["rank"]), str(info["lowrank_other"]), targets)  # type: ignore[arg-type]
 
     def describe(self) -> str:
         """For error messages: ``lowrank (rank 4, tensors that are not 2-D frozen)``."""
-        return f"lowrank (rank {self.rank}, tensors that are not 2-D {self.other})"
+        where = ", linear layers only" if self.targets == "linear" else ""
+        return f"lowrank (rank {self.rank}, tensors that are not 2-D {self.other}{where})"
 
 
 def describe(spec: LowRankSpec | None) -> str:
@@ -112,6 +132,29 @@ def is_lowrank_target(name: str, shape: tuple[int, ...]) -> bool:
     embeddings, or with LoRA the adapter matrices). Other tensors (norms, biases) are handled by
     the run's ``lowrank_other`` rule."""
     return len(shape) == 2
+
+
+def linear_weight_names(model: Any) -> frozenset[str]:
+    """The parameter names (as ``named_parameters`` gives them) of the weights of the model's
+    ``nn.Linear`` layers, less the output embedding (``lm_head``, tied or not) and any weight an
+    embedding shares: what ``lowrank_targets = "linear"`` perturbs.
+
+    That is the set vLLM's LoRA can target: it applies adapters to the decoder's linear layers;
+    its embedding and ``lm_head`` support was tied to LoRA's extra vocabulary, which recent vLLM
+    removed, so both are left out whatever the version. GPT-2's ``Conv1D`` layers (weights stored
+    [in, out], and no vLLM LoRA for GPT-2) are left out too."""
+    from torch import nn
+
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    if out_emb is not None and getattr(out_emb, "weight", None) is not None:
+        shared.add(id(out_emb.weight))
+    linear = {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and m is not out_emb and id(m.weight) not in shared
+    }
+    return frozenset(n for n, p in model.named_parameters() if id(p) in linear)
 
 
 def factors(
@@ -160,7 +203,8 @@ def make_weights(
 
 
 class LowRankWeights(ESWeights):
-    """:class:`ESWeights` with low-rank perturbations of every 2-D tensor.
+    """:class:`ESWeights` with low-rank perturbations of every 2-D tensor (``targets =
+    "linear"``: of the linear layers' weights only, the other 2-D tensors frozen).
 
     The three rules of :mod:`leanrl.train.es.weights` hold unchanged: factors are a function of
     (seed, tensor name); a perturbed tensor is written as ``cast(θ + s·σ·E)`` from the untouched
@@ -174,9 +218,21 @@ class LowRankWeights(ESWeights):
         params: dict[str, torch.nn.Parameter],
         master: dict[str, torch.Tensor],
         spec: LowRankSpec,
+        linear: frozenset[str] | None = None,
     ) -> None:
         super().__init__(params, master)
         self.spec = spec
+        if spec.targets == "linear" and linear is None:
+            raise ValueError("lowrank_targets = 'linear' needs the names of the linear weights")
+        self.linear = linear if spec.targets == "linear" else None
+        """``lowrank_targets = "linear"``: the names that get the low-rank term (the other 2-D
+        tensors stay frozen); None: every 2-D tensor."""
+        if self.linear is not None and not any(n in self.linear for n in master):
+            raise ConfigError(
+                "lowrank_targets = 'linear' found no nn.Linear weight to perturb in this model "
+                "(embeddings and lm_head do not count; GPT-2's Conv1D layers neither): use "
+                "lowrank_targets = 'all'"
+            )
 
     @classmethod
     def from_model(  # type: ignore[override]
@@ -186,13 +242,20 @@ class LowRankWeights(ESWeights):
         if spec is None:
             raise ValueError("LowRankWeights needs its LowRankSpec")
         base = ESWeights.from_model(model, trainable_only)
-        return cls(base.params, base.master, spec)
+        linear = linear_weight_names(model) if spec.targets == "linear" else None
+        return cls(base.params, base.master, spec, linear)
 
     def _kind(self, name: str) -> Literal["lowrank", "full", "frozen"]:
         """How tensor ``name`` is perturbed and updated."""
         if is_lowrank_target(name, tuple(self.master[name].shape)):
+            if self.linear is not None and name not in self.linear:
+                return "frozen"  # an embedding or lm_head under lowrank_targets = "linear"
             return "lowrank"
         return self.spec.other
+
+    def lowrank_names(self) -> list[str]:
+        """The tensors that get the low-rank term, in parameter order."""
+        return [n for n in self.master if self._kind(n) == "lowrank"]
 
     def numel(self) -> int:
         """Number of scalars that move (frozen tensors left out)."""

@@ -357,13 +357,18 @@ class PipelinedScorer:
     docstring). ``last_idle_frac`` is the engine's idle fraction of the last ``score`` call."""
 
     def __init__(
-        self, env: Environment, engine: Engine, depth: int = 2, members_per_batch: int = 1
+        self,
+        env: Environment,
+        engine: Engine,
+        depth: int = 2,
+        members_per_batch: int = 1,
+        batched: bool = False,
     ) -> None:
         if depth < 1:
             raise ValueError("depth must be at least 1")
         if members_per_batch < 1:
             raise ValueError("members_per_batch must be at least 1")
-        if members_per_batch > 1 and not hasattr(engine, "generate_members"):
+        if (members_per_batch > 1 or batched) and not hasattr(engine, "generate_members"):
             raise ConfigError(
                 f"scorer.members_per_batch = {members_per_batch} needs an engine that decodes "
                 f"several members per call; {type(engine).__name__} does not"
@@ -372,6 +377,9 @@ class PipelinedScorer:
         self.engine = engine
         self.depth = depth
         self.members_per_batch = members_per_batch
+        self.batched = batched or members_per_batch > 1
+        """Members go through ``engine.generate_members`` (even one per call: an engine whose
+        weights are never written, such as the LoRA one), not perturb/generate/restore."""
         self.last_idle_frac: float | None = None
         self.last_calls: list[list[tuple[int, float]]] = []
         """Batched mode: the members of each engine call of the last ``score``."""
@@ -380,7 +388,7 @@ class PipelinedScorer:
         await self.engine.policy.start()
 
     async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
-        if self.members_per_batch > 1:
+        if self.batched:
             return await self._score_batched(state, members)
         gate = EngineGate(self.engine)
         slots = asyncio.Semaphore(self.depth)
@@ -499,7 +507,9 @@ def inprocess_scorer(
     model = getattr(policy, "model", None)
     if model is None:
         raise ConfigError("scorer.members_per_batch > 1 needs the in-process torch policy")
-    pop = LowRankPopulation(model, weights.params, config.rank, config.lowrank_other)
+    names = getattr(weights, "lowrank_names", None)
+    targets = names() if callable(names) and config.lowrank_targets == "linear" else None
+    pop = LowRankPopulation(model, weights.params, config.rank, config.lowrank_other, targets)
     return PipelinedScorer(
         env, TorchEngine(weights, policy, pop), sc.pipeline, members_per_batch=sc.members_per_batch
     )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +79,8 @@ class LowRankPopulation:
 
     ``params`` are the perturbed parameters by name (``ESWeights.params``); their 2-D ones get
     the low-rank term, each drawn from (seed, name) exactly as the materialised path draws it.
+    ``targets`` (``LowRankWeights.lowrank_names()`` under ``lowrank_targets = "linear"``): only
+    these get it; the other 2-D parameters are frozen, as the materialised path leaves them.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class LowRankPopulation:
         params: Mapping[str, Any],
         rank: int,
         lowrank_other: str = "frozen",
+        targets: Collection[str] | None = None,
     ) -> None:
         if rank < 1:
             raise ConfigError(f"rank must be at least 1, got {rank}")
@@ -108,8 +111,8 @@ class LowRankPopulation:
         self.targets: list[_Target] = []
         for name, p in params.items():
             shape = tuple(p.shape)
-            if not is_lowrank_target(name, shape):
-                continue
+            if not is_lowrank_target(name, shape) or (targets is not None and name not in targets):
+                continue  # frozen: lowrank_targets = "linear" leaves embeddings and lm_head be
             mods = owner.get(id(p), [])
             bad = [type(m).__name__ for m, k in mods if k is None]
             if not mods or bad:

@@ -179,7 +179,7 @@ class ESTrainer:
 
     #: Fields that config.json does not check on resume because the history's header does
     #: (:meth:`_check_perturbation_early`): a config.json written before they existed lacks them.
-    HEADER_CHECKED = ("perturbation", "rank", "lowrank_other")
+    HEADER_CHECKED = ("perturbation", "rank", "lowrank_other", "lowrank_targets")
 
     def __init__(
         self,
@@ -432,6 +432,17 @@ class ESTrainer:
         master = None
         if source.checkpoint and (Path(source.checkpoint) / MASTER_FILE).is_file():
             master = str(Path(source.checkpoint) / MASTER_FILE)
+        if self.config.perturbation == "lowrank":  # members as LoRA adapters of the engine
+            from leanrl.train.es.vllm_scorer import LowRankVLLMScorer
+
+            return LowRankVLLMScorer(
+                self.env,
+                source,
+                self.config.policy,
+                master,
+                depth=sc.pipeline,
+                members_per_batch=sc.members_per_batch,
+            )
         from leanrl.train.es.pipeline import PipelinedVLLMScorer
 
         return PipelinedVLLMScorer(self.env, source, self.config.policy, master, depth=sc.pipeline)

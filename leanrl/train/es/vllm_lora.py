@@ -13,13 +13,21 @@ batches rows of different adapters together (punica kernels) over the unperturbe
 worker extension keeps updated in place as today.
 
 What LoRA cannot carry, and how it is handled: vLLM applies adapters to the decoder's linear
-layers only (its embedding/``lm_head`` LoRA support is limited and version-dependent), and never
-to 1-D tensors. The in-process rule perturbs *every* 2-D parameter, embeddings and a tied
-``lm_head`` included, so a model whose perturbed set has anything but such linear layers is
-refused (:func:`lora_plan` lists them): members scored on fewer tensors than the update moves
-would steer those tensors by noise the members never had. Running low-rank ES on vLLM therefore
-needs the run's low-rank rule restricted to linear layers on both sides (the update and these
-adapters), which is a setting of its own (see the report of this change).
+layers only (its embedding/``lm_head`` LoRA support was tied to LoRA's extra vocabulary, which
+recent vLLM removed), and never to 1-D tensors. A run scored this way therefore perturbs exactly
+those linear layers on both sides, the update and these adapters: ``lowrank_targets = "linear"``
+with ``lowrank_other = "frozen"`` (the config requires both with ``scorer.backend = "vllm"``). A
+plan whose perturbed set holds anything else is refused (:func:`lora_plan` lists it): members
+scored on fewer tensors than the update moves would steer those tensors by noise the members
+never had.
+
+Adapter ids: vLLM caches a loaded adapter by ``lora_int_id`` (on the GPU, ``max_loras`` slots,
+and an LRU of ``max_cpu_loras`` on the host) and never rereads its folder while the id is cached,
+so every adapter gets a fresh id from a counter that lives as long as the engine: an id is never
+reused for another member, or for the same seed in a later iteration. Rank: vLLM takes adapters
+of any rank up to the engine's ``max_lora_rank`` (one of :data:`VLLM_LORA_RANKS`) and pads the
+rest of its slot with zeros, so the folders hold rank r exactly and the engine's rank is the
+smallest allowed one ≥ r (:func:`lora_engine_kwargs`).
 
 The factors are drawn on the device the update draws them on (``device``: the engine's GPU), as
 CPU and CUDA generators give different numbers for one seed.
@@ -27,11 +35,11 @@ CPU and CUDA generators give different numbers for one seed.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import math
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,13 +163,6 @@ def lora_engine_kwargs(members_per_batch: int, rank: int) -> dict[str, Any]:
     }
 
 
-def _lora_id(seed: int, scale: float) -> int:
-    """A positive id per member (vLLM caches an adapter by id; the adapter depends on nothing
-    but (seed, scale, rank), so one id may be reused for the member whatever θ is)."""
-    digest = hashlib.blake2b(f"{seed}\x00{scale!r}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") % (2**31 - 1) + 1
-
-
 class VLLMLoRAEngine:
     """A population engine over a running ``vllm.LLM`` started with :func:`lora_engine_kwargs`:
     :meth:`generate_members` sends every member's prompts in one ``generate`` call, each with its
@@ -176,6 +177,9 @@ class VLLMLoRAEngine:
         rank: int,
         folder: Path,
         device: Any = "cuda",
+        *,
+        ids: Iterator[int] | None = None,
+        writer: Callable[[Path, int, float], None] | None = None,
     ) -> None:
         from leanrl.train.es.workers import _EnginePolicy
 
@@ -188,6 +192,12 @@ class VLLMLoRAEngine:
         self.device = device
         self.base_model = config.model
         self._adapters: dict[tuple[int, float], Any] = {}
+        self._ids = ids if ids is not None else itertools.count(1)
+        """Adapter ids (positive, never reused: see the module docstring); pass the engine's
+        own counter when several of these share one engine."""
+        self._writer = writer
+        """Writes member (seed, scale)'s adapter folder at a path (default: here, factors drawn
+        on ``device``); the low-rank vLLM scorer has the engine's rank-0 worker write it."""
 
     def adapter(self, seed: int, scale: float) -> Any:
         """Member (seed, scale)'s ``LoRARequest`` (its folder written on first use)."""
@@ -196,11 +206,14 @@ class VLLMLoRAEngine:
         if req is None:
             from vllm.lora.request import LoRARequest
 
-            lid = _lora_id(seed, scale)
+            lid = next(self._ids)
             path = self.folder / f"member-{seed}-{'p' if scale >= 0 else 'm'}-{lid}"
-            tensors = member_adapter(seed, scale, self.plan, self.rank, self.device)
-            write_adapter(path, tensors, self.plan, self.rank, self.base_model)
-            req = LoRARequest(f"es-{seed}-{lid}", lid, str(path))
+            if self._writer is not None:
+                self._writer(path, seed, scale)
+            else:
+                tensors = member_adapter(seed, scale, self.plan, self.rank, self.device)
+                write_adapter(path, tensors, self.plan, self.rank, self.base_model)
+            req = LoRARequest(f"es-{lid}", lid, str(path))
             self._adapters[key] = req
         return req
 

@@ -16,7 +16,9 @@ Backends:
   built from a :class:`~leanrl.train.es.history.WeightsSource` plus history records.
 - :class:`VLLMScorer`: a vLLM engine on a GPU; perturb/restore/update run *inside* the engine's
   workers through a worker extension and ``collective_rpc`` (no reload, no weight transfer), with
-  the prefix cache disabled so no KV computed under one member is reused by another.
+  the prefix cache disabled so no KV computed under one member is reused by another. Low-rank
+  runs use its subclass :class:`~leanrl.train.es.vllm_scorer.LowRankVLLMScorer` (members as
+  LoRA adapters of the engine, the update applied inside it).
 
 A remote backend (e.g. Modal ``Function.map`` over members) implements the same three methods:
 each remote call receives ``(WeightsSource, records, tasks, sampling, sigma, member)`` and caches
@@ -601,14 +603,18 @@ class VLLMScorer:
     reused for another.
     """
 
+    lowrank_ok = False
+    """Whether this class scores low-rank runs (its subclass in ``vllm_scorer`` does)."""
+
     def __init__(
         self, env: Environment, source: WeightsSource, policy: PolicyConfig, master_path: str | None
     ) -> None:
-        if source.lowrank is not None:  # the config refuses it too; this guards direct use
+        if source.lowrank is not None and not self.lowrank_ok:
             raise ConfigError(
-                "the vLLM scorer draws full-rank noise inside its engine, so it cannot score a "
-                "low-rank run (perturbation = 'lowrank'): use scorer.backend = 'inprocess' or "
-                "'processes'"
+                "this vLLM scorer draws full-rank noise inside its engine, so it cannot score a "
+                "low-rank run (perturbation = 'lowrank'): use "
+                "leanrl.train.es.vllm_scorer.LowRankVLLMScorer (what the trainer builds for "
+                "scorer.backend = 'vllm' with perturbation = 'lowrank')"
             )
         self.env = env
         self.source = source
@@ -640,10 +646,14 @@ class VLLMScorer:
             requested=self.policy_config.gpu_memory_utilization if explicit else None,
             default=self.policy_config.gpu_memory_utilization,
         )
-        self.llm = LLM(**vllm_engine_kwargs(self.source, self.policy_config, fraction))
+        self.llm = LLM(**self.engine_kwargs(fraction))
         self.llm.collective_rpc("es_init", args=(path, self.source.dtype))
         if self.master_path:  # a checkpoint's exact fp32 master (bf16 runs)
             self.llm.collective_rpc("es_load_master", args=(self.master_path,))
+
+    def engine_kwargs(self, fraction: float) -> dict[str, Any]:
+        """The ``vllm.LLM`` arguments (a subclass adds its own)."""
+        return vllm_engine_kwargs(self.source, self.policy_config, fraction)
 
     def sync(self, records: Sequence[HistoryRecord]) -> None:
         """Apply the records the engine has not applied yet (in fp32, inside the engine)."""
