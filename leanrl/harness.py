@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from leanrl.task import Task
     from leanrl.taskset import Taskset
 
-__all__ = ["Harness", "HarnessConfig"]
+__all__ = ["Harness", "HarnessConfig", "SFTEpisode", "SFTTurn"]
 
 
 class HarnessConfig(BaseModel):
@@ -74,6 +75,33 @@ class HarnessConfig(BaseModel):
     ``self-correction`` take none;
     third-party harnesses: theirs. A key the harness does not know is refused (a harness that
     declares no ``option_keys`` takes any)."""
+
+
+@dataclass(frozen=True)
+class SFTTurn:
+    """One model turn of an episode as SFT replays it (see :meth:`Harness.sft_episode`)."""
+
+    completion: str
+    """What the model wrote (the text the harness kept, a stop string cut off)."""
+    feedback: str = ""
+    """What the environment answered, shown to the model before its next turn ('' at the end)."""
+    train: bool = True
+    """Whether the model's tokens of this turn carry loss (False: context only)."""
+    end: str | None = ""
+    """How the turn ended, as the model's tokens hold it: the stop string that ended it
+    (completion prompts, e.g. ```` ``` ````), ``""`` for its own end (chat prompts: the chat
+    template's end-of-turn token is added), None when it was cut off by the token limit."""
+
+
+@dataclass(frozen=True)
+class SFTEpisode:
+    """A whole multi-turn episode laid out for SFT: the first prompt, then every model turn
+    with the environment's answer to it; the turns with ``train`` carry loss."""
+
+    prompt: Prompt
+    """The first prompt, as the harness gave it (text, or chat messages)."""
+    turns: tuple[SFTTurn, ...]
+    """Every model turn, in order."""
 
 
 class Harness(abc.ABC):
@@ -147,6 +175,15 @@ class Harness(abc.ABC):
         answer it with (``target = "completion"``: the model's own text kept with the proof,
         where there is one). None: the ``whole-proof`` layout (its prompt format, the proof in
         the Lean code block), which the Lean harnesses' first turns share."""
+        return None
+
+    def sft_episode(self, rollout: Rollout) -> SFTEpisode | None:
+        """What SFT trains on for a verified multi-turn ``rollout`` with ``turns = "all"``
+        (``--data.turns all``, expert iteration's ``turns``): the whole conversation, each turn
+        marked as a target or as context; the SFT data builder tokenizes it the way the
+        harness's token-id context does (:mod:`leanrl.harnesses.tactic_loop.context`), so each
+        turn's prompt part is what the model saw at that turn. None (the default): train the
+        first turn only (:meth:`sft_example`)."""
         return None
 
     async def generate(

@@ -37,3 +37,16 @@ def test_added_field_set_is_refused(tmp_path: Path) -> None:
     cfg2 = GRPOConfig(out=str(tmp_path / "r"), sampling={"top_p": 0.5})
     with pytest.raises(ConfigError, match=r"\['lr', 'sampling.top_p'\]"):
         run.bind_config(cfg2)
+
+
+def test_grpo_memory_options_may_change_on_resume(tmp_path: Path) -> None:
+    """How the loss is computed (tiles, sorted micro-batches) may change when a run resumes,
+    e.g. after running out of memory; what it computes may not."""
+    from leanrl.train.grpo.trainer import GRPOTrainer
+
+    run = RunDir(tmp_path / "r")
+    run.bind_config(GRPOConfig(out=str(tmp_path / "r")))
+    tiled = GRPOConfig(out=str(tmp_path / "r"), logprob_chunk=256, sort_micro_batches=True)
+    assert run.bind_config(tiled, ignore=GRPOTrainer.RESUMABLE) is True
+    with pytest.raises(ConfigError, match="different config"):
+        run.bind_config(GRPOConfig(out=str(tmp_path / "r"), lr=1e-3), ignore=GRPOTrainer.RESUMABLE)

@@ -23,10 +23,10 @@ feedback's tokens carry mask 0.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from leanrl.harness import Harness
+from leanrl.harness import Harness, SFTEpisode, SFTTurn
 from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
 from leanrl.rollout import Rollout, Turn
 from leanrl.runtime import Runtime
@@ -34,7 +34,7 @@ from leanrl.task import Task
 from leanrl.taskset import Taskset
 from leanrl.verdict import Verdict
 
-from ..tactic_loop.context import ids_capable, record_turn
+from ..tactic_loop.context import extend_context, ids_capable, record_turn
 from ..whole_proof.extract import extract_proof
 from ..whole_proof.harness import check_and_reward, off_loop
 from ..whole_proof.prompts import (
@@ -95,10 +95,15 @@ class SelfCorrectionHarness(Harness):
         """Chat prompts (messages) unless the prompt format is a completion format."""
         return not _completion_style(self.config)
 
-    def feedback(self, ep: _Episode, verdict: Verdict, round_: int) -> str:
-        """What the model is told after attempt ``round_`` (0-based) was rejected."""
+    def feedback(
+        self, ep: _Episode, verdict: Verdict, round_: int, cap: Callable[[str], str] | None = None
+    ) -> str:
+        """What the model is told after attempt ``round_`` (0-based) was rejected. ``cap``
+        shortens the rendered errors (GRPO's failure replay caps them in tokens)."""
         text = checked_text(ep.task, ep.proof or "", ep.preamble, ep.restated_statement)
         errors = render_errors(verdict, text, self.config.feedback_errors, fenced=self.chat)
+        if cap is not None:
+            errors = cap(errors)
         if self.chat:
             return _CHAT_FEEDBACK.format(round=round_, errors=errors)
         task = ep.task
@@ -115,6 +120,21 @@ class SelfCorrectionHarness(Harness):
             f"follows. -/\n\n{instruction}\n\n```lean4\n{task.header}{informal_comment(task)}"
             f"{task.formal_statement.rstrip()}\n"
         )
+
+    def revision_prompt(
+        self, task: Task, failed: Rollout, cap: Callable[[str], str] | None = None
+    ) -> Prompt:
+        """The text context a revision of ``failed`` starts from: its prompt, its completion and
+        the feedback on it, exactly what an episode of this harness holds (as text) before its
+        first revision. ``failed`` is a rejected one-turn attempt at ``task`` (GRPO's failure
+        replay renders stored failures with this)."""
+        if failed.verdict is None or failed.verdict.accepted or len(failed.turns) != 1:
+            raise ValueError("revision_prompt needs a rejected attempt of exactly one turn")
+        ep = _Episode(task=task, sample=failed.sample, prompt=failed.prompt,
+                      context=failed.prompt, proof=failed.proof, preamble=failed.preamble,
+                      restated_statement=failed.restated_statement)  # fmt: skip
+        text = self.feedback(ep, failed.verdict, 0, cap)
+        return extend_context(failed.prompt, failed.turns[0].completion, text)
 
     async def run(
         self,
@@ -223,6 +243,30 @@ class SelfCorrectionHarness(Harness):
         record_turn(ep, c, text, policy, self.chat)
         if ep.tokens >= self.config.max_total_tokens:
             ep.done = True  # no room for another attempt: the last verdict stands
+
+    def sft_episode(self, rollout: Rollout) -> SFTEpisode | None:
+        """A verified revision chain for SFT: the first prompt, every attempt with Lean's errors
+        on it, and the accepted revision. Only the accepted attempt is a target; the rejected
+        ones are context (Goedel-Prover-V2 trains the revision given the failed proof and the
+        compiler's feedback: training on the failed proofs would teach them). None for a
+        one-attempt episode: its first turn is the whole-proof layout (:meth:`sft_example`)."""
+        if len(rollout.turns) < 2:
+            return None
+        stop = "" if self.chat else default_stop(self.config)[0]
+        accepted = rollout.verdict is not None and rollout.verdict.accepted
+        last = len(rollout.turns) - 1
+        return SFTEpisode(
+            prompt=rollout.prompt,
+            turns=tuple(
+                SFTTurn(
+                    completion=t.completion,
+                    feedback=t.feedback,
+                    train=accepted and k == last,
+                    end=None if t.finish_reason == "length" else stop,
+                )
+                for k, t in enumerate(rollout.turns)
+            ),
+        )
 
     def _rollout(self, ep: _Episode) -> Rollout:
         return Rollout(

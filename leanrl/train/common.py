@@ -729,4 +729,5 @@ def _default_dump(cls: type[BaseModel], name: str) -> Any:
     value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         return json.loads(value.model_dump_json())
-    return json.loads(TypeAdapter(field.annotation).dump_json(value))
+    kind: Any = field.annotation if field.annotation is not None else Any
+    return json.loads(TypeAdapter(kind).dump_json(value))

@@ -16,8 +16,14 @@ Where each step lives:
 - ``engine.py``: :class:`GRPOEngine`, everything with weights in it: the model, the reference,
   the optimizer, one optimisation step, the generation policy and its weight sync, ranks,
   checkpoint files;
-- ``loss.py``: the maths as pure tensor functions (advantages, clipped token loss, KL,
-  aggregation);
+- ``model_io.py``: loading and saving the model, optimizer and RNG state; device and precision;
+- ``loss.py``: the maths as pure tensor functions (advantages, clipped token loss, GSPO's
+  sequence ratio, CISPO, the sampler/trainer importance correction, KL, aggregation);
+- ``advantages.py``: pass@k (PKPO) and unlikeliness reward transforms of a group;
+- ``tiled.py``: log-probs and entropy over vocabulary tiles, never the full logits
+  (``logprob_chunk``);
+- ``replay.py``: failed attempts kept and replayed as revision prompts (``replay``);
+- ``report.py``: which groups a step keeps, why it trained on nothing, its log line;
 - ``trl_names.py``: TRL's ``GRPOConfig`` field names, read as leanrl's;
 - ``cli.py``: ``leanrl train grpo``.
 

@@ -14,9 +14,12 @@ from pydantic import Field, field_validator, model_validator
 
 from leanrl.policy import SamplingConfig
 from leanrl.train.common import TrainConfig
+from leanrl.train.curriculum import CurriculumConfig
 from leanrl.train.distributed import DistributedConfig
-from leanrl.train.grpo.trl_names import TRL_DIFFERENT, TRL_SAME, translate_trl
+from leanrl.train.grpo.replay import ReplayConfig
+from leanrl.train.grpo.trl_names import TRL_DIFFERENT, TRL_RENAMED, TRL_SAME, translate_trl
 from leanrl.train.lora import LoRAConfig
+from leanrl.train.shaping import FormatRewardConfig, OverlongConfig
 from leanrl.train.vllm_server import VLLMServerConfig
 
 __all__ = ["GRPOConfig", "LossAgg", "RewardScale"]
@@ -45,6 +48,7 @@ class GRPOConfig(TrainConfig):
     foreign_names: ClassVar[dict[str, str]] = {
         **{k: f"--{v.replace('_', '-')}" for k, v in TRL_SAME.items()},
         **TRL_DIFFERENT,
+        **TRL_RENAMED,
     }
     """TRL names and what leanrl calls them (the CLI's "did you mean" reads this)."""
 
@@ -138,6 +142,66 @@ class GRPOConfig(TrainConfig):
     """Denominator of ρ: the log-probs the generation backend reported (``sampler``: corrects
     for staleness and kernel mismatch), or a no-grad forward of the current weights before the
     first pass (``recompute``: the paper's π_old; not allowed in async mode)."""
+    # -- objective variants (issue 25) --
+    advantage: Literal["group", "pass_at_k", "unlikeliness"] = "group"
+    """How rewards become advantages. ``group`` (the default): GRPO's group-relative advantage
+    (DeepSeekMath). ``pass_at_k``: PKPO's unbiased pass@k transform (Walder & Karkhanis 2025,
+    "Pass@K Policy Optimization"): optimise the chance that one of ``pass_k`` attempts passes
+    (or, for graded rewards, the expected best of ``pass_k``), not the mean reward, with the
+    leave-one-out baseline ``pass_k_baseline``; ``scale_rewards`` then divides by the std of
+    those advantages. ``unlikeliness``: each reward times ``1 - unlikeliness_beta · rank/G``,
+    ranked by the attempt's mean log-prob, 0 for the least likely (He, Fried & Welleck 2025,
+    "Rewarding the Unlikely"): rare correct proofs gain over likely ones. It needs the sampler's
+    log-probs, and a group whose attempts all pass differs only through the bonus, so use it with
+    ``dynamic_sampling = "off"`` to keep such groups."""
+    pass_k: int = Field(default=8, ge=1)
+    """``advantage = "pass_at_k"``: the k of pass@k to optimise, at most ``group_size`` (at most
+    ``group_size - 1`` with ``pass_k_baseline = "loo"``). 1 is GRPO's pass@1 objective with a
+    leave-one-out baseline (RLOO). PKPO anneals k down during training; here it is fixed."""
+    pass_k_baseline: Literal["none", "loo", "loo_minus_one"] = "loo_minus_one"
+    """``advantage = "pass_at_k"``: the baseline subtracted from each transformed reward, from
+    the group's other attempts only so the gradient stays unbiased (PKPO's leave-one-out
+    variants): ``loo_minus_one`` (the other attempts' max@(k-1) estimate; with k = 1, ``loo``),
+    ``loo`` (their max@k estimate), or ``none`` (the raw transformed rewards: unbiased but
+    noisy, and uncentred, so it needs ``scale_rewards = "none"``)."""
+    unlikeliness_beta: float = Field(default=0.25, ge=0.0, le=1.0)
+    """``advantage = "unlikeliness"``: β_rank, the share of its reward the group's most likely
+    attempt loses (He et al. 2025 use 0.25)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Level of the ratio ρ in the loss (TRL's name). ``token`` (PPO/GRPO): one ratio per token.
+    ``sequence``: GSPO's (Zheng et al. 2025, "Group Sequence Policy Optimization")
+    length-normalised sequence ratio ``exp(mean_t(logp - old))``, shared by every token of the
+    sequence and clipped as a whole; GSPO clips it at ``eps_low = 3e-4``, ``eps_high = 4e-4``
+    and averages per sequence (``loss_agg = "grpo"``)."""
+    loss: Literal["clip", "cispo"] = "clip"
+    """Token loss. ``clip``: PPO's clipped surrogate (DeepSeekMath, DAPO). ``cispo``: CISPO
+    (MiniMax-M1, 2025): ``-sg(clip(ρ, cispo_min, cispo_max)) · A · log π_θ``: the importance
+    weight is clipped and detached instead of the update, so every token keeps its gradient
+    (``eps_low``/``eps_high``/``dual_clip`` do not apply)."""
+    cispo_max: float = Field(default=5.0, gt=1.0)
+    """``loss = "cispo"``: upper bound of the detached importance weight (1 + ε_high^IS in
+    MiniMax-M1's notation; 5 is ScaleRL's ε_max, Khatri et al. 2025, and TRL's recommended
+    ``epsilon_high`` for CISPO)."""
+    cispo_min: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """``loss = "cispo"``: lower bound of the weight (1 - ε_low^IS). 0: none, as in MiniMax-M1."""
+    is_correction: Literal[
+        "off", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = "off"
+    """Correct for the gap between the sampler's log-probs μ (vLLM kernels, bf16) and the
+    trainer's own forward π_old of the same weights (TRL's ``vllm_importance_sampling_mode``).
+    When on, π_old is recomputed (a no-grad forward before the first pass) and is ρ's
+    denominator, and each token's loss is multiplied by the detached weight π_old/μ, per token
+    or per sequence (the product over its tokens), truncated at ``is_cap`` (TIS, Yao et al. 2025,
+    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training") or zeroed outside
+    [``is_floor``, ``is_cap``] (masked IS; prime-rl's token mask). In async mode this is
+    decoupled PPO (Hilton et al. 2021): the clip is around the current weights and the weight
+    also corrects for the stale sampler. ``off`` (the default): ρ is against μ directly."""
+    is_cap: float = Field(default=3.0, gt=1.0)
+    """``is_correction``: the cap C of the weight π_old/μ (TRL's ``vllm_importance_sampling_cap``,
+    default 3)."""
+    is_floor: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """``is_correction = "*_mask"``: weights below this are masked too (0: none; prime-rl masks
+    tokens below 0.125)."""
     rollout_chunks: int = Field(default=1, ge=1)
     """Cut each step's batch of tasks into this many chunks rolled out at once: generation
     takes turns, so chunk j+1 generates while Lean checks chunk j (1, the default: generate
@@ -154,12 +218,47 @@ class GRPOConfig(TrainConfig):
     fp32 on the CPU."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    # -- memory-bounded loss (issue 23) --
+    logprob_chunk: int | None = Field(default=None, ge=1)
+    """Compute the loss's log-probs (and the logged entropy) through tiles of this many tokens
+    × ``logprob_vocab_tile`` vocabulary entries of the model's own output head, with an online
+    log-sum-exp and the tile logits recomputed in the backward pass, so the [tokens, V] fp32
+    logits are never held (the chunked linear-cross-entropy idea of Liger-Kernel, Hsu et al.
+    2024, for log-probs). Same values and gradients up to float rounding; ~1/3 more head
+    FLOPs. Unset (the default): full logits. Models whose logits are more than ``head(h)``
+    (soft-capping, logit scales, a LoRA or quantised head) keep full logits, with a warning.
+    1024 is a good start; see docs/training-grpo.md, "Memory-bounded loss"."""
+    logprob_vocab_tile: int = Field(default=8192, ge=1)
+    """``logprob_chunk``: vocabulary entries per tile (the tile of logits is ``logprob_chunk ×
+    logprob_vocab_tile`` fp32 values)."""
+    sort_micro_batches: bool = False
+    """Sort each rank's share of a mini-batch by sequence length before cutting it into
+    micro-batches, so sequences of like length share a micro-batch (less padding: less
+    compute and memory). The loss's denominators are the mini-batch's, so the loss and
+    gradient are the same up to float rounding of the sums' order."""
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     """Train low-rank adapters (``peft``) instead of every weight: ``--lora.rank 16``."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """How a ``torchrun`` launch spreads the model over its ranks (FSDP2 or DDP)."""
     vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
     """Generate on a separate ``vllm serve`` process and push weights to it after every step."""
+    # -- failure replay and shaped rewards (issue 25) --
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    """Failure replay (Kimina-Prover RL's error-correction prompts): ``--replay.fraction 0.25``
+    builds a quarter of each step's groups from the run's own failed attempts, each shown
+    Lean's errors through the self-correction harness's prompt and revised ``group_size``
+    times. Off by default (see docs/training-grpo.md, "Failure replay")."""
+    format_reward: FormatRewardConfig = Field(default_factory=FormatRewardConfig)
+    """Format penalties added to the reward (Kimina-Prover RL: one reasoning block, one Lean
+    block, no repeated lines). Off by default; never changes a Verdict or the pass rate."""
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    """DAPO's soft overlong punishment (Yu et al. 2025) added to the reward; L_max defaults to
+    ``sampling.max_tokens``. Off by default."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """Choose each step's tasks by difficulty from a per-task table of attempts and passes
+    (``RUN_DIR/difficulty.json``): drop solved tasks, oversample the frontier, or draw from
+    easy/frontier/hard pools (``--curriculum.mode pools``). Off by default: the seeded epoch
+    order."""
 
     @field_validator("group_size")
     @classmethod
@@ -196,6 +295,18 @@ class GRPOConfig(TrainConfig):
         return self.dual_clip or None
 
     @model_validator(mode="after")
+    def _replay_and_shaping(self) -> GRPOConfig:
+        if self.replay.enabled and self.replay.groups_per_step(self.tasks_per_step) == 0:
+            raise ValueError(
+                f"replay.fraction = {self.replay.fraction} of tasks_per_step = "
+                f"{self.tasks_per_step} is less than one group per step: raise "
+                f"--replay.fraction to at least {1 / self.tasks_per_step:.3g} or set it to 0"
+            )
+        if self.overlong.enabled:
+            self.overlong.resolved(self.sampling.max_tokens)  # the buffer must fit in L_max
+        return self
+
+    @model_validator(mode="after")
     def _divisible(self) -> GRPOConfig:
         if self.sampling.temperature <= 0:
             raise ValueError(
@@ -215,4 +326,30 @@ class GRPOConfig(TrainConfig):
                 "async_generation needs old_logprobs = 'sampler': the ratio must be against the "
                 "stale policy that sampled the tokens, which only the sampler's log-probs know"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _objective_variants(self) -> GRPOConfig:
+        # issue 25: pass@k needs k attempts of a group to choose from
+        if self.advantage == "pass_at_k":
+            most = self.group_size - (1 if self.pass_k_baseline == "loo" else 0)
+            if self.pass_k > most:
+                why = (
+                    " (the 'loo' baseline estimates pass@k from the other group_size - 1 "
+                    "attempts; 'loo_minus_one' allows pass_k = group_size)"
+                    if self.pass_k_baseline == "loo"
+                    else ""
+                )
+                raise ValueError(
+                    f"pass_k = {self.pass_k} is more than {most} for group_size = "
+                    f"{self.group_size}{why}: pass@k is estimated from the group's attempts; "
+                    "lower pass_k or raise group_size"
+                )
+            if self.pass_k_baseline == "none" and self.reward_scale != "none":
+                raise ValueError(
+                    "pass_k_baseline = 'none' leaves the pass@k advantages uncentred, and "
+                    f"scale_rewards = {self.reward_scale!r} would divide them by a std near 0 "
+                    "in nearly uniform groups; set scale_rewards = 'none' (or use the default "
+                    "baseline 'loo_minus_one')"
+                )
         return self

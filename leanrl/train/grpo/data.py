@@ -24,6 +24,8 @@ class _Sample:
     old: list[float]  # behaviour log-prob per response token (0.0 where unknown and masked)
     adv: float
     ref: list[float] | None = None  # reference log-probs (β > 0), filled before training
+    # the sampler's log-probs, kept when ``old`` is recomputed for ``is_correction`` (issue 25)
+    sampler: list[float] | None = None
 
 
 @dataclass

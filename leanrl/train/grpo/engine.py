@@ -35,20 +35,38 @@ from leanrl.train.distributed import (
     shard_model,
     unwrap,
 )
+from leanrl.train.grpo.advantages import (
+    mean_sampler_logp,
+    pass_at_k_advantages,
+    unlikeliness_rewards,
+)
 from leanrl.train.grpo.data import _Batch, _Sample, ends_truncated
 from leanrl.train.grpo.loss import (
     aggregate,
-    clipped_token_loss,
     group_advantages,
     kl_k3,
+    policy_loss,
     token_logprobs,
 )
+from leanrl.train.grpo.model_io import (
+    _load_pretrained,
+    _Null,
+    _python_rng_state,
+    _right_aligned,
+    _Saver,
+    _split,
+    _turns_per_attempt,
+    device_and_precision,
+    disable_dropout,
+    load_optimizer_file,
+)
+from leanrl.train.grpo.tiled import HeadTiles, full_entropy
 from leanrl.train.hf_policy import TrainPolicy
 
 if TYPE_CHECKING:
     from leanrl.train.grpo.config import GRPOConfig
 
-__all__ = ["GRPOEngine", "load_optimizer_file"]
+__all__ = ["GRPOEngine", "device_and_precision", "disable_dropout", "load_optimizer_file"]
 
 log = logging.getLogger("leanrl.train")
 
@@ -81,6 +99,7 @@ class GRPOEngine:
         self.autocast: torch.dtype | None = None
         self.source = config.policy.model
         self.gen_policy: Policy | None = None
+        self._tiles: dict[int, HeadTiles | None] = {}  # logprob_chunk: per model, checked once
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -333,7 +352,15 @@ class GRPOEngine:
         rewards = torch.tensor([[0.0 if r.infra else r.reward for r in g] for g in groups])
         counted = torch.tensor([[not r.infra for r in g] for g in groups])  # [B, G]
         pool = torch.tensor(list(batch_rewards)) if batch_rewards is not None else None
-        adv = group_advantages(rewards, cfg.reward_scale, batch_rewards=pool, counted=counted)
+        if cfg.advantage == "pass_at_k":  # issue 25: PKPO's pass@k transform
+            adv = pass_at_k_advantages(
+                rewards, cfg.pass_k, cfg.pass_k_baseline, cfg.reward_scale, counted=counted
+            )
+        else:
+            if cfg.advantage == "unlikeliness":
+                logp = torch.tensor([[mean_sampler_logp(r) for r in g] for g in groups])
+                rewards = unlikeliness_rewards(rewards, logp, cfg.unlikeliness_beta, counted)
+            adv = group_advantages(rewards, cfg.reward_scale, batch_rewards=pool, counted=counted)
         out: list[_Sample] = []
         for g, row in zip(groups, adv.tolist(), strict=True):
             for r, a in zip(g, row, strict=True):
@@ -373,11 +400,23 @@ class GRPOEngine:
             self.step += 1
             return {"loss": None, "kl": None, "kl_behaviour": None, "entropy": None,
                     "clip_frac": None, "lr": lr, "grad_norm": None, "optimizer_steps": 0,
-                    "skipped": True}  # fmt: skip
+                    "skipped": True, **self._is_metrics(None)}  # fmt: skip
         need_old = cfg.old_logprobs == "recompute" or any(
             math.isnan(o) for s in samples for o, m in zip(s.old, s.mask, strict=True) if m
         )
-        if need_old:
+        if cfg.is_correction != "off":
+            # issue 25: the sampler's log-probs become the IS weights' denominator and a
+            # no-grad forward of the current weights is π_old (ρ's denominator)
+            for s in samples:
+                if any(math.isnan(o) for o, m in zip(s.old, s.mask, strict=True) if m):
+                    raise PolicyError(
+                        f"is_correction = {cfg.is_correction!r} corrects the sampler's "
+                        "log-probs, but the policy returned none; use a backend that reports "
+                        "them (hf, vllm) or is_correction = 'off'"
+                    )
+                s.sampler = list(s.old)
+            self._fill_logprobs(samples, "old")
+        elif need_old:
             if cfg.async_generation:
                 raise PolicyError(
                     "async GRPO needs the sampler's log-probs, but the policy returned none"
@@ -390,6 +429,8 @@ class GRPOEngine:
         norm_len = cfg.norm_len or cfg.sampling.max_tokens * _turns_per_attempt(cfg.env.harness)
         acc = {"loss": 0.0, "kl": 0.0, "kl_mu": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0}
         acc["tok"] = 0.0
+        if cfg.is_correction != "off":
+            acc["is_hit"] = acc["is_w"] = 0.0
         grad_norms: list[float] = []
         updates = 0
         for epoch in range(cfg.ppo_epochs):
@@ -431,7 +472,20 @@ class GRPOEngine:
             "lr": lr,
             "optimizer_steps": updates,
             "skipped": False,
+            **self._is_metrics(acc),
         }
+
+    def _is_metrics(self, acc: dict[str, float] | None) -> dict[str, Any]:
+        """The ``is_correction`` metrics of a step (none when it is off): ``is_capped_frac``,
+        the share of loss tokens whose weight π_old/μ was truncated or masked, and
+        ``is_weight_mean``, the mean weight over loss tokens after the cap (None when skipped).
+        """
+        if self.config.is_correction == "off":
+            return {}
+        if acc is None:
+            return {"is_capped_frac": None, "is_weight_mean": None}
+        tok = max(acc["tok"], 1.0)
+        return {"is_capped_frac": acc["is_hit"] / tok, "is_weight_mean": acc["is_w"] / tok}
 
     def _micro_step(
         self,
@@ -448,16 +502,12 @@ class GRPOEngine:
         ``real`` False: a stand-in micro-batch of a rank that has run out of sequences; its
         backward (of a zero loss) only keeps the collectives in step, and nothing is counted."""
         cfg = self.config
-        logits, targets = self._forward(micro, self.module)  # [n, R, V], [n, R]
-        temp = cfg.sampling.temperature or 1.0
-        logp = token_logprobs(logits, targets, temp)  # [n, R]
+        logp, ent = self._logprobs(micro, self.module, want_entropy and real)  # [n, R] each
         mask = _right_aligned([s.mask for s in micro], logp.shape[1], 0.0, logp.device)
         old = _right_aligned([s.old for s in micro], logp.shape[1], 0.0, logp.device)
         old = torch.where(mask > 0, old, logp.detach())  # unmasked slots: ratio 1, no NaN
         adv = torch.tensor([s.adv for s in micro], device=logp.device)  # [n]
-        per_tok, clipped = clipped_token_loss(
-            logp, old, adv, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c
-        )
+        per_tok, clipped = self._policy_loss(logp, old, adv, mask, micro, acc if real else None)
         if cfg.beta > 0:
             ref = _right_aligned([s.ref or [] for s in micro], logp.shape[1], 0.0, logp.device)
             kl = kl_k3(logp, torch.where(mask > 0, ref, logp.detach()))
@@ -475,18 +525,78 @@ class GRPOEngine:
             acc["kl_mu"] += float((kl_k3(logp.detach(), old) * mask).sum())
         acc["clip"] += float((clipped * mask).sum())
         acc["tok"] += float(mask.sum())
-        if want_entropy:
-            with torch.no_grad():  # one row at a time: a [R, V] float temporary, not [n, R, V]
-                for k in range(logits.shape[0]):
-                    lp_all = torch.log_softmax(logits[k].detach().float() / temp, dim=-1)
-                    ent = -(lp_all.exp() * lp_all).sum(-1)  # [R]
-                    acc["ent"] += float((ent * mask[k]).sum())
-                acc["ent_n"] += float(mask.sum())
+        if ent is not None:
+            acc["ent"] += float((ent.detach() * mask).sum())
+            acc["ent_n"] += float(mask.sum())
         return float(loss.detach())
 
-    def _forward(self, micro: list[_Sample], model: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits predicting each response token. Left padding puts every response at the right
-        edge, so only the last R+1 positions need logits (``logits_to_keep``)."""
+    def _policy_loss(
+        self,
+        logp: torch.Tensor,
+        old: torch.Tensor,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        micro: list[_Sample],
+        acc: dict[str, float] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-token policy loss [n, R] and its clip mask (:func:`policy_loss`, the objective
+        in :mod:`leanrl.train.grpo.trainer`). ``acc`` (None for a stand-in micro-batch) collects
+        the ``is_correction`` counts."""
+        cfg = self.config
+        mu = None
+        if cfg.is_correction != "off":
+            mu = _right_aligned([s.sampler or [] for s in micro], logp.shape[1], 0.0, logp.device)
+            mu = torch.where(mask > 0, mu, old)  # unmasked slots: weight 1
+        per_tok, clipped, w, hit = policy_loss(
+            logp, old, adv, mask, level=cfg.importance_sampling_level, loss=cfg.loss,
+            eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip_c,
+            cispo_min=cfg.cispo_min, cispo_max=cfg.cispo_max, sampler_logp=mu,
+            is_mode=cfg.is_correction, is_cap=cfg.is_cap, is_floor=cfg.is_floor,
+        )  # fmt: skip
+        if acc is not None and w is not None and hit is not None:
+            acc["is_hit"] += float((hit * mask).sum())
+            acc["is_w"] += float((w * mask).sum())
+        return per_tok, clipped
+
+    def _logprobs(
+        self, micro: list[_Sample], model: Any, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs [n, R] of the response tokens under ``model`` and, with ``entropy``, their
+        entropies [n, R] (for the log). With ``logprob_chunk`` set: through vocabulary tiles of
+        the model's own head (:mod:`leanrl.train.grpo.tiled`), never [n, R, V] logits."""
+        tiles = self._head_tiles(model, micro[0])
+        if tiles is not None:
+            logp, ent = self._forward(micro, model, tiles)
+            return logp, ent.detach() if entropy else None
+        temp = self.config.sampling.temperature or 1.0
+        logits, targets = self._forward(micro, model)  # [n, R, V], [n, R]
+        ent_full = full_entropy(logits, temp) if entropy else None  # no grad, row by row
+        return token_logprobs(logits, targets, temp), ent_full
+
+    def _head_tiles(self, model: Any, s: _Sample) -> HeadTiles | None:
+        """``model``'s tiled head when ``logprob_chunk`` is set and its logits are its head's
+        output (checked once per model on a short piece of ``s``, at the same point on every
+        rank: FSDP's gathers are collectives); else None (full logits)."""
+        cfg, inner = self.config, unwrap(model)
+        if cfg.logprob_chunk is not None and id(inner) not in self._tiles:
+            temp = cfg.sampling.temperature or 1.0
+            short = [_Sample(prompt=s.prompt[-4:], resp=s.resp[:4], mask=[], old=[], adv=0.0)]
+            tiles, why = HeadTiles.checked(
+                inner, temp, cfg.logprob_chunk, cfg.logprob_vocab_tile,
+                lambda t: self._forward(short, inner, t),
+            )  # fmt: skip
+            if why:
+                log.warning("logprob_chunk: %s keeps full logits: %s", type(inner).__name__, why)
+            self._tiles[id(inner)] = tiles
+        return self._tiles.get(id(inner))
+
+    def _forward(
+        self, micro: list[_Sample], model: Any, tiles: HeadTiles | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits predicting each response token, and the tokens: ``([n, R, V], [n, R])``.
+        Left padding puts every response at the right edge, so only the last R+1 positions
+        need logits (``logits_to_keep``). With ``tiles``: ``(log-probs, entropies)`` [n, R]
+        from the head's tiles instead (no logits)."""
         pad = self.tokenizer.pad_token_id or 0
         seqs = [s.prompt + s.resp for s in micro]
         width = max(len(x) for x in seqs)  # L
@@ -503,12 +613,16 @@ class GRPOEngine:
             if self.autocast is not None
             else _Null()
         )
-        with ctx:
+        targets = ids[:, width - r_max :]
+        with ctx, tiles.bound(targets) if tiles is not None else _Null() as got:
             out = model(
                 input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=r_max + 1
             )
+        if tiles is not None:  # head input j predicts token j+1; the last kept one is dropped
+            assert got is not None  # bound() yields the dict the tiled head fills
+            return tiles.result(out.logits, got)
         logits = out.logits[:, :-1, :]  # [n, R, V]: position j predicts token j+1
-        return logits, ids[:, width - r_max :]
+        return logits, targets
 
     def _my_micro_batches(self, seqs: list[_Sample]) -> list[tuple[list[_Sample], bool]]:
         """This rank's contiguous share of ``seqs`` cut into micro-batches, padded with stand-in
@@ -517,6 +631,8 @@ class GRPOEngine:
         world, mbs = self.world, self.config.micro_batch_size
         shares = _split(list(range(len(seqs))), world.size)
         mine = [seqs[i] for i in shares[world.rank]]
+        if self.config.sort_micro_batches:  # like lengths together: less padding, same sums
+            mine.sort(key=lambda s: (len(s.prompt) + len(s.resp), len(s.resp)))
         n_micro = max(math.ceil(len(sh) / mbs) for sh in shares)
         out: list[tuple[list[_Sample], bool]] = []
         for k in range(n_micro):
@@ -529,7 +645,6 @@ class GRPOEngine:
         """No-grad log-probs of every response token under the current weights (``old``) or the
         reference (``ref``: the starting model, or with LoRA the model with adapters off).
         Each rank computes its share; the shares are gathered so every rank has them all."""
-        temp = self.config.sampling.temperature or 1.0
         ctx: Any = _Null()
         if which == "ref" and self.ref_model is not None:
             model = self.ref_model
@@ -545,10 +660,10 @@ class GRPOEngine:
         try:
             with ctx:
                 for micro, real in self._my_micro_batches(samples):
-                    logits, targets = self._forward(micro, model)
+                    lp, _ = self._logprobs(micro, model)  # [n, R]
                     if not real:
                         continue
-                    lp = token_logprobs(logits, targets, temp).cpu()  # [n, R]
+                    lp = lp.cpu()
                     for k, s in enumerate(micro):
                         got[id(s)] = lp[k, lp.shape[1] - len(s.resp) :].tolist()
         finally:
@@ -614,157 +729,3 @@ class GRPOEngine:
             )
         self.world.barrier()
         return path
-
-
-class _Saver:
-    """What ``RunDir.save_checkpoint`` saves: the model, from a gathered state dict if sharded."""
-
-    def __init__(self, model: Any, state: dict[str, Any] | None) -> None:
-        self.model = model
-        self.state = state
-
-    def save_pretrained(self, folder: Path) -> None:
-        if self.state is None:
-            self.model.save_pretrained(folder)
-        else:
-            self.model.save_pretrained(folder, state_dict=self.state)
-
-
-def load_optimizer_file(path: Path, device: torch.device) -> dict[str, Any]:
-    """The optimizer, schedule and RNG state saved with a checkpoint.
-
-    Loaded with ``weights_only=True``: the file may only hold tensors and plain data (dicts,
-    lists, numbers, strings), so a planted pickle payload is refused instead of run. A missing,
-    truncated or refused file is a :class:`ConfigError` that names it.
-    """
-    import pickle
-
-    from leanrl.integrity import torch_file_problem
-
-    if not path.is_file():
-        raise ConfigError(f"{path} is missing")
-    why = torch_file_problem(path)
-    if why:
-        raise ConfigError(f"{path}: {why}")
-    try:
-        blob = torch.load(path, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as e:
-        raise ConfigError(
-            f"{path} holds more than tensors and plain data ({_refusal_detail(e)}), so it was "
-            "not loaded: leanrl never unpickles run files, so it never runs code from one, and "
-            f"it did not write this. Delete {path.parent} to resume from the checkpoint before "
-            "it, or start the run over in a new --out folder"
-        ) from None
-    need = {"optimizer", "scheduler", "torch_rng", "python_rng"}
-    if not isinstance(blob, dict) or not need <= set(blob):
-        raise ConfigError(f"{path} does not hold the optimizer state leanrl saves ({sorted(need)})")
-    return blob
-
-
-def _refusal_detail(e: BaseException) -> str:
-    """What torch found in the file (``unsupported GLOBAL posix.system``), without its advice
-    to retry with ``weights_only=False``: that advice is for files one trusts, and a run file
-    holding a pickled object is not one leanrl wrote."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    advice = ("weights_only", "torch.load", "trusted source", "pytorch.org")
-    kept = [ln for ln in lines if not any(a in ln for a in advice)]
-    text = kept[0] if kept else type(e).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _python_rng_state(state: Any) -> tuple[Any, ...]:
-    """``random.getstate()`` as saved (lists where it had tuples) back as ``random.setstate``
-    wants it: ``(version, tuple of ints, gauss_next)``."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
-
-
-def _load_pretrained(
-    tokenizer_from: str, weights_from: str, dtype: torch.dtype, opts: dict[str, Any]
-) -> tuple[Any, Any]:
-    """(tokenizer, model) from folders or hub ids; a PolicyError saying what is wrong."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from leanrl.integrity import checkpoint_problem
-
-    for source in dict.fromkeys((tokenizer_from, weights_from)):
-        folder = Path(source).expanduser()
-        if folder.is_dir():
-            why = checkpoint_problem(folder, torch_files=False)  # optimizer.pt: checked apart
-            if why:
-                raise PolicyError(f"cannot load model {source!r}: {why}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
-        model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=dtype, **opts)
-    except (OSError, ValueError) as e:  # missing files; unreadable tokenizer or config
-        raise PolicyError(f"cannot load model {tokenizer_from!r}: {e}") from e
-    return tokenizer, model
-
-
-def disable_dropout(model: Any) -> None:
-    """Every dropout of ``model`` off: ``nn.Dropout`` modules, and the float rates that
-    attention implementations read at forward time (``attention_dropout`` in Llama/Qwen)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        for name in ("attention_dropout", "dropout", "dropout_p", "attn_dropout"):
-            if isinstance(getattr(module, name, None), float):
-                setattr(module, name, 0.0)
-
-
-def device_and_precision(cfg: GRPOConfig, world: World | None = None) -> tuple[torch.device, str]:
-    """The training device and the resolved precision; a :class:`ConfigError` if they clash.
-
-    With several ranks on GPUs each rank takes ``cuda:LOCAL_RANK``."""
-    dev = cfg.policy.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(dev)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"policy.device is {dev!r} but no CUDA device is available")
-    if world is not None and world.distributed and device.type == "cuda":
-        device = torch.device(world.device("cuda"))
-        torch.cuda.set_device(device)
-    precision = cfg.precision
-    if precision == "auto":
-        precision = "bf16-mixed" if device.type == "cuda" else "fp32"
-    if precision == "bf16-mixed" and device.type != "cuda":
-        raise ConfigError(
-            "precision 'bf16-mixed' needs a CUDA device; use 'fp32' (or 'bf16') on the CPU"
-        )
-    return device, precision
-
-
-def _turns_per_attempt(harness: Any) -> int:
-    """Most model turns one attempt of the built-in harnesses takes (for ``dr_grpo``)."""
-    if harness.name == "tactic-loop":
-        return int(harness.max_turns)
-    if harness.name == "self-correction":
-        return int(harness.max_revisions) + 1
-    return 1
-
-
-def _split(order: list[int], parts: int) -> list[list[int]]:
-    """``order`` cut into ``parts`` contiguous pieces whose sizes differ by at most one."""
-    n = len(order)
-    bounds = [round(i * n / parts) for i in range(parts + 1)]
-    return [order[bounds[i] : bounds[i + 1]] for i in range(parts)]
-
-
-def _right_aligned(
-    rows: Sequence[Sequence[float]], width: int, fill: float, device: torch.device
-) -> torch.Tensor:
-    """Rows padded on the left to ``width`` (responses end at the right edge). [n, width]."""
-    out = torch.full((len(rows), width), fill, dtype=torch.float32)
-    for k, row in enumerate(rows):
-        if row:
-            out[k, width - len(row) :] = torch.tensor(row, dtype=torch.float32)
-    return out.to(device)
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -13,12 +13,18 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "ISCorrection",
     "LossAgg",
     "RewardScale",
     "aggregate",
+    "cispo_token_loss",
+    "clipped_ratio_loss",
     "clipped_token_loss",
     "group_advantages",
+    "is_correction_weights",
     "kl_k3",
+    "policy_loss",
+    "sequence_log_ratio",
     "token_logprobs",
 ]
 
@@ -26,6 +32,8 @@ LossAgg = Literal["grpo", "dr_grpo", "dapo"]
 """How token losses are reduced (see :func:`aggregate`). Mirrored in ``GRPOConfig.loss_agg``."""
 RewardScale = Literal["group", "batch", "none"]
 """How advantages are scaled (see :func:`group_advantages`)."""
+ISCorrection = Literal["off", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+"""Sampler/trainer mismatch correction (see :func:`is_correction_weights`)."""
 
 
 def group_advantages(
@@ -100,7 +108,19 @@ def clipped_token_loss(
     probability rose a lot since sampling (stale data) would dominate the update. Returns the
     loss [N, T] and a float mask [N, T] of the tokens where a clip was taken (clip fraction).
     """
-    ratio = torch.exp(logp - old_logp)  # [N, T]
+    return clipped_ratio_loss(torch.exp(logp - old_logp), adv, eps_low, eps_high, dual_clip)
+
+
+def clipped_ratio_loss(
+    ratio: Tensor,
+    adv: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`clipped_token_loss` for a given ratio ρ [N, T] (token-level, or a sequence-level
+    ratio broadcast over the tokens: see :func:`sequence_log_ratio`). Returns the loss [N, T]
+    and the float mask of clipped tokens."""
     a = adv.unsqueeze(-1)  # [N, 1]
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
@@ -122,6 +142,66 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """
     d = ref_logp - logp
     return torch.exp(d) - d - 1.0
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's sequence-level log-ratio (Zheng et al. 2025, "Group Sequence Policy Optimization"),
+    broadcast over each sequence's tokens: ``log s_i = 1/|o_i| · Σ_t m_t (logp_t - old_t)``, the
+    log of the length-normalised sequence likelihood ratio. Shapes [N, T] -> [N, T].
+
+    The gradient flows through the mean, so every token of sequence i gets ``s_i/|o_i| · ∇logp_t``
+    per unit of its loss: summed over the sequence's tokens (every aggregation weights a
+    sequence's tokens alike) this is GSPO's gradient, and also GSPO-token's
+    (``sg[s_i] · π_θ(y_t)/sg[π_θ(y_t)]``, equal in value and, for one advantage per sequence,
+    in gradient)."""
+    m = mask.to(logp.dtype)
+    n = m.sum(dim=-1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    per_seq = ((logp - old_logp) * m).sum(dim=-1, keepdim=True) / n  # [N, 1]
+    return per_seq.expand_as(logp)
+
+
+def cispo_token_loss(
+    logp: Tensor, log_ratio: Tensor, adv: Tensor, w_min: float, w_max: float
+) -> tuple[Tensor, Tensor]:
+    """CISPO's per-token loss (MiniMax-M1, 2025): ``-sg(clip(ρ, w_min, w_max)) · A · logp``.
+
+    The importance weight is clipped and detached, and every token keeps the gradient
+    ``clip(ρ)·A·∇logp`` (the PPO clip instead zeroes the gradient of clipped tokens, which drops
+    the rare tokens whose ratio moved most). ``log_ratio`` [N, T] is ``log ρ`` (token-level, or
+    :func:`sequence_log_ratio`); ``adv`` [N]. Returns the loss [N, T] and the float mask of the
+    tokens whose weight was clipped."""
+    ratio = torch.exp(log_ratio.detach())
+    weight = torch.clamp(ratio, w_min, w_max)
+    loss = -weight * adv.unsqueeze(-1) * logp
+    return loss, ((ratio > w_max) | (ratio < w_min)).float()
+
+
+def is_correction_weights(
+    old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str, cap: float, floor: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Importance weights correcting for the mismatch between the sampler (vLLM kernels, bf16)
+    and the trainer's own forward of the same weights: ``w = π_old / μ_sampler``, no gradient.
+
+    ``token_*``: one weight per token, ``exp(old_t - μ_t)``. ``sequence_*``: one per sequence,
+    ``exp(Σ_t m_t (old_t - μ_t))`` (the product of its token ratios, as TRL's
+    ``vllm_importance_sampling_mode``). ``*_truncate``: ``min(w, cap)`` (truncated IS, Yao et al.
+    2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training");
+    ``*_mask``: ``w · 1[floor ≤ w ≤ cap]`` (masked IS; prime-rl masks tokens whose ratio leaves
+    [floor, cap]). Inputs [N, T]; returns the weights [N, T] and a float mask [N, T] of the
+    tokens whose weight was truncated or masked."""
+    diff = ((old_logp - sampler_logp) * mask.to(old_logp.dtype)).detach()
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True).expand_as(old_logp)
+    elif not mode.startswith("token"):
+        raise ValueError(f"unknown importance-sampling correction {mode!r}")
+    w = torch.exp(diff)
+    if mode.endswith("truncate"):
+        hit = w > cap
+        return torch.clamp(w, max=cap), hit.float()
+    if mode.endswith("mask"):
+        hit = (w > cap) | (w < floor)
+        return torch.where(hit, torch.zeros_like(w), w), hit.float()
+    raise ValueError(f"unknown importance-sampling correction {mode!r}")
 
 
 def aggregate(
@@ -155,3 +235,56 @@ def aggregate(
     if mode == "dr_grpo":
         return masked.sum() / max(n_seqs * norm_len, 1)
     raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    level: str = "token",
+    loss: str = "clip",
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    dual_clip: float | None = None,
+    cispo_min: float = 0.0,
+    cispo_max: float = 5.0,
+    sampler_logp: Tensor | None = None,
+    is_mode: str = "off",
+    is_cap: float = 3.0,
+    is_floor: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The per-token policy loss [N, T] of every objective variant (``GRPOConfig``'s
+    ``importance_sampling_level``, ``loss``, ``is_correction``), before aggregation and KL.
+
+    ``level`` ``token`` or ``sequence`` (GSPO, :func:`sequence_log_ratio`) picks ρ; ``loss``
+    ``clip`` (:func:`clipped_ratio_loss`) or ``cispo`` (:func:`cispo_token_loss`) the surrogate;
+    with ``is_mode`` other than ``off`` the loss is multiplied by the detached weights of
+    :func:`is_correction_weights` between ``old_logp`` (π_old) and ``sampler_logp`` (μ). The
+    defaults call :func:`clipped_token_loss` itself, so today's loss is unchanged to the bit.
+    Returns the loss, the clip mask, and the IS weights and their truncated/masked mask (None
+    when ``is_mode`` is ``off``)."""
+    if level == "token" and loss == "clip":
+        per_tok, clipped = clipped_token_loss(logp, old_logp, adv, eps_low, eps_high, dual_clip)
+    else:
+        if level == "sequence":
+            log_ratio = sequence_log_ratio(logp, old_logp, mask)
+        elif level == "token":
+            log_ratio = logp - old_logp
+        else:
+            raise ValueError(f"unknown importance_sampling_level {level!r}")
+        if loss == "cispo":
+            per_tok, clipped = cispo_token_loss(logp, log_ratio, adv, cispo_min, cispo_max)
+        elif loss == "clip":
+            per_tok, clipped = clipped_ratio_loss(
+                torch.exp(log_ratio), adv, eps_low, eps_high, dual_clip
+            )
+        else:
+            raise ValueError(f"unknown loss {loss!r}")
+    if is_mode == "off":
+        return per_tok, clipped, None, None
+    if sampler_logp is None:
+        raise ValueError(f"is_correction {is_mode!r} needs the sampler's log-probs")
+    w, hit = is_correction_weights(old_logp, sampler_logp, mask, is_mode, is_cap, is_floor)
+    return per_tok * w, clipped, w, hit

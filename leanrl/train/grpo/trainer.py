@@ -3,7 +3,8 @@
 One step, top to bottom (``GRPOTrainer._train_loop``):
 
 1. **Tasks.** ``batch_for_step(tasks, step, tasks_per_step, seed)``: B tasks, the same batches
-   whatever happens (resume included).
+   whatever happens (resume included). With ``curriculum.mode`` set, the tasks are chosen by
+   difficulty instead (:mod:`leanrl.train.curriculum`), as repeatably.
 2. **Rollouts.** ``env.rollout(tasks, policy, sampling(n=G))``: G attempts per task through the
    harness (whole-proof, tactic-loop, self-correction), verified by the runtime, rewarded by the
    taskset. Each rollout carries the token ids of the prompt, of the model's turns (loss mask 1) and of the
@@ -13,6 +14,14 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
    dropped groups included; ``"none"`` no division, the default with ``dr_grpo``). Every token
    of rollout j gets A_ij. Groups with all-equal rewards have A = 0 and carry no signal;
    ``dynamic_sampling`` drops them and refills the batch with new groups (bounded rounds).
+   Variants (``advantage``; :mod:`leanrl.train.grpo.advantages`): ``pass_at_k`` (PKPO) sets
+   ``A_ij = r̃_ij - b_ij``, with ``r̃_ij = n/(k·C(n,k)) · Σ_{S ∋ j, |S| = k} max_{l∈S} r_il`` (so
+   ``mean_j r̃_ij`` is the unbiased max@k / pass@k estimate of group i) and ``b_ij`` the
+   max@(k-1) (``loo_minus_one``) or max@k (``loo``) estimate from the group's other n - 1
+   attempts, or 0 (``none``); then divided by the std of the group's A (``scale_rewards =
+   "group"``) or of the batch's (``"batch"``). ``unlikeliness`` replaces r_ij by
+   ``r_ij · (1 - β_rank · rank_ij / n)`` (rank 0 = lowest mean sampler log-prob of the group)
+   before the formula above.
 4. **Loss.** For each model token t of sequence j, with ``ρ_t = π_θ(o_t | ctx) / μ(o_t | ctx)``
    where μ is the *behaviour* policy that sampled the token (its log-probs come with the rollout)::
 
@@ -20,6 +29,24 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
        KL3_t = exp(log π_ref - log π_θ) - (log π_ref - log π_θ) - 1          (only if β > 0)
 
    With dual clip c (async, ``max_staleness > 1``), ``l_t = min(l_t, c·|A_j|)`` where A_j < 0.
+
+   Objective variants (issue 25; :func:`leanrl.train.grpo.loss.policy_loss`), each off by
+   default. With ``m_t`` the loss mask and ``|o_j| = Σ_t m_t``:
+
+   - ``importance_sampling_level = "sequence"`` (GSPO): every ρ_t of sequence j is
+     ``s_j = exp(1/|o_j| · Σ_t m_t (log π_θ(o_t) - log μ(o_t)))``, gradient through the mean;
+     the clip and dual clip act on s_j.
+   - ``loss = "cispo"`` (CISPO), in place of the clipped surrogate, ρ_t per the level above
+     (sg: no gradient)::
+
+       l_t = -sg(clip(ρ_t, cispo_min, cispo_max)) · A_j · log π_θ(o_t)
+
+   - ``is_correction`` (truncated / masked IS for the sampler-trainer mismatch): π_old, a
+     no-grad forward of the weights before the first pass, replaces μ in ρ, and each token's
+     policy loss is multiplied by ``w_t = sg(π_old(o_t) / μ(o_t))`` (``token_*``) or
+     ``w_j = sg(Π_t (π_old / μ)^{m_t})`` (``sequence_*``), then ``min(w, is_cap)``
+     (``*_truncate``) or ``w · 1[is_floor ≤ w ≤ is_cap]`` (``*_mask``). The KL term is not
+     weighted.
 
    aggregated over the mini-batch's M sequences with |o_j| loss tokens each:
 
@@ -67,7 +94,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -88,10 +114,22 @@ from leanrl.train.common import (
     check_runtimes,
     runtime_metrics,
 )
+from leanrl.train.curriculum import Curriculum, rollout_outcomes
 from leanrl.train.grpo.config import GRPOConfig
 from leanrl.train.grpo.data import _Batch, ends_truncated
 from leanrl.train.grpo.overlap import chunked_rollout
+from leanrl.train.grpo.replay import REPLAY_FOLDER, Replayer, check_replay, is_replay
+from leanrl.train.grpo.report import (
+    _CUT_OFF,
+    _informative,
+    _mean,
+    _NoLog,
+    _skip_reason,
+    _std,
+    _step_line,
+)
 from leanrl.train.infra import infra_metrics, warn_if_mostly_infra
+from leanrl.train.shaping import check_shaping, shape_groups, shaping_metrics
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
 
@@ -151,6 +189,10 @@ class GRPOTrainer:
         "save_every",
         "distributed",
         "vllm_server",
+        # how the loss is computed, not what: a run that ran out of memory resumes with tiles
+        "logprob_chunk",
+        "logprob_vocab_tile",
+        "sort_micro_batches",
         "eval",
     )
 
@@ -159,6 +201,8 @@ class GRPOTrainer:
         self.env = env
         self.run = RunDir(config.out)
         self._warned_top_p = False
+        self._replay: Replayer | None = None  # failure replay (issue 25): opened lazily
+        self._curriculum: Curriculum | None = None  # set when the run starts (after the load)
         self._kept = ProofStore(
             self.run.path / PROOFS_FILE,
             completion_chars=completion_cap(config.env.taskset.policy.max_proof_chars),
@@ -242,6 +286,9 @@ class GRPOTrainer:
             batch_for_step(tasks, 0, 1, self.config.seed)  # an empty taskset fails here, clearly
             self.config.eval.check_held_out(t.name for t in tasks)
             env.check_parts()  # e.g. a tactic loop on one-shot Lean: refused before the load
+            check_replay(self.config.replay, env, world.distributed)  # whole-proof only
+            check_shaping(self.config.format_reward, env.harness.name)
+            self._replay = None  # a retried train() re-reads the buffer of its start step
             # no Lean project, REPL or sandbox here: the runtime's own error, in seconds
             await asyncio.to_thread(check_runtimes, env, self.config.eval)
             resumed = False
@@ -257,6 +304,14 @@ class GRPOTrainer:
             # preflight cannot see (a Docker daemon, a Modal sandbox) also fails first.
             async with env:
                 await asyncio.to_thread(engine.load, resumed)
+                # the difficulty table as of the step the run resumes at (curriculum.mode)
+                self._curriculum = Curriculum.open(
+                    self.config.curriculum,
+                    tasks,
+                    self.run.path,
+                    before=engine.step,
+                    writer=world.is_main,
+                )
                 from leanrl.train.grpo.engine import device_and_precision
 
                 # every rank holds one GPU; rank 0's rows count them all
@@ -375,6 +430,8 @@ class GRPOTrainer:
                 async with version:
                     version.notify_all()
                 row = self._metrics_row(engine, batch, train_stats, t0, t1, t2)
+                if self._curriculum is not None:  # pool sizes the step's tasks came from
+                    row.update(self._curriculum.metrics(batch.step))
                 row.update(runtime_metrics(env))  # Lean pool counters, sandbox/CPU-seconds
                 row.update(self._costs.row(env))  # GPU-s, sandbox-s and $ (step and total)
                 self._budget.update(row)
@@ -418,11 +475,23 @@ class GRPOTrainer:
         base_seed = cfg.sampling.seed
         groups: list[list[Rollout]] = []
         kept: list[list[Rollout]] = []
+        # failure replay (issue 25): revisions of stored failures, in the place of the last
+        # tasks of round 0; informative ones count toward `tasks_per_step` like any group
+        replayed = await self._replay_groups(engine, env, tasks, clock, step)
+        kept += [g for g in replayed if _informative(g, cfg.dynamic_sampling)]
+        drawn: list[Task] = []  # every round's tasks, in the order of `groups`
         rounds = 1 + (cfg.max_refill_rounds if cfg.dynamic_sampling == "refill" else 0)
         for r in range(rounds):
             # Round 0 is the step's own batch; refill rounds draw from a differently seeded
             # order, so they too depend only on (seed, step, round).
-            batch_tasks = batch_for_step(tasks, step, cfg.tasks_per_step, cfg.seed + 7919 * r)
+            r_seed = cfg.seed + 7919 * r
+            batch_tasks = (
+                self._curriculum.select(step, cfg.tasks_per_step, r_seed)
+                if self._curriculum is not None
+                else batch_for_step(tasks, step, cfg.tasks_per_step, r_seed)
+            )
+            if r == 0 and replayed:
+                batch_tasks = batch_tasks[: cfg.tasks_per_step - len(replayed)]
             seed = None if base_seed is None else base_seed + cfg.seed * 1_000_003 + step * 101 + r
             sampling = cfg.sampling.model_copy(update={"n": cfg.group_size, "seed": seed})
             got = await self._rollout(env, batch_tasks, clock, sampling)
@@ -433,6 +502,7 @@ class GRPOTrainer:
                 f"step {step + 1}" + (f" (refill round {r})" if r else ""),
                 "a NaN or inf would make every weight NaN",
             )
+            shape_groups(got, cfg.format_reward, cfg.overlong, cfg.sampling.max_tokens)
             if self._is_main():  # every rank has the gathered groups; rank 0 keeps the proofs
                 self._kept.add_rollouts(
                     batch_tasks,
@@ -448,6 +518,7 @@ class GRPOTrainer:
                         f"expected group_size = {cfg.group_size}"
                     )
             groups += got
+            drawn += batch_tasks
             for g in got:
                 # informative: two judged outcomes that differ (infra ones are no outcome)
                 judged = [x.reward for x in g if not x.infra]
@@ -456,6 +527,13 @@ class GRPOTrainer:
             if cfg.dynamic_sampling != "refill" or len(kept) >= cfg.tasks_per_step:
                 break
         kept = kept[: cfg.tasks_per_step] if cfg.dynamic_sampling == "refill" else kept
+        if self._curriculum is not None:  # every judged attempt, refills too (replaces a redo)
+            self._curriculum.record(step, rollout_outcomes(drawn, groups))
+        if self._replay is not None:
+            groups = replayed + groups  # first, so batch.groups[:tasks_per_step] is round 0
+            # the buffer of step + 1, written with every checkpointed step's kept
+            keep = {s for s, _ in self.run.checkpoints()} if self._is_main() else None
+            self._replay.store(step, groups, keep)
         t_rollout = time.perf_counter() - t0
         # scale_rewards = "batch": the std of everything sampled, before groups were dropped
         batch_rewards = [r.reward for g in groups for r in g if not r.infra]
@@ -469,6 +547,24 @@ class GRPOTrainer:
             t_rollout=t_rollout,
             t_generate=clock.take(),
         )
+
+    async def _replay_groups(
+        self, engine: Any, env: Environment, tasks: list[Task], clock: _GenClock, step: int
+    ) -> list[list[Rollout]]:
+        """This step's replay groups (``replay``; empty when off), checked and shaped."""
+        cfg = self.config
+        if not cfg.replay.enabled:
+            return []
+        if self._replay is None:  # the buffer as of the step the run (re)starts at
+            self._replay = Replayer(cfg, self.run.path / REPLAY_FOLDER, step)
+        got = await self._replay.rollouts(step, env, tasks, clock)
+        check_rewards((x for g in got for x in g), f"step {step + 1} (failure replay)",
+                      "a NaN or inf would make every weight NaN")  # fmt: skip
+        shape_groups(got, cfg.format_reward, cfg.overlong, cfg.sampling.max_tokens)
+        if self._is_main():
+            self._kept.add_rollouts(tasks, (x for g in got for x in g), source="grpo-replay",
+                                    model=cfg.policy.model, step=engine.gen_version)  # fmt: skip
+        return got
 
     async def _evaluate(self, engine: Any, step: int) -> dict[str, Any]:
         """The in-run held-out evaluation of the weights being trained (``eval``).
@@ -563,7 +659,9 @@ class GRPOTrainer:
         t1: float,
         t2: float,
     ) -> dict[str, Any]:
-        mine = [r for g in batch.groups[: self.config.tasks_per_step] for r in g]
+        # round 0's fresh groups (replay groups have their own columns)
+        first = [g for g in batch.groups[: self.config.tasks_per_step] if not is_replay(g)]
+        mine = [r for g in first for r in g]
         # the checker could not judge `infra` attempts: rewards and pass rates leave them out
         own = [r for r in mine if not r.infra]
         rewards = [r.reward for r in own]
@@ -588,7 +686,7 @@ class GRPOTrainer:
                 _mean(
                     [
                         float(any(r.verdict is not None and r.verdict.accepted for r in g))
-                        for g in batch.groups[: self.config.tasks_per_step]
+                        for g in first
                         if not all(r.infra for r in g)  # nothing judged: no outcome
                     ]
                 )
@@ -596,6 +694,8 @@ class GRPOTrainer:
                 else None
             ),
             "groups": len(batch.groups),
+            **shaping_metrics(batch.groups, self.config.format_reward, self.config.overlong),
+            **(self._replay.metrics(batch.step, batch.groups) if self._replay is not None else {}),
             "groups_kept": len(batch.kept),
             "adv_mean": _mean(advs),
             "adv_std": _std(advs),
@@ -628,58 +728,6 @@ class GRPOTrainer:
         }
 
 
-_CUT_OFF = ("all_truncated", "informative_truncated")
-"""Skip reasons where cut-off attempts are the cause (``sampling.max_tokens``, masking)."""
-
-
-def _skip_reason(batch: _Batch, mask_truncated: bool) -> str:
-    """Why a step had nothing to train on (``skip_reason`` in its metrics row):
-    ``all_infra`` (no attempt judged), ``all_truncated`` (every judged attempt cut off and
-    masked), ``no_informative_group`` (every group's rewards equal), ``informative_truncated`` (the
-    groups whose rewards differ were all cut off and masked), else ``no_model_tokens``."""
-    judged = [r for g in batch.groups for r in g if not r.infra]
-    if not judged:
-        return "all_infra"
-    if mask_truncated and all(ends_truncated(r) for r in judged):
-        return "all_truncated"
-    trainable = [r for g in batch.kept for r in g if not r.infra]
-    if not trainable:
-        return "no_informative_group"
-    if mask_truncated and all(ends_truncated(r) for r in trainable):
-        return "informative_truncated"
-    return "no_model_tokens"
-
-
-def _step_line(row: dict[str, Any], counter: str, skipped: str = "") -> str:
-    """One concise log line for a finished step: ``counter`` (``step 3/20``, or the budget's
-    share), ``skipped`` (why it trained on nothing). No pass rate where the environment gives
-    rewards but no verdicts."""
-
-    def f(key: str, fmt: str = ".3f") -> str:
-        v = row.get(key)
-        return "-" if v is None else format(v, fmt)
-
-    what = f"skipped ({skipped})" if row.get("skipped") else f"loss {f('loss', '.4g')}"
-    passed = "" if row.get("pass_rate") is None else f" pass {f('pass_rate')}"
-    return (
-        f"{counter}: reward {f('reward_mean')}{passed} "
-        f"groups {row['groups_kept']}/{row['groups']} {what} {f('time_step', '.2f')}s"
-    )
-
-
-class _NoLog:
-    """The metrics logger of ranks other than 0 (they write nothing)."""
-
-    def start(self) -> None:
-        return None
-
-    def log(self, row: dict[str, Any]) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
 def _check_ranks(cfg: GRPOConfig) -> None:
     """What a torchrun launch (WORLD_SIZE > 1) cannot do yet, refused before anything loads."""
     ranks = int(os.environ.get("WORLD_SIZE", "1"))
@@ -697,17 +745,6 @@ def _check_ranks(cfg: GRPOConfig) -> None:
             "not supported: run a vLLM server instead (--policy.backend openai "
             "--vllm_server.transport nccl; docs/training-grpo.md, 'vLLM server')"
         )
-
-
-def _mean(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
-def _std(xs: list[float]) -> float | None:
-    if len(xs) < 2:
-        return 0.0 if xs else None
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
 def train_grpo(config: GRPOConfig, env: Environment | None = None) -> list[dict[str, Any]]:

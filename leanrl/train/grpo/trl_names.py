@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TRL_DIFFERENT", "TRL_SAME", "translate_trl"]
+__all__ = ["TRL_DIFFERENT", "TRL_RENAMED", "TRL_SAME", "translate_trl"]
 
 TRL_SAME: dict[str, str] = {
     # TRL name: leanrl field (dotted for a nested one); the meaning is the same.
@@ -30,10 +30,14 @@ TRL_SAME: dict[str, str] = {
     "report_to": "log_to",
     "lr_scheduler_type": "lr_schedule",
     "mask_truncated_completions": "mask_truncated",
+    "vllm_importance_sampling_cap": "is_cap",
 }
 """TRL fields accepted as aliases of leanrl fields. (``beta``, ``weight_decay``,
-``max_grad_norm``, ``warmup_steps``, ``seed``, ``run_name``, ``scale_rewards`` and
-``gradient_checkpointing`` have the same name in both.)"""
+``max_grad_norm``, ``warmup_steps``, ``seed``, ``run_name``, ``scale_rewards``,
+``importance_sampling_level`` and ``gradient_checkpointing`` have the same name in both.
+``vllm_importance_sampling_correction``/``_mode`` become ``is_correction``, and
+``loss_type = "cispo"`` becomes ``loss = "cispo"`` with ``loss_agg = "dapo"``: see
+:func:`translate_trl`.)"""
 
 TRL_DIFFERENT: dict[str, str] = {
     "per_device_train_batch_size": (
@@ -80,7 +84,7 @@ def translate_trl(data: Any) -> Any:
                 for k in different
             )
         )
-    out = dict(data)
+    out = _objective_names(dict(data))
     for trl, ours in TRL_SAME.items():
         if trl not in out:
             continue
@@ -107,4 +111,50 @@ def translate_trl(data: Any) -> Any:
         node[leaf] = value
     if isinstance(out.get("scale_rewards"), bool):  # TRL's old boolean form
         out["scale_rewards"] = "group" if out["scale_rewards"] else "none"
+    return out
+
+
+TRL_RENAMED: dict[str, str] = {
+    "vllm_importance_sampling_correction": "--is-correction",
+    "vllm_importance_sampling_mode": "--is-correction",
+}
+"""TRL fields that :func:`translate_trl` folds into another leanrl field (for the CLI's "did you
+mean": a command-line flag must use leanrl's name)."""
+
+#: TRL's default ``vllm_importance_sampling_mode`` (TRL applies it whenever vLLM generates).
+TRL_IS_MODE = "sequence_mask"
+
+
+def _objective_names(out: dict[str, Any]) -> dict[str, Any]:
+    """TRL's names for the objective variants (issue 25) as leanrl's, in place of ``out``:
+
+    - ``vllm_importance_sampling_correction`` (bool) and ``vllm_importance_sampling_mode``
+      become ``is_correction``: ``"off"`` when the correction is false, else the mode (TRL's
+      default mode ``sequence_mask`` when only the flag is given);
+    - ``loss_type = "cispo"`` is TRL's CISPO with its token-mean normalisation: ``loss =
+      "cispo"`` and ``loss_agg = "dapo"``; TRL's ``epsilon_high`` is then CISPO's weight cap
+      (``cispo_max``; TRL recommends 5), not the clip bound.
+    """
+    flag = out.pop("vllm_importance_sampling_correction", None)
+    mode = out.pop("vllm_importance_sampling_mode", None)
+    if flag is not None or mode is not None:
+        if "is_correction" in out:
+            raise ValueError(
+                "both TRL's vllm_importance_sampling_correction/_mode and leanrl's "
+                "is_correction are given; keep one"
+            )
+        out["is_correction"] = "off" if flag is False else (mode or TRL_IS_MODE)
+    if out.get("loss_type") == "cispo":
+        if "loss" in out or "loss_agg" in out:
+            raise ValueError(
+                "both TRL's loss_type 'cispo' and leanrl's loss/loss_agg are given; keep one"
+            )
+        del out["loss_type"]
+        out["loss"], out["loss_agg"] = "cispo", "dapo"
+        if "epsilon_high" in out:
+            if "cispo_max" in out:
+                raise ValueError(
+                    "both 'epsilon_high' (TRL's CISPO cap) and 'cispo_max' are given; keep one"
+                )
+            out["cispo_max"] = out.pop("epsilon_high")
     return out
