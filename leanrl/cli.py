@@ -87,6 +87,7 @@ _COMMANDS: dict[str, str] = {
     "train sft": "leanrl.train.sft.cli:SFTCommand",
     "train expert-iteration": "leanrl.train.sft.expert_iteration_cli:ExpertIterationCommand",
     "compare": "leanrl.compare:CompareCommand",
+    "average": "leanrl.average:AverageCommand",
     "models get": "leanrl.models_cli:ModelsGetCommand",
     "models list": "leanrl.models_cli:ModelsListCommand",
     "interop traces": "leanrl.interop.traces_cli:TracesCommand",

@@ -91,6 +91,7 @@ BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
     "launch/config": ("core", ("leanrl.launch.config",)),
     "launch/\nlocal · Modal": ("app", ("leanrl.launch",)),
     "compare": ("app", ("leanrl.compare",)),
+    "average": ("app", ("leanrl.average",)),
     "interop/\nverifiers · traces · tactics": ("app", ("leanrl.interop",)),
     "import leanrl\n(the public API)": ("api", ("=leanrl", "=leanrl.train")),
     "commands\nleanrl eval · train · serve · ...": ("cli", tuple("=" + m for m in _COMMANDS)),

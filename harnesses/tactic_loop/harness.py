@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 
-from leanrl.harness import Harness
+from leanrl.harness import Harness, SFTEpisode, SFTTurn
 from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
 from leanrl.rollout import ChatMessage, Rollout, Turn
 from leanrl.runtime import Runtime, TacticSession, TacticState
@@ -40,6 +40,12 @@ _SYSTEM = (
     "You are proving a theorem in Lean 4 with Mathlib, interactively. Each turn, reply with the "
     "next tactic(s) in a ```lean4 block. Lean answers with the remaining goals or an error."
 )
+
+
+# What a turn that applied nothing is told (also how SFT tells such a turn apart).
+_CUT_OFF = "Your output was cut off before the tactics ended."
+_NO_TACTICS = "No tactics found. Reply with Lean tactics in a ```lean4 block."
+_ERROR = "Error: "
 
 
 def extract_tactics(text: str, chat: bool) -> str:
@@ -171,7 +177,7 @@ class TacticLoopHarness(Harness):
             msg = f"{note}\nGoals:\n{_goals_text(goals)}"
         elif state.error is not None:
             msg = (
-                f"Error: {state.error}\nThe proof state is unchanged. Goals:\n{_goals_text(goals)}"
+                f"{_ERROR}{state.error}\nThe proof state is unchanged. Goals:\n{_goals_text(goals)}"
             )
         elif not state.goals:
             msg = "No goals remain. The proof is complete."
@@ -180,6 +186,33 @@ class TacticLoopHarness(Harness):
         if self.chat:
             return msg
         return f"```\n{msg}\n\nNext tactics:\n```lean4\n"
+
+    def sft_episode(self, rollout: Rollout) -> SFTEpisode | None:
+        """A solved episode for SFT: the opening prompt (theorem and goals), every turn and
+        Lean's answer to it. The turns whose tactics Lean applied are targets; a turn that
+        applied nothing (an error, no tactics, cut off) is context only, so the model learns to
+        go on from Lean's error message rather than to make the error."""
+        if not rollout.turns:
+            return None
+        stop = "" if self.chat else "```"
+        accepted = rollout.verdict is not None and rollout.verdict.accepted
+        return SFTEpisode(
+            prompt=rollout.prompt,
+            turns=tuple(
+                SFTTurn(
+                    completion=t.completion,
+                    feedback=t.feedback,
+                    train=accepted and not self._applied_nothing(t.feedback),
+                    end=None if t.finish_reason == "length" else stop,
+                )
+                for t in rollout.turns
+            ),
+        )
+
+    def _applied_nothing(self, feedback: str) -> bool:
+        """Whether :meth:`feedback` said the turn changed nothing (an error, no tactics)."""
+        msg = feedback if self.chat else feedback.removeprefix("```\n")
+        return msg.startswith((_ERROR, _CUT_OFF, _NO_TACTICS))
 
     async def run(
         self,
@@ -314,11 +347,7 @@ class TacticLoopHarness(Harness):
         state: TacticState | None = None
         note = ""
         if not tactics:
-            note = (
-                "Your output was cut off before the tactics ended."
-                if c.finish_reason == "length"
-                else "No tactics found. Reply with Lean tactics in a ```lean4 block."
-            )
+            note = _CUT_OFF if c.finish_reason == "length" else _NO_TACTICS
         else:
             t0 = time.perf_counter()
             try:

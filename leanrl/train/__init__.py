@@ -12,7 +12,8 @@ One package per trainer, and here only what they share:
   infrastructure), ``lora.py``, ``distributed.py`` (ranks), ``hf_policy.py`` (a policy over the
   model being trained), ``prompt_ids.py`` (a prompt's token ids, as ``leanrl eval`` makes
   them), ``vllm_sync.py`` and ``vllm_server.py`` (trained weights into vLLM), ``inrun_eval.py``
-  and ``inrun_eval_config.py`` (held-out pass@k during a run).
+  and ``inrun_eval_config.py`` (held-out pass@k during a run), ``curriculum.py``
+  (difficulty-aware task sampling: the per-task table and its samplers).
 
 ``GRPOTrainer``, ``ESTrainer`` and ``SFTTrainer`` take the same inputs (an Environment config, a
 model, a run folder) and write the same run folder; ``ExpertIteration`` runs rounds of sampling

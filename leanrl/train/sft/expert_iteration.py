@@ -17,7 +17,8 @@ round R (1-based) of :class:`ExpertIteration`:
 3. **SFT.** The model is fine-tuned on the proofs first found this round (``train_on = "new"``)
    or on every kept proof (``"all"``), at most ``max_proofs_per_task`` per task, starting from
    the current model (``start_from = "previous"``) or the base model (``"base"``), in the
-   harness's layout (``Harness.sft_example``; else its prompt format) with loss on the proof only (``RUN/round-R/sft/``, an ordinary SFT
+   harness's layout (``Harness.sft_example``; else its prompt format; with ``turns = "all"``
+   whole multi-turn episodes, ``Harness.sft_episode``) with loss on the proof only (``RUN/round-R/sft/``, an ordinary SFT
    run folder that resumes from its checkpoints). The result is published as
    ``RUN/checkpoint-R/`` (with ``lora.rank > 0``: the round's adapters merged into the model
    it started from, a plain model folder). A round that found nothing new trains nothing.
@@ -55,6 +56,7 @@ from leanrl.train.common import (
     check_runtimes,
     resume_line,
 )
+from leanrl.train.curriculum import Curriculum, CurriculumConfig, read_results
 from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft.trainer import SFTOptions
 
@@ -82,6 +84,12 @@ class ExpertIterationConfig(TrainConfig):
     (``base``, usually with ``train_on = "all"``)."""
     max_proofs_per_task: int = Field(default=1, ge=1)
     """Most proofs per task in a round's SFT data."""
+    turns: Literal["first", "all"] = "first"
+    """What a round's SFT trains of a multi-turn episode: ``first`` (the first turn, in the
+    whole-proof layout) or ``all`` (a proof whose verified episode had several turns is trained
+    as the whole conversation, loss on the turns the harness marks as targets; see
+    ``data.turns`` of ``leanrl train sft``). ``all`` is needed for the ``tactic-loop``
+    harness."""
     chunk_tasks: int = Field(default=8, ge=1)
     """Tasks per chunk of the sampling phase (one generate call and one check batch)."""
     sft: SFTOptions = Field(default_factory=SFTOptions)
@@ -96,6 +104,15 @@ class ExpertIterationConfig(TrainConfig):
     """Not used by expert iteration (a round samples every (unsolved) task)."""
     save_every: int = Field(default=1, ge=1)
     """Not used: every round that trains publishes ``checkpoint-R``."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """Choose each round's tasks by difficulty (after ``unsolved_only``) from a per-task table
+    of attempts and passes (``RUN_DIR/difficulty.json``, fed by every round's samples and
+    ``curriculum.warm_start``): ``drop_solved`` leaves out tasks solved above
+    ``curriculum.easy_above``; ``frontier`` and ``pools`` draw ``tasks_per_round`` of them.
+    Off by default: every (unsolved) task every round."""
+    tasks_per_round: int | None = Field(default=None, ge=1)
+    """With a curriculum: the most tasks a round samples, drawn by it (each at most once).
+    Unset: every task the curriculum keeps. Ignored when ``curriculum.mode`` is ``off``."""
 
 
 class ExpertIteration:
@@ -120,10 +137,10 @@ class ExpertIteration:
                 "expert iteration fine-tunes the model it samples from: use --policy.backend hf "
                 "or vllm (the SFT phase always trains with transformers)"
             )
-        if cfg.env.harness.name == "tactic-loop":
+        if cfg.env.harness.name == "tactic-loop" and cfg.turns != "all":
             raise ConfigError(
                 "expert iteration trains whole proofs: use the whole-proof or self-correction "
-                "harness, not tactic-loop"
+                "harness, not tactic-loop, or train whole tactic-loop episodes with --turns all"
             )
         check_peft(cfg.lora)
         if cfg.budget.active:  # it would be ignored: say so rather than run past it
@@ -159,6 +176,8 @@ class ExpertIteration:
         if done:
             log.info(resume_line(self.current_model(done + 1), done, "round"))
         self.kept.open()
+        # the table as of the round the run continues at (steps are rounds here)
+        self._curriculum = Curriculum.open(cfg.curriculum, tasks, self.run.path, before=done + 1)
         from leanrl.decontam import save_taskset_report
 
         save_taskset_report(env.taskset, self.run.path)  # what decontamination dropped
@@ -205,8 +224,17 @@ class ExpertIteration:
         model = self.current_model(r)
         solved_before = {p.task_id for p in self.kept.rows() if p.step is None or p.step < r}
         todo = [t for t in tasks if not (cfg.unsolved_only and t.id in solved_before)]
+        cur = getattr(self, "_curriculum", None)
+        pools = cur.metrics(r, todo) if cur is not None and todo else {}
+        if cur is not None and cur.table is not None and todo:
+            count = min(cfg.tasks_per_round or len(todo), len(todo))
+            chosen = {t.id for t in cur.select(r, count, cfg.seed, todo, repeat=False)}
+            todo = [t for t in todo if t.id in chosen]  # the taskset's order
         t0 = time.perf_counter()
         round_pass = await self._sample(r, model, todo) if todo else None
+        if cur is not None and cur.table is not None:  # a redone round replaces its record
+            results = self._round_dir(r) / "sample" / "results.jsonl"
+            cur.record(r, read_results(results) if todo and results.is_file() else [])
         t1 = time.perf_counter()
         new_rows = self._keep(r, {t.id for t in tasks})
         solved_now = self.kept.solved() & {t.id for t in tasks}
@@ -217,6 +245,7 @@ class ExpertIteration:
             "model": model,
             "tasks": len(tasks),
             "tasks_sampled": len(todo),
+            **pools,
             "attempts": len(todo) * cfg.samples,
             "pass_rate": round_pass,
             "new_proofs": len(new_rows),
@@ -276,7 +305,7 @@ class ExpertIteration:
 
     async def _sft(self, r: int, model: str, tasks: Sequence[Task]) -> dict[str, Any]:
         """Fine-tune on the round's proofs and publish ``checkpoint-r``; the SFT figures."""
-        from leanrl.train.sft.data import Pair
+        from leanrl.train.sft.data import Pair, SFTDataConfig
         from leanrl.train.sft.trainer import SFTConfig, SFTTrainer
 
         cfg = self.config
@@ -302,8 +331,17 @@ class ExpertIteration:
             seed=cfg.seed + r,
             save_every=10**9,  # one checkpoint, at the end (the Trainer saves the last step)
             keep_checkpoints=1,
+            data=SFTDataConfig(turns=cfg.turns),
         )
-        trainer = SFTTrainer(sft_cfg, pairs=pairs)
+        episodes = None
+        if cfg.turns == "all":  # each proof's episode is in the sample folder of its round
+            from leanrl.train.sft.data import episodes_from_results
+
+            steps = sorted({p.step for p in rows if p.step is not None})
+            episodes = episodes_from_results(
+                self._round_dir(s) / "sample" / "results.jsonl" for s in steps
+            )
+        trainer = SFTTrainer(sft_cfg, pairs=pairs, episodes=episodes)
         await asyncio.to_thread(trainer.train_sync)
         metrics = trainer.run.metrics()
         await asyncio.to_thread(self._publish, r, trainer)

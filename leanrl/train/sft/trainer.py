@@ -25,7 +25,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -34,6 +34,7 @@ from leanrl._dist import install_hint
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig, SamplingConfig
+from leanrl.rollout import Rollout
 from leanrl.runtime import run_sync
 from leanrl.train.common import (
     MetricsLogger,
@@ -138,7 +139,9 @@ class SFTConfig(SFTOptions, TrainConfig):
 class SFTTrainer:
     """Fine-tune ``config.policy.model`` on proof pairs. ``__init__`` only stores; :meth:`train`
     (or :meth:`train_sync`) checks, loads, resumes if the run folder holds a checkpoint, and
-    trains. ``pairs`` given here are used instead of ``config.data`` (expert iteration)."""
+    trains. ``pairs`` given here are used instead of ``config.data`` (expert iteration), and
+    ``episodes`` (by task id and proof digest) instead of those ``data.turns = "all"`` reads
+    beside ``data.proofs``."""
 
     #: Fields that may change between a run and its resume (they do not change the weights).
     RESUMABLE = ("steps", "out", "log_to", "run_name", "keep_checkpoints", "save_every", "eval")
@@ -148,10 +151,12 @@ class SFTTrainer:
         config: SFTConfig,
         env: Environment | None = None,
         pairs: Sequence[Pair] | None = None,
+        episodes: Mapping[tuple[str, str], Rollout] | None = None,
     ) -> None:
         self.config = config
         self.env = env
         self.pairs = list(pairs) if pairs is not None else None
+        self.episodes = episodes
         self.run = RunDir(config.out)
         self.model: Any = None
         self.tokenizer: Any = None
@@ -165,11 +170,11 @@ class SFTTrainer:
                 "leanrl train sft runs on transformers' Trainer, which needs accelerate: "
                 f"{install_hint('sft')} (or pip install accelerate)"
             )
-        if cfg.env.harness.name == "tactic-loop":
+        if cfg.env.harness.name == "tactic-loop" and cfg.data.turns != "all":
             raise ConfigError(
                 "SFT trains whole-proof answers; the tactic-loop harness prompts for tactics. "
                 "Use --env.harness.name whole-proof (or self-correction, whose first turn is the "
-                "same prompt)"
+                "same prompt), or train whole tactic-loop episodes with --data.turns all"
             )
         if cfg.policy.backend != "hf":
             raise ConfigError("SFT trains a transformers model: use --policy.backend hf")
@@ -213,6 +218,11 @@ class SFTTrainer:
         self._load()
         from leanrl.train.sft.data import encode_pairs
 
+        episodes = self.episodes
+        if episodes is None and cfg.data.turns == "all":
+            from leanrl.train.sft.data import episodes_from_results
+
+            episodes = episodes_from_results(cfg.data.proofs)
         examples = encode_pairs(
             pairs,
             env.harness,  # the prompt the model is sampled with (Countdown's is its own)
@@ -220,11 +230,18 @@ class SFTTrainer:
             chat=cfg.policy.chat,
             target=cfg.data.target,
             max_length=cfg.data.max_length,
+            episodes=episodes if cfg.data.turns == "all" else None,
         )
         if not examples:
             raise ConfigError(
-                f"every one of the {len(pairs)} pairs is longer than data.max_length = "
-                f"{cfg.data.max_length} tokens; raise it"
+                f"none of the {len(pairs)} pairs makes an example: longer than "
+                f"data.max_length = {cfg.data.max_length} tokens (raise it)"
+                + (
+                    ", or no verified multi-turn episode of it in the results.jsonl beside its "
+                    "proofs.jsonl (data.turns = 'all')"
+                    if cfg.data.turns == "all"
+                    else ""
+                )
             )
         logger = MetricsLogger(self.run, cfg.log_to, cfg.run_name, cfg.model_dump(mode="json"))
         logger.start()
