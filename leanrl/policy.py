@@ -2,19 +2,34 @@
 
 Backends: ``hf`` (transformers, the default), ``openai`` (any OpenAI-compatible server) and
 ``vllm`` (in-process, GPU, optional extra). Subclass :class:`Policy` and implement
-:meth:`Policy.generate`.
+:meth:`Policy.generate`; :meth:`Policy.stream` (every prompt at once, each completion yielded
+when it is done) then works too, built on ``generate``, and a backend that can do better
+overrides it.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ChatMessage", "Completion", "Policy", "PolicyConfig", "Prompt", "SamplingConfig"]
+__all__ = [
+    "ChatMessage",
+    "Completion",
+    "Policy",
+    "PolicyConfig",
+    "Prompt",
+    "SamplingConfig",
+    "StreamCompletion",
+    "StreamRequest",
+    "sample_seed",
+]
 
 
 class ChatMessage(BaseModel):
@@ -116,6 +131,62 @@ class Completion(BaseModel):
     """``length`` when the token limit cut it off."""
 
 
+@dataclass(frozen=True)
+class StreamRequest:
+    """One prompt for :meth:`Policy.stream`: ``sampling.n`` completions of it are wanted.
+
+    Give ``prompt`` (text or chat) or ``prompt_ids`` (exact token ids, as for
+    :meth:`Policy.generate_from_ids`), not both."""
+
+    key: Hashable
+    """The caller's name for the request, echoed in each :class:`StreamCompletion`."""
+    sampling: SamplingConfig
+    """How to sample it; ``sampling.n`` completions come back."""
+    prompt: Prompt | None = None
+    """The prompt as text or chat messages."""
+    prompt_ids: tuple[int, ...] | None = None
+    """The prompt as token ids (used as they are)."""
+    slot: int = 0
+    """The request's place among the requests that share ``sampling.seed`` (the eval runner
+    gives a task's position in its chunk). Backends that seed each request on its own (``hf``,
+    ``vllm``) seed from ``(seed, slot, sample)`` (:func:`sample_seed`), so a request's samples do
+    not depend on what else is in flight or in which order requests finish."""
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.prompt_ids is None):
+            raise ValueError(
+                f"StreamRequest {self.key!r}: give exactly one of prompt (text or chat) and "
+                "prompt_ids (token ids)"
+            )
+
+
+@dataclass(frozen=True)
+class StreamCompletion:
+    """One finished completion from :meth:`Policy.stream`."""
+
+    key: Hashable
+    """The :attr:`StreamRequest.key` of the request it answers."""
+    sample: int
+    """Which of the request's ``sampling.n`` samples it is (0-based)."""
+    completion: Completion
+    """The completion."""
+    elapsed_s: float = 0.0
+    """Seconds the backend spent on it: from its admission to its end where the backend
+    generates per sequence (``hf``), else its ``generate`` call's time shared out."""
+
+
+def sample_seed(seed: int, slot: int, sample: int) -> int:
+    """The seed of sample ``sample`` of the request in ``slot`` under ``seed``: a fixed mix
+    (splitmix64-style), so neighbouring slots and samples get unrelated random streams."""
+    x = (seed * 0x9E3779B97F4A7C15 + slot * 0xBF58476D1CE4E5B9 + sample * 0x94D049BB133111EB) & (
+        2**64 - 1
+    )
+    x ^= x >> 31
+    x = (x * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    x ^= x >> 27
+    return x % (2**63 - 1)
+
+
 class Policy(abc.ABC):
     """Base class of every policy backend. ``__init__`` does no work; :meth:`start` loads."""
 
@@ -164,6 +235,67 @@ class Policy(abc.ABC):
             f"policy {self.name!r} cannot generate from token ids; use generate() with text "
             "prompts (multi-turn harnesses fall back to text contexts)"
         )
+
+    stream_group: ClassVar[int] = 64
+    """The default :meth:`stream`: most requests per ``generate`` call."""
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        """Every completion of every request, each yielded as soon as it is done (in no set
+        order; match them by ``key`` and ``sample``).
+
+        This default, for backends that do not stream, makes ``generate`` calls over runs of
+        consecutive requests with equal sampling (at most :attr:`stream_group` requests each,
+        two calls in flight so the next is ready when one ends) and yields each call's
+        completions when it returns: the same samples as calling ``generate`` on those runs.
+        ``hf``, ``openai`` and ``vllm`` override it to yield each completion when it ends.
+        Breaking out of the loop (or cancelling) stops the work still queued."""
+        groups: list[list[StreamRequest]] = []
+        for r in requests:
+            g = groups[-1] if groups else None
+            if (
+                g
+                and len(g) < self.stream_group
+                and g[0].sampling == r.sampling
+                and (g[0].prompt_ids is None) == (r.prompt_ids is None)
+            ):
+                g.append(r)
+            else:
+                groups.append([r])
+        queue: asyncio.Queue[list[StreamCompletion] | Exception] = asyncio.Queue()
+        gate = asyncio.Semaphore(2)
+
+        async def run(group: list[StreamRequest]) -> None:
+            try:
+                async with gate:
+                    t0 = time.perf_counter()
+                    sampling = group[0].sampling
+                    if group[0].prompt_ids is not None:
+                        ids = [r.prompt_ids or () for r in group]
+                        got = await self.generate_from_ids(ids, sampling)
+                    else:
+                        got = await self.generate([r.prompt or "" for r in group], sampling)
+                    each = (time.perf_counter() - t0) / max(1, sum(len(c) for c in got))
+                    await queue.put(
+                        [
+                            StreamCompletion(r.key, s, c, each)
+                            for r, comps in zip(group, got, strict=True)
+                            for s, c in enumerate(comps)
+                        ]
+                    )
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, who re-raises
+                await queue.put(e)
+
+        jobs = [asyncio.ensure_future(run(g)) for g in groups]
+        try:
+            for _ in jobs:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                for sc in item:
+                    yield sc
+        finally:
+            for j in jobs:
+                j.cancel()
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens (for environment feedback tokens)."""

@@ -20,7 +20,7 @@ from .extract import Extracted, extract_proof
 from .prompts import build_prompt, default_stop, is_completion_style
 from .prompts import check_config as check_prompt
 
-__all__ = ["INLINE_CHARS", "WholeProofHarness", "check_and_reward", "off_loop"]
+__all__ = ["INLINE_CHARS", "WholeProofHarness", "check_and_reward", "off_loop", "rollout_of"]
 
 
 class WholeProofHarness(Harness):
@@ -83,26 +83,65 @@ class WholeProofHarness(Harness):
 
         size = sum(len(c.text) for comps in completions for c in comps)
         extracted = await off_loop(size, extract_all)
-        groups: list[list[Rollout]] = []
-        for task, prompt, comps, exs in zip(tasks, prompts, completions, extracted, strict=True):
-            group = []
-            for i, (c, ex) in enumerate(zip(comps, exs, strict=True)):
-                r = Rollout(
-                    task_id=task.id,
-                    sample=i,
-                    prompt=prompt,
-                    prompt_ids=list(c.prompt_token_ids),
-                    turns=[Turn.from_completion(c)],
-                    proof=ex.proof,
-                    preamble=ex.preamble,
-                    restated_statement=ex.restated_statement,
-                    timings={"generate": per_sample, "generate_batch": gen_s},
-                )
-                if ex.reason is not None:
-                    r.verdict = Verdict.reject(ex.reason, ex.detail)
-                group.append(r)
-            groups.append(group)
-        return groups
+        timings = {"generate": per_sample, "generate_batch": gen_s}
+        return [
+            [
+                rollout_of(task, i, prompt, c, ex, dict(timings))
+                for i, (c, ex) in enumerate(zip(comps, exs, strict=True))
+            ]
+            for task, prompt, comps, exs in zip(tasks, prompts, completions, extracted, strict=True)
+        ]
+
+    def can_stream(self) -> bool:
+        """Whether the eval may stream this harness (``eval.stream``): each completion made into
+        a Rollout by :meth:`stream_rollout` and checked by :meth:`check_rollouts` as it arrives.
+        True for this harness as it is; False for a subclass that changes ``run`` or
+        ``generate``, since the stream would skip what it does there."""
+        cls = type(self)
+        return cls.run is WholeProofHarness.run and cls.generate is WholeProofHarness.generate
+
+    def stream_rollout(
+        self, task: Task, sample: int, prompt: Prompt, completion: Completion, elapsed_s: float
+    ) -> Rollout:
+        """The Rollout of one streamed completion, its proof extracted (a rejecting verdict
+        when there is none), not checked yet: what :meth:`generate` makes of it."""
+        ex = self.extract(task, completion)
+        return rollout_of(task, sample, prompt, completion, ex, {"generate": elapsed_s})
+
+    async def check_rollouts(
+        self, items: Sequence[tuple[Task, Rollout]], runtime: Runtime, taskset: Taskset
+    ) -> None:
+        """Check, in one ``runtime.check`` call, every rollout of ``items`` that has a proof and
+        no verdict yet (rewards are left to the caller, once a task's group is complete)."""
+        await _check(items, runtime, taskset)
+
+
+def rollout_of(
+    task: Task,
+    sample: int,
+    prompt: Prompt,
+    c: Completion,
+    ex: Extracted,
+    timings: dict[str, float] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Rollout:
+    """The one-turn Rollout of completion ``c`` of ``prompt``, its proof as ``ex`` extracted
+    it; rejected at once when extraction failed (no proof to check), else no verdict yet."""
+    r = Rollout(
+        task_id=task.id,
+        sample=sample,
+        prompt=prompt,
+        prompt_ids=list(c.prompt_token_ids),
+        turns=[Turn.from_completion(c)],
+        proof=ex.proof,
+        preamble=ex.preamble,
+        restated_statement=ex.restated_statement,
+        timings=timings or {},
+        meta=meta or {},
+    )
+    if ex.reason is not None:
+        r.verdict = Verdict.reject(ex.reason, ex.detail)
+    return r
 
 
 INLINE_CHARS = 16 * 1024
@@ -131,24 +170,35 @@ async def check_and_reward(
     which the trusted checker compares with the reference), judged by the taskset's
     verification policy.
     """
+    await _check(
+        [(task, r) for task, group in zip(tasks, groups, strict=True) for r in group],
+        runtime,
+        taskset,
+    )
+    for task, group in zip(tasks, groups, strict=True):
+        for r, reward in zip(group, taskset.group_rewards(task, group), strict=True):
+            r.reward = reward
+
+
+async def _check(items: Sequence[tuple[Task, Rollout]], runtime: Runtime, taskset: Taskset) -> None:
+    """Verdicts for the rollouts of ``items`` that have a proof and none yet, in one batch."""
     pending: list[Rollout] = []
     attempts: list[Attempt] = []
-    for task, group in zip(tasks, groups, strict=True):
-        for r in group:
-            if r.verdict is None and r.proof is not None:
-                pending.append(r)
-                attempts.append(
-                    Attempt(
-                        name=task.name,
-                        header=task.header,
-                        formal_statement=task.formal_statement,
-                        proof=r.proof,
-                        preamble=r.preamble,
-                        restated_statement=r.restated_statement,
-                        policy=taskset.config.policy,
-                        id=f"{task.id}/{r.sample}",
-                    )
+    for task, r in items:
+        if r.verdict is None and r.proof is not None:
+            pending.append(r)
+            attempts.append(
+                Attempt(
+                    name=task.name,
+                    header=task.header,
+                    formal_statement=task.formal_statement,
+                    proof=r.proof,
+                    preamble=r.preamble,
+                    restated_statement=r.restated_statement,
+                    policy=taskset.config.policy,
+                    id=f"{task.id}/{r.sample}",
                 )
+            )
     if attempts:
         t0 = time.perf_counter()
         verdicts = await runtime.check(attempts)
@@ -163,9 +213,6 @@ async def check_and_reward(
             r.verdict = v
             r.timings["verify"] = v.time_s
             r.timings["verify_batch"] = batch_s
-    for task, group in zip(tasks, groups, strict=True):
-        for r, reward in zip(group, taskset.group_rewards(task, group), strict=True):
-            r.reward = reward
 
 
 def _in_attempt_order(

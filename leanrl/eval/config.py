@@ -25,6 +25,7 @@ _NOT_FINGERPRINTED: tuple[tuple[str, ...], ...] = (
     ("k",),
     ("progress",),
     ("pipeline_depth",),
+    ("stream",),
     ("env", "taskset", "limit"),
     ("env", "runtime", "workers"),
     ("env", "runtime", "startup_timeout_s"),
@@ -62,6 +63,14 @@ class EvalConfig(BaseModel):
     pipeline_depth: int = Field(default=2, ge=1)
     """Chunks in flight at once. 2 overlaps generation of chunk i+1 with verification of chunk
     i; 1 runs them one after the other; more helps when verification is the slower part."""
+    stream: bool = False
+    """Give the policy every pending task at once (``Policy.stream``: continuous batching on
+    the ``hf`` backend, many requests in flight on ``openai`` and ``vllm``) and send each
+    completion to Lean as it arrives, instead of one ``generate`` call per chunk; chunks stay
+    the unit of writing results, and a resume redoes the unwritten ones. Off by default: with
+    ``hf``, sampled (temperature > 0) completions are then seeded per sample rather than per
+    chunk, so a run made without it would not replay; greedy completions are the same. Needs a
+    harness that can stream (``whole-proof``); others run chunk by chunk."""
     progress: bool = True
     """Show a progress bar (attempts done, attempts/s, pass rate so far) on stderr."""
     generate_only: bool = False

@@ -4,7 +4,9 @@ Work is cut into chunks of ``chunk_tasks`` tasks (all their samples). Up to ``pi
 chunks are in flight: while Lean checks chunk i, the model generates chunk i+1 (the ``hf`` and
 ``vllm`` policies serialize generation themselves, the runtime bounds its own workers). Every
 attempt is written to ``results.jsonl`` as soon as its chunk is verified; a rerun skips what is
-there and redoes the rest with the same per-chunk seeds.
+there and redoes the rest with the same per-chunk seeds. With ``stream``
+(:mod:`leanrl.eval.stream`) all pending tasks go to the policy at once and each completion is
+checked as it arrives; chunks stay the unit of writing.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from leanrl.errors import ConfigError, LeanrlError, PolicyError
 from leanrl.eval.config import EvalConfig
 from leanrl.eval.report import package_versions, run_warnings, summarize, write_report
 from leanrl.eval.store import ResultStore
+from leanrl.eval.stream import can_stream, stream_chunks
 from leanrl.harness import Harness
 from leanrl.jsonl import cut_text, json_text
 from leanrl.policy import Policy, PolicyConfig, Prompt, SamplingConfig
@@ -156,17 +159,23 @@ async def run_eval(
             policy.on_completions = progress.generated
             sem = asyncio.Semaphore(config.pipeline_depth)
 
+            def sampling_of(i: int) -> SamplingConfig:
+                return config.sampling.model_copy(
+                    update={"n": n, "seed": chunk_seed(config.sampling.seed, i)}
+                )
+
             async def one(i: int) -> int:
                 async with sem:
-                    sampling = config.sampling.model_copy(
-                        update={"n": n, "seed": chunk_seed(config.sampling.seed, i)}
-                    )
+                    sampling = sampling_of(i)
                     if checking:
                         groups = await harness.run(
                             chunks[i], policy, counted, sampling, env.taskset
                         )
                     else:
                         groups = await harness.generate(chunks[i], policy, sampling)
+                return record(i, groups)
+
+            def record(i: int, groups: list[list[Rollout]]) -> int:
                 _check_groups(harness.name, chunks[i], groups, n, verdicts=checking)
                 check_rewards(
                     (r for g in groups for r in g),
@@ -188,9 +197,29 @@ async def run_eval(
                 progress.update(chunks[i], written)
                 return written
 
-            jobs = [asyncio.ensure_future(one(i)) for i in pending]
+            streamed = config.stream and can_stream(harness)
+            if config.stream and not streamed:
+                log.info(
+                    "eval.stream: harness %r cannot be streamed; running it chunk by chunk",
+                    harness.name,
+                )
+            jobs = [] if streamed else [asyncio.ensure_future(one(i)) for i in pending]
             try:
-                new = sum(await asyncio.gather(*jobs))
+                if streamed:
+                    new = await stream_chunks(
+                        harness=harness,
+                        policy=policy,
+                        runtime=counted,
+                        taskset=env.taskset,
+                        chunks=chunks,
+                        pending=pending,
+                        sampling_of=sampling_of,
+                        checking=checking,
+                        record=record,
+                        check_size=counted.piece,
+                    )
+                else:
+                    new = sum(await asyncio.gather(*jobs))
             finally:
                 for j in jobs:
                     j.cancel()

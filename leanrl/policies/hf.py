@@ -2,17 +2,29 @@
 
 Generation runs in a worker thread (``asyncio.to_thread``) so the event loop keeps verifying
 earlier samples meanwhile; a lock keeps one generation on the model at a time.
+:meth:`HFPolicy.stream` generates with continuous batching instead of static batches
+(:mod:`leanrl.policies._stream_hf`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import threading
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from leanrl.errors import PolicyError
-from leanrl.policies._common import LoopLock, cut_at_stop, resolve_model, to_messages
-from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.policies._common import LoopLock, resolve_model, to_messages
+from leanrl.policies._stream_hf import ContinuousSampler, Row, finish_completion
+from leanrl.policy import (
+    Completion,
+    Policy,
+    PolicyConfig,
+    Prompt,
+    SamplingConfig,
+    StreamCompletion,
+    StreamRequest,
+)
 
 __all__ = ["HFPolicy"]
 
@@ -110,6 +122,64 @@ class HFPolicy(Policy):
         async with self._lock.get():
             return await asyncio.to_thread(self._generate_ids_sync, encoded, sampling)
 
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        """Every completion, each yielded when it ends, generated with continuous batching
+        (:mod:`leanrl.policies._stream_hf`): up to ``batch_size`` sequences at once, a finished
+        one replaced by a waiting prompt at once. Greedy output is the static path's; a sampled
+        one is seeded per sample from ``(seed, slot, sample)``, whatever else is in flight."""
+        await self.start()
+        rows: list[Row] = []
+        vocab = len(self._tok)
+        for r in requests:
+            if r.prompt_ids is not None:
+                ids = check_prompt_ids([r.prompt_ids], vocab)[0]
+            else:
+                text, has_specials = self.render(r.prompt or "")
+                ids = list(self._tok(text, add_special_tokens=not has_specials).input_ids)
+            rows += [Row(r.key, s, ids, r.sampling, r.slot) for s in range(r.sampling.n)]
+        if not rows:
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamCompletion | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+        sampler = self.sampler()
+
+        def emit(c: StreamCompletion) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, c)
+
+        def work() -> None:
+            try:
+                sampler.run(rows, emit, stop)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            else:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        async with self._lock.get():
+            job = asyncio.ensure_future(asyncio.to_thread(work))
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is None:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    self.completed(1)
+                    yield item
+            finally:
+                stop.set()  # a consumer that stops early (or fails) ends the generation
+                await asyncio.shield(job)
+
+    def sampler(self) -> ContinuousSampler:
+        """The continuous-batching sampler over the loaded model (``batch_size`` rows)."""
+        return ContinuousSampler(
+            self._model,
+            self._tok,
+            self._device,
+            self.config.batch_size,
+            _eos_ids(self._model, self._tok),
+        )
+
     def _generate_sync(
         self, prompts: list[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
@@ -181,36 +251,17 @@ class HFPolicy(Policy):
         gen = res.sequences[:, width:]
         lps = recorder.finish(gen)
         eos = _eos_ids(self._model, tok)
-        completions = []
-        for b in range(gen.shape[0]):
-            ids = gen[b].tolist()
-            lp = lps[b].tolist() if lps is not None else []
-            finish = "length"
-            end = len(ids)
-            for t, tid in enumerate(ids):
-                if tid in eos:
-                    end, finish = t + 1, "stop"
-                    break
-            ids, lp = ids[:end], lp[:end]
-            body = ids[:-1] if finish == "stop" else ids
-            text = tok.decode(body, skip_special_tokens=True)
-            if sampling.stop:
-                cut = cut_at_stop(
-                    text, sampling.stop, ids, lambda x: tok.decode(x, skip_special_tokens=True)
-                )
-                if cut is not None:
-                    text, keep = cut
-                    ids, lp, finish = ids[:keep], lp[:keep], "stop"
-            completions.append(
-                Completion(
-                    text=text,
-                    token_ids=tuple(ids),
-                    logprobs=tuple(float(x) for x in lp),
-                    prompt_token_ids=tuple(batch[b]),
-                    finish_reason=finish,  # type: ignore[arg-type]
-                )
+        return [
+            finish_completion(
+                tok,
+                eos,
+                batch[b],
+                gen[b].tolist(),
+                lps[b].tolist() if lps is not None else [],
+                sampling,
             )
-        return completions
+            for b in range(gen.shape[0])
+        ]
 
 
 class _LogprobRecorder:

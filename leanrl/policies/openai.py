@@ -10,14 +10,23 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import httpx
 
 from leanrl.errors import PolicyError
 from leanrl.policies._common import to_messages
-from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.policy import (
+    Completion,
+    Policy,
+    PolicyConfig,
+    Prompt,
+    SamplingConfig,
+    StreamCompletion,
+    StreamRequest,
+)
 
 __all__ = ["OpenAIPolicy"]
 
@@ -95,6 +104,42 @@ class OpenAIPolicy(Policy):
             # One prompt failed for good (or the caller was cancelled): stop the others instead
             # of leaving them retrying against a client that is about to be closed.
             for job in jobs:
+                job.cancel()
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        """Every completion, yielded as its request comes back: all requests are sent at once
+        (``max_concurrency`` in flight, the server batching them), each with its own
+        ``sampling`` (so the same samples as ``generate`` on a seeded server)."""
+        if any(r.prompt_ids is not None for r in requests):
+            raise PolicyError(
+                f"policy {self.name!r} cannot generate from token ids; stream text prompts"
+            )
+        await self.start()
+        queue: asyncio.Queue[tuple[StreamRequest, list[Completion], float] | Exception] = (
+            asyncio.Queue()
+        )
+
+        async def one(r: StreamRequest) -> None:
+            t0 = time.perf_counter()
+            try:
+                got = await self._one(r.prompt or "", r.sampling)
+            except Exception as e:  # noqa: BLE001 - raised in the consumer
+                await queue.put(e)
+                return
+            self.completed(len(got))
+            await queue.put((r, got, time.perf_counter() - t0))
+
+        jobs = [asyncio.ensure_future(one(r)) for r in requests]
+        try:
+            for _ in jobs:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                r, got, elapsed = item
+                for s, c in enumerate(got):
+                    yield StreamCompletion(r.key, s, c, elapsed)
+        finally:
+            for job in jobs:  # a failure (or a consumer that stopped) ends the rest
                 job.cancel()
 
     async def _one(self, prompt: Prompt, sampling: SamplingConfig) -> list[Completion]:

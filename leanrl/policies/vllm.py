@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from leanrl._dist import install_hint
 from leanrl.errors import PolicyError
 from leanrl.policies._common import LoopLock, resolve_model, to_messages
-from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.policy import (
+    Completion,
+    Policy,
+    PolicyConfig,
+    Prompt,
+    SamplingConfig,
+    StreamCompletion,
+    StreamRequest,
+)
 
 __all__ = ["VLLMPolicy", "completions_from_vllm", "import_vllm"]
 
@@ -81,9 +92,88 @@ class VLLMPolicy(Policy):
         async with self._lock.get():
             return await asyncio.to_thread(self._run_sync, inputs, sampling)
 
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        """Every completion, each yielded when its request ends: all requests go to the engine
+        at once (``llm_engine.add_request``) and its scheduler batches them continuously; the
+        engine is stepped in a worker thread and each finished request is handed over at once.
+        Each request keeps its own ``sampling.seed``, so its samples are those ``generate``
+        gives it."""
+        await self.start()
+        if not requests:
+            return
+        inputs: list[Any] = []
+        for r in requests:
+            if r.prompt_ids is not None:
+                if not r.prompt_ids:
+                    raise PolicyError("stream got an empty prompt_ids; give at least one token id")
+                inputs.append({"prompt_token_ids": [int(t) for t in r.prompt_ids]})
+            else:
+                inputs.append(self._inputs([r.prompt or ""])[0])
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamCompletion | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+
+        def emit(c: StreamCompletion) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, c)
+
+        def work() -> None:
+            try:
+                self._stream_sync(requests, inputs, emit, stop)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            else:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        async with self._lock.get():
+            job = asyncio.ensure_future(asyncio.to_thread(work))
+            try:
+                while (item := await queue.get()) is not None:
+                    if isinstance(item, BaseException):
+                        raise item
+                    self.completed(1)
+                    yield item
+            finally:
+                stop.set()
+                await asyncio.shield(job)
+
+    def _stream_sync(
+        self,
+        requests: Sequence[StreamRequest],
+        inputs: list[Any],
+        emit: Callable[[StreamCompletion], None],
+        stop: threading.Event,
+    ) -> None:
+        engine = self._llm.llm_engine
+        tag = uuid.uuid4().hex[:8]
+        ids = {f"leanrl-{tag}-{k}": k for k in range(len(requests))}
+        t0 = time.perf_counter()
+        for rid, k in ids.items():
+            engine.add_request(rid, inputs[k], _params(requests[k].sampling))
+        left = set(ids)
+        try:
+            while left and engine.has_unfinished_requests():
+                if stop.is_set():
+                    return
+                for out in engine.step():
+                    if not getattr(out, "finished", False) or out.request_id not in left:
+                        continue
+                    left.discard(out.request_id)
+                    r = requests[ids[out.request_id]]
+                    comps = completions_from_vllm([out])[0]
+                    each = time.perf_counter() - t0
+                    for s, c in enumerate(comps):
+                        emit(StreamCompletion(r.key, s, c, each))
+        finally:
+            if left:  # stopped early: free the engine of what is still queued
+                engine.abort_request(list(left))
+
     def _generate_sync(
         self, prompts: list[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
+        return self._run_sync(self._inputs(prompts), sampling)
+
+    def _inputs(self, prompts: Sequence[Prompt]) -> list[Any]:
+        """The engine inputs of ``prompts``: text as it is, chat rendered to token ids."""
         tok = self._llm.get_tokenizer()
         texts: list[Any] = []
         for p in prompts:
@@ -98,20 +188,24 @@ class VLLMPolicy(Policy):
                 texts.append({"prompt_token_ids": list(tok.encode(text, add_special_tokens=False))})
             else:
                 texts.append(p)
-        return self._run_sync(texts, sampling)
+        return texts
 
     def _run_sync(self, texts: list[Any], sampling: SamplingConfig) -> list[list[Completion]]:
-        vllm = import_vllm()
-        params = vllm.SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            seed=sampling.seed,
-            stop=list(sampling.stop) or None,
-            logprobs=0,  # the sampled token's logprob
-        )
-        return completions_from_vllm(self._llm.generate(texts, params, use_tqdm=False))
+        return completions_from_vllm(self._llm.generate(texts, _params(sampling), use_tqdm=False))
+
+
+def _params(sampling: SamplingConfig) -> Any:
+    """vLLM ``SamplingParams`` of ``sampling`` (with the sampled tokens' logprobs)."""
+    vllm = import_vllm()
+    return vllm.SamplingParams(
+        n=sampling.n,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_tokens,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        logprobs=0,  # the sampled token's logprob
+    )
 
 
 def completions_from_vllm(results: Any) -> list[list[Completion]]:
