@@ -47,7 +47,6 @@ from leanrl.errors import ConfigError
 from leanrl.rollout import Rollout, Turn
 from leanrl.train.common import _atomic_write
 from leanrl.train.grpo.data import ends_truncated
-from leanrl.verdict import Verdict
 
 if TYPE_CHECKING:
     from leanrl.environment import Environment
@@ -295,7 +294,11 @@ async def replay_rollouts(
 ) -> list[list[Rollout]]:
     """One group of ``sampling.n`` revisions per drawn failure, checked and rewarded."""
     from leanrl.harnesses.self_correction.harness import SelfCorrectionHarness
-    from leanrl.harnesses.whole_proof.harness import WholeProofHarness, check_and_reward
+    from leanrl.harnesses.whole_proof.harness import (
+        WholeProofHarness,
+        check_and_reward,
+        rollout_of,
+    )
 
     if not drawn:
         return []
@@ -316,20 +319,8 @@ async def replay_rollouts(
     ):
         group = []
         for i, c in enumerate(comps):
-            ex = whole.extract(task, c)
-            r = Rollout(
-                task_id=task.id,
-                sample=i,
-                prompt=prompt,
-                prompt_ids=list(c.prompt_token_ids),
-                turns=[Turn.from_completion(c)],
-                proof=ex.proof,
-                preamble=ex.preamble,
-                restated_statement=ex.restated_statement,
-                meta={"replay": True, "replay_of": {"step": step, "sample": failed.sample}},
-            )
-            if ex.reason is not None:
-                r.verdict = Verdict.reject(ex.reason, ex.detail)
+            meta = {"replay": True, "replay_of": {"step": step, "sample": failed.sample}}
+            r = rollout_of(task, i, prompt, c, whole.extract(task, c), meta=meta)
             group.append(r)
         groups.append(group)
     await check_and_reward(targets, groups, env.runtime, env.taskset)
