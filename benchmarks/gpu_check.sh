@@ -122,4 +122,43 @@ for name, make in [
 (out / "real_model.json").write_text(json.dumps(figures, indent=2) + "\n")
 print(f"figures: {out / 'real_model.json'}")
 PY
+
+# -- the GRPO loss's peak memory: full logits vs vocabulary tiles (issue 23) -----------------------
+# On a GPU the issue's case: 4 x 8192 tokens at hidden 2048 (a 1.7B prover), V = 32k and 152k,
+# bf16 autocast (full logits reach ~88 GB at 152k); a CPU trial runs it much smaller.
+mkdir -p "$OUT_DIR"
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  LM_ARGS=(--device cuda --seqs 4 --len 8192 --hidden 2048)
+else
+  LM_ARGS=(--device cpu --seqs 1 --len 256 --rounds 1)
+fi
+"$PY" benchmarks/loss_memory.py "${LM_ARGS[@]}" --json "$OUT_DIR/loss_memory.json" \
+  || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+
+# -- ES population decoding: serial full-rank members vs batched low-rank (issue 24) -------------
+# One ES iteration at population 8/16/32 on a random Llama: per member perturb + generate vs all
+# members in one batched generate (low-rank terms per row group), and plain batched inference of
+# the same rows (the ceiling). GPU goal: batched close to plain. A CPU trial runs it smaller.
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  POP_ARGS=(--device cuda --dtype bfloat16 --hidden 512 --layers 8 --max-tokens 64)
+else
+  POP_ARGS=(--device cpu --populations 8 32 --max-tokens 16 --repeats 1)
+fi
+if [ "${GPU_CHECK_SKIP_TESTS:-0}" != "1" ]; then  # batched tokens == materialised, on CUDA
+  "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_es_population.py \
+    || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+fi
+"$PY" benchmarks/es_population.py "${POP_ARGS[@]}" --json "$OUT_DIR/es_population.json" \
+  || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+
+# -- streaming hf policy: continuous batching vs chunked generate (issue 23) ---------------------
+# Generated tokens/s of Policy.stream (a live batch, finished rows replaced at once) against
+# generate over chunks, at 8 and 64 sequences at once, sampled lengths spread geometrically.
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  ST_ARGS=(--device cuda --hidden 512 --layers 8 --prompts 256 --mean-tokens 96 --max-tokens 512)
+else
+  ST_ARGS=(--device cpu --prompts 32 --max-tokens 64 --mean-tokens 24 --rounds 1)
+fi
+"$PY" benchmarks/stream_throughput.py "${ST_ARGS[@]}" --json "$OUT_DIR/stream_throughput.json" \
+  || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
 exit "$rc"
