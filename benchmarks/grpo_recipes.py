@@ -3,6 +3,7 @@ and the pass@k advantage, at equal generated tokens.
 
     python benchmarks/grpo_recipes.py [--out runs/grpo-recipes] [--seeds 3] [--tokens 60000]
         [--model PATH]                      # default: a tiny model made on the spot
+        [--lr 1e-5] [--max-tokens 32]       # for a real model
 
 Every variant is plain GRPO plus a dict of config overrides (``VARIANTS``); each runs once per
 seed, the variants of a seed one after the other in an order that rotates with the seed, all
@@ -94,6 +95,10 @@ def make_model(out: Path) -> Path:
     return make_tiny_model(out, texts, vocab_size=400)
 
 
+MAX_TOKENS = 16
+"""Completion length in training and eval (``--max-tokens``)."""
+
+
 def train(model: Path, out: Path, seed: int, tokens: int, overrides: dict[str, Any]) -> Any:
     from leanrl.policy import PolicyConfig, SamplingConfig
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
@@ -101,7 +106,7 @@ def train(model: Path, out: Path, seed: int, tokens: int, overrides: dict[str, A
     cfg = GRPOConfig(
         env=ENV,
         policy=PolicyConfig(model=str(model), device="cpu"),
-        sampling=SamplingConfig(max_tokens=16, top_p=1.0, seed=seed),
+        sampling=SamplingConfig(max_tokens=MAX_TOKENS, top_p=1.0, seed=seed),
         out=out,
         seed=seed,
         budget={"tokens": tokens},
@@ -121,7 +126,7 @@ def evaluate(checkpoint: Path, out: Path, limit: int, seed: int) -> dict[str, fl
     cfg = EvalConfig(
         env=env,
         policy={"model": str(checkpoint), "device": "cpu"},
-        sampling={"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": seed},
+        sampling={"max_tokens": MAX_TOKENS, "temperature": 1.0, "top_p": 1.0, "seed": seed},
         samples=8,
         k=[1, 8],
         out=out,
@@ -193,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants", default=None, help="comma-separated subset of the variants ('none': base)"
     )
+    ap.add_argument("--lr", type=float, default=None, help="learning rate (default: BASE's)")
+    ap.add_argument("--max-tokens", type=int, default=16, help="completion length")
     args = ap.parse_args(argv)
+    global MAX_TOKENS
+    MAX_TOKENS = args.max_tokens
+    if args.lr is not None:
+        BASE["lr"] = args.lr
 
     import torch
 
