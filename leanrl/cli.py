@@ -15,9 +15,10 @@ import logging
 import os
 import re
 import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic_settings import (
@@ -213,7 +214,44 @@ def parse_command(cls: type[M], argv: Sequence[str]) -> M:
 
     For tests and for embedding one command in another program.
     """
-    return _with_file(cls, _explicit(cls, normalize_argv(argv)))
+    return _with_file(cls, _explicit(cls, bare_switches(cls, normalize_argv(argv))))
+
+
+def _switch_fields(cls: type[BaseModel], prefix: str = "") -> set[str]:
+    """The flags (``--a.b-c``) of fields typed ``bool`` or something else, such as
+    ``bool | Literal["auto"]``, in ``cls`` and its nested sections."""
+    out: set[str] = set()
+    for name, f in cls.model_fields.items():
+        flag = prefix + name.replace("_", "-")
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out |= _switch_fields(ann, flag + ".")
+            continue
+        if get_origin(ann) in (Union, types.UnionType):
+            kinds = [a for a in get_args(ann) if a is not type(None)]
+            if bool in kinds and len(kinds) > 1:
+                out.add("--" + flag)
+    return out
+
+
+def bare_switches(cls: type[BaseModel], argv: Sequence[str]) -> list[str]:
+    """Let a field typed ``bool | Literal["auto"]`` be switched like a plain ``bool``:
+    ``--stream`` (alone) means ``--stream true`` and ``--no-stream`` means ``--stream false``.
+    pydantic-settings makes implicit flags of pure ``bool`` fields only; these fields' default
+    is ``"auto"``, and without this ``--stream`` alone would be an error ("expected one
+    argument") where it worked before the field gained its ``auto``."""
+    flags = _switch_fields(cls)
+    if not flags:
+        return list(argv)
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a in flags and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out += [a, "true"]
+        elif a.startswith("--no-") and "--" + a[5:] in flags:
+            out += ["--" + a[5:], "false"]
+        else:
+            out.append(a)
+    return out
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
@@ -401,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text, end="")
         return 0
     args = ["--help" if a == "--help-all" else a for a in args]
+    _, chosen_node = _command_path(tree, args)
+    if isinstance(chosen_node, type) and issubclass(chosen_node, BaseModel):
+        args = bare_switches(chosen_node, args)
     command: Any = None
     try:
         typed = _explicit(build_app(tree), args)

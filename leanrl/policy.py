@@ -239,6 +239,14 @@ class Policy(abc.ABC):
     stream_group: ClassVar[int] = 64
     """The default :meth:`stream`: most requests per ``generate`` call."""
 
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        """Whether :meth:`stream` yields, for requests with this sampling, the completions
+        ``generate`` would give them, so that a run may stream without changing what it
+        records (``eval.stream = "auto"`` streams only then). True here: the default
+        :meth:`stream` calls ``generate`` on runs of requests with equal sampling. A backend
+        whose stream seeds samples differently says False for sampled decoding."""
+        return True
+
     async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
         """Every completion of every request, each yielded as soon as it is done (in no set
         order; match them by ``key`` and ``sample``).

@@ -75,3 +75,33 @@ def test_env_shorthand() -> None:
 def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["envs"]) == 0
     assert "minif2f" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        ([], "auto"),
+        (["--stream"], True),
+        (["--stream", "--limit", "2"], True),
+        (["--stream", "false"], False),
+        (["--no-stream"], False),
+        (["--stream", "auto"], "auto"),
+        (["--stream=true"], True),
+    ],
+)
+def test_a_bool_or_auto_field_switches_like_a_bool(argv: list[str], want: object) -> None:
+    from leanrl.cli import parse_command
+    from leanrl.eval.cli import EvalCommand
+
+    cmd = parse_command(EvalCommand, ["--env", "minif2f", *argv])
+    assert cmd.to_eval_config().stream == want
+    if "--limit" in argv:
+        assert cmd.limit == 2  # the flag after a bare switch is still read as a flag
+
+
+def test_bare_switches_leaves_plain_flags_alone() -> None:
+    from leanrl.cli import bare_switches
+    from leanrl.eval.cli import EvalCommand
+
+    argv = ["--print-json", "--limit", "3", "--stream"]
+    assert bare_switches(EvalCommand, argv) == ["--print-json", "--limit", "3", "--stream", "true"]

@@ -73,6 +73,7 @@ async def test_a_chunk_with_missing_samples_is_not_recorded(
     bench_data: Path, tmp_path: Path
 ) -> None:
     cfg = make(bench_data, tmp_path / "run")
+    cfg.stream = False  # the chunked path's own check
     with pytest.raises(PolicyError, match=r"returned samples \[0\] .* expected 0\.\.1"):
         await run_eval(cfg, policy=DroppingPolicy(TEXTS))
     results = tmp_path / "run" / "results.jsonl"

@@ -74,7 +74,7 @@ async def test_run_writes_every_attempt_and_the_report(bench_data: Path, tmp_pat
 
 async def test_resume_after_interruption_redoes_nothing(bench_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cfg = make(bench_data, out, pipeline_depth=1, runtime_options={"delay_s": 0.2})
+    cfg = make(bench_data, out, pipeline_depth=1, runtime_options={"delay_s": 0.2}, stream=False)
     first = ScriptedPolicy(TEXTS)
     job = asyncio.ensure_future(run_eval(cfg, policy=first))
     while not (out / "results.jsonl").is_file() or not (out / "results.jsonl").read_text():
@@ -139,7 +139,9 @@ async def test_generation_and_verification_overlap(bench_data: Path, tmp_path: P
     for depth in (1, 2):
         env = load_environment(make(bench_data, tmp_path / f"d{depth}").env)
         env.config.runtime.options = {"delay_s": 0.1}
-        cfg = make(bench_data, tmp_path / f"d{depth}", pipeline_depth=depth, chunk_tasks=1)
+        cfg = make(
+            bench_data, tmp_path / f"d{depth}", pipeline_depth=depth, chunk_tasks=1, stream=False
+        )
         policy = ScriptedPolicy(TEXTS, delay_s=0.1)
         await run_eval(cfg, policy=policy, env=env)
         runs[depth] = overlaps(policy.spans, env.runtime.spans)  # type: ignore[attr-defined]

@@ -137,7 +137,49 @@ def test_the_stream_option_keeps_old_runs_resumable(bench_data: Path, tmp_path: 
     a = make(bench_data, tmp_path / "o")
     b = make(bench_data, tmp_path / "o", stream=True)
     assert a.fingerprint() == b.fingerprint() and "stream" not in a.fingerprint_data()
-    assert a.stream is False  # chunk by chunk unless asked
+    assert a.stream == "auto"  # streams only where that records what chunks would
+
+
+class NoReplay(ScriptedPolicy):
+    """A policy whose stream would draw other samples than generate (as hf's sampled one)."""
+
+    streamed = 0
+
+    def stream_replays(self, sampling: Any) -> bool:
+        return False
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        type(self).streamed += 1
+        async for c in super().stream(requests):
+            yield c
+
+
+@pytest.mark.parametrize(
+    ("stream", "replays", "streams"),
+    [("auto", True, True), ("auto", False, False), (True, False, True), (False, True, False)],
+)
+async def test_auto_streams_only_where_the_records_stay_the_same(
+    bench_data: Path, tmp_path: Path, stream: Any, replays: bool, streams: bool
+) -> None:
+    class P(NoReplay):
+        streamed = 0
+
+        def stream_replays(self, sampling: Any) -> bool:
+            return replays
+
+    cfg = make(bench_data, tmp_path / "o", stream=stream, limit=2)
+    await run_eval(cfg, policy=P(TEXTS))
+    assert (P.streamed > 0) is streams
+    assert len(list(read_results(tmp_path / "o"))) == 2 * cfg.samples
+
+
+def test_hf_streams_what_generate_would_only_when_greedy() -> None:
+    from leanrl.policies.hf import HFPolicy
+    from leanrl.policy import PolicyConfig, SamplingConfig
+
+    hf = HFPolicy(PolicyConfig(model="unused"))  # no work in __init__: nothing is loaded
+    assert hf.stream_replays(SamplingConfig(temperature=0.0))
+    assert not hf.stream_replays(SamplingConfig(temperature=0.7, seed=1))
 
 
 async def test_a_bad_stream_is_refused(bench_data: Path, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -63,13 +63,15 @@ class EvalConfig(BaseModel):
     pipeline_depth: int = Field(default=2, ge=1)
     """Chunks in flight at once. 2 overlaps generation of chunk i+1 with verification of chunk
     i; 1 runs them one after the other; more helps when verification is the slower part."""
-    stream: bool = False
+    stream: bool | Literal["auto"] = "auto"
     """Give the policy every pending task at once (``Policy.stream``: continuous batching on
     the ``hf`` backend, many requests in flight on ``openai`` and ``vllm``) and send each
     completion to Lean as it arrives, instead of one ``generate`` call per chunk; chunks stay
-    the unit of writing results, and a resume redoes the unwritten ones. Off by default: with
-    ``hf``, sampled (temperature > 0) completions are then seeded per sample rather than per
-    chunk, so a run made without it would not replay; greedy completions are the same. Needs a
+    the unit of writing results, and a resume redoes the unwritten ones. ``auto`` (the
+    default) streams where that records what chunk-by-chunk generation would: ``openai`` and
+    ``vllm`` always (each request keeps its chunk's seed), ``hf`` for greedy decoding
+    (temperature 0); a sampled ``hf`` run seeds each sample on its own when streamed, so it
+    runs chunk by chunk unless ``--stream`` asks for it; ``--stream false``: never. Needs a
     harness that can stream (``whole-proof``); others run chunk by chunk."""
     progress: bool = True
     """Show a progress bar (attempts done, attempts/s, pass rate so far) on stderr."""

@@ -197,12 +197,11 @@ async def run_eval(
                 progress.update(chunks[i], written)
                 return written
 
-            streamed = config.stream and can_stream(harness)
-            if config.stream and not streamed:
-                log.info(
-                    "eval.stream: harness %r cannot be streamed; running it chunk by chunk",
-                    harness.name,
-                )
+            streamed = (
+                _resolve_stream(config.stream, harness, policy, sampling_of(pending[0]))
+                if pending
+                else False
+            )
             jobs = [] if streamed else [asyncio.ensure_future(one(i)) for i in pending]
             try:
                 if streamed:
@@ -465,6 +464,34 @@ def _record(task: Task, r: Rollout, chunk: int, caps: _Caps | None = None) -> di
     if cuts:
         rec["text_cut"] = cuts
     return rec
+
+
+def _resolve_stream(
+    want: bool | str, harness: Any, policy: Policy, sampling: SamplingConfig
+) -> bool:
+    """``eval.stream`` resolved for this run (see its docstring), with the reason logged."""
+    if want is False:
+        return False
+    if not can_stream(harness):
+        if want is True:
+            log.info(
+                "eval.stream: harness %r cannot be streamed; running it chunk by chunk",
+                harness.name,
+            )
+        return False
+    if want is True:
+        return True
+    if policy.stream_replays(harness.sampling(sampling)):
+        log.info(
+            "eval.stream auto: streaming (%s streams the completions generate would)", policy.name
+        )
+        return True
+    log.info(
+        "eval.stream auto: chunk by chunk (%s would seed sampled completions differently "
+        "when streamed; --stream streams anyway)",
+        policy.name,
+    )
+    return False
 
 
 async def _versions(

@@ -122,6 +122,12 @@ class HFPolicy(Policy):
         async with self._lock.get():
             return await asyncio.to_thread(self._generate_ids_sync, encoded, sampling)
 
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        """Greedy only: the continuous batch gives greedy decoding's tokens exactly, but seeds
+        sampled completions per (seed, slot, sample), where ``generate`` draws a whole chunk
+        from one generator."""
+        return sampling.temperature == 0
+
     async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
         """Every completion, each yielded when it ends, generated with continuous batching
         (:mod:`leanrl.policies._stream_hf`): up to ``batch_size`` sequences at once, a finished
