@@ -1,7 +1,9 @@
 """The ``tactic-loop`` harness: the model sends tactics, Lean answers with goals or an error.
 
 Each attempt is an episode on one REPL tactic session. Every turn, all live episodes of a wave
-generate together (one batched ``generate`` call), then their tactics are applied concurrently.
+generate together, and each episode's tactics are applied as soon as its completion is done
+(``Policy.stream``, where that gives what one batched ``generate`` call would; else one
+``generate`` call, then every episode's tactics at once).
 An episode ends when no goals remain, after ``max_turns`` turns, or when its tokens (model and
 environment) reach ``max_total_tokens``. A solved episode's tactics are joined into one proof and
 checked again as a whole with ``runtime.check`` under the reference statement and the taskset's
@@ -21,9 +23,10 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
+from typing import cast
 
 from leanrl.harness import Harness, SFTEpisode, SFTTurn
-from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
+from leanrl.policy import Completion, Policy, Prompt, SamplingConfig, StreamRequest
 from leanrl.rollout import ChatMessage, Rollout, Turn
 from leanrl.runtime import Runtime, TacticSession, TacticState
 from leanrl.task import Task
@@ -289,6 +292,10 @@ class TacticLoopHarness(Harness):
                     break
                 if sampling.seed is not None:
                     turn_sampling.seed = sampling.seed + turn
+                if policy.stream_replays(turn_sampling) and await self._stream_turn(
+                    live, policy, turn_sampling, first=turn == 0
+                ):
+                    continue
                 t0 = time.perf_counter()
                 outs = await self._generate(live, policy, turn_sampling, first=turn == 0)
                 gen_s = (time.perf_counter() - t0) / len(live)
@@ -309,6 +316,47 @@ class TacticLoopHarness(Harness):
                         Reason.ERROR,
                         f"{len(ep.goals)} goal(s) left after {cfg.max_turns} turns",
                     )
+
+    async def _stream_turn(
+        self, live: list[_Episode], policy: Policy, sampling: SamplingConfig, first: bool
+    ) -> bool:
+        """One turn through :meth:`Policy.stream`: each episode's tactics go to its session as
+        soon as its completion arrives, while the others still generate. Used only where the
+        stream gives what one batched ``generate`` would (``Policy.stream_replays``), so a
+        turn's completions are the same either way. False, with nothing done, when the policy
+        turns out unable to take token ids (the caller then generates from text)."""
+        use_ids = not first and all(ep.mode == "ids" for ep in live)
+        requests = [
+            StreamRequest(key=k, sampling=sampling, prompt_ids=tuple(ep.ids), slot=k)
+            if use_ids
+            else StreamRequest(key=k, sampling=sampling, prompt=ep.context, slot=k)
+            for k, ep in enumerate(live)
+        ]
+        steps: list[asyncio.Future[None]] = []
+        try:
+            arrivals = policy.stream(requests)
+            try:
+                async for sc in arrivals:
+                    ep, c = live[cast(int, sc.key)], sc.completion
+                    (tactics,) = await off_loop(len(c.text), _read_tactics, [c.text], self.chat)
+                    steps.append(
+                        asyncio.ensure_future(self._step(ep, c, policy, sc.elapsed_s, tactics))
+                    )
+            finally:  # stop the policy's queued work at once if this turn fails part-way
+                close = getattr(arrivals, "aclose", None)
+                if close is not None:
+                    await close()
+        except NotImplementedError:
+            if steps or not use_ids:
+                raise
+            return False  # a wrapper that cannot take ids after all: text from here on
+        except BaseException:
+            for job in steps:
+                job.cancel()
+            await asyncio.gather(*steps, return_exceptions=True)
+            raise
+        await asyncio.gather(*steps)
+        return True
 
     async def _generate(
         self, live: list[_Episode], policy: Policy, sampling: SamplingConfig, first: bool
