@@ -29,6 +29,7 @@ __all__ = [
     "StreamCompletion",
     "StreamRequest",
     "sample_seed",
+    "stream_replays_generate",
 ]
 
 
@@ -317,3 +318,30 @@ class Policy(abc.ABC):
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _owner(cls: type, name: str) -> type:
+    return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
+def stream_replays_generate(
+    policy: Policy, sampling: SamplingConfig, *, native: bool = False
+) -> bool:
+    """Whether a caller may use ``policy.stream`` where it would call ``generate`` (or
+    ``generate_from_ids``) with this sampling and record the same completions.
+
+    It may when the policy says so (:meth:`Policy.stream_replays`) and no subclass changed
+    ``generate`` or ``generate_from_ids`` below the class whose ``stream`` it inherits (a
+    wrapper that records, rewrites or syncs weights in ``generate`` would be skipped by that
+    stream). ``native``: also require a ``stream`` of the backend's own; the base class's only
+    runs ``generate`` on runs of requests, which gains nothing inside one call and splits a
+    call of more than :attr:`Policy.stream_group` prompts."""
+    cls = type(policy)
+    streams = _owner(cls, "stream")
+    if native and streams is Policy:
+        return False
+    for name in ("generate", "generate_from_ids"):
+        gen = _owner(cls, name)
+        if streams is not Policy and gen is not streams and issubclass(gen, streams):
+            return False
+    return policy.stream_replays(sampling)

@@ -127,7 +127,7 @@ async def test_a_harness_that_cannot_stream_runs_chunk_by_chunk(
     cfg.env.harness.name = "tactic-loop"
     env = load_environment(cfg.env)
     assert not callable(getattr(env.harness, "can_stream", None)) or not env.harness.can_stream()
-    from leanrl.eval.stream import can_stream
+    from leanrl.harnesses.whole_proof.stream import can_stream
 
     assert not can_stream(env.harness)
     assert can_stream(load_environment(make(bench_data, tmp_path / "w").env).harness)
@@ -156,10 +156,12 @@ class NoReplay(ScriptedPolicy):
 
 @pytest.mark.parametrize(
     ("stream", "replays", "streams"),
-    [("auto", True, True), ("auto", False, False), (True, False, True), (False, True, False)],
+    # one stream for the whole run, or none, or (chunk by chunk) one inside each chunk's
+    # harness.run, which streams where that gives what generate would
+    [("auto", True, 1), ("auto", False, 0), (True, False, 1), (False, True, 2)],
 )
 async def test_auto_streams_only_where_the_records_stay_the_same(
-    bench_data: Path, tmp_path: Path, stream: Any, replays: bool, streams: bool
+    bench_data: Path, tmp_path: Path, stream: Any, replays: bool, streams: int
 ) -> None:
     class P(NoReplay):
         streamed = 0
@@ -167,10 +169,10 @@ async def test_auto_streams_only_where_the_records_stay_the_same(
         def stream_replays(self, sampling: Any) -> bool:
             return replays
 
-    cfg = make(bench_data, tmp_path / "o", stream=stream, limit=2)
+    cfg = make(bench_data, tmp_path / "o", stream=stream, limit=4)  # 2 chunks of 2 tasks
     await run_eval(cfg, policy=P(TEXTS))
-    assert (P.streamed > 0) is streams
-    assert len(list(read_results(tmp_path / "o"))) == 2 * cfg.samples
+    assert P.streamed == streams
+    assert len(list(read_results(tmp_path / "o"))) == 4 * cfg.samples
 
 
 def test_hf_streams_what_generate_would_only_when_greedy() -> None:

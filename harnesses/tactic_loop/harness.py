@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from leanrl.harness import Harness, SFTEpisode, SFTTurn
-from leanrl.policy import Completion, Policy, Prompt, SamplingConfig, StreamRequest
+from leanrl.policy import (
+    Completion,
+    Policy,
+    Prompt,
+    SamplingConfig,
+    StreamRequest,
+    stream_replays_generate,
+)
 from leanrl.rollout import ChatMessage, Rollout, Turn
 from leanrl.runtime import Runtime, TacticSession, TacticState
 from leanrl.task import Task
@@ -292,9 +299,9 @@ class TacticLoopHarness(Harness):
                     break
                 if sampling.seed is not None:
                     turn_sampling.seed = sampling.seed + turn
-                if policy.stream_replays(turn_sampling) and await self._stream_turn(
-                    live, policy, turn_sampling, first=turn == 0
-                ):
+                if stream_replays_generate(
+                    policy, turn_sampling, native=True
+                ) and await self._stream_turn(live, policy, turn_sampling, first=turn == 0):
                     continue
                 t0 = time.perf_counter()
                 outs = await self._generate(live, policy, turn_sampling, first=turn == 0)

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from leanrl.errors import RuntimeUnavailable
 from leanrl.harness import Harness
-from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
+from leanrl.policy import Completion, Policy, Prompt, SamplingConfig, stream_replays_generate
 from leanrl.rollout import Rollout, Turn
 from leanrl.runtime import Runtime
 from leanrl.task import Task
@@ -19,6 +19,7 @@ from leanrl.verdict import Attempt, Verdict
 from .extract import Extracted, extract_proof
 from .prompts import build_prompt, default_stop, is_completion_style
 from .prompts import check_config as check_prompt
+from .stream import stream_chunks
 
 __all__ = ["INLINE_CHARS", "WholeProofHarness", "check_and_reward", "off_loop", "rollout_of"]
 
@@ -61,9 +62,45 @@ class WholeProofHarness(Harness):
         sampling: SamplingConfig,
         taskset: Taskset,
     ) -> list[list[Rollout]]:
+        if self.can_stream() and stream_replays_generate(
+            policy, self.sampling(sampling), native=True
+        ):
+            return await self._run_streamed(tasks, policy, runtime, sampling, taskset)
         groups = await self.generate(tasks, policy, sampling)
         await check_and_reward(tasks, groups, runtime, taskset)
         return groups
+
+    async def _run_streamed(
+        self,
+        tasks: Sequence[Task],
+        policy: Policy,
+        runtime: Runtime,
+        sampling: SamplingConfig,
+        taskset: Taskset,
+    ) -> list[list[Rollout]]:
+        """``run`` through :meth:`Policy.stream`: each completion is extracted and checked as
+        it arrives (a group is rewarded once its last attempt has its verdict), while the rest
+        still generate. Only where the stream gives what ``generate`` would, so the groups
+        are the same as the batched path's."""
+        out: list[list[Rollout]] = []
+
+        def record(_chunk: int, groups: list[list[Rollout]]) -> int:
+            out.extend(groups)
+            return 0
+
+        await stream_chunks(
+            harness=self,
+            policy=policy,
+            runtime=runtime,
+            taskset=taskset,
+            chunks=[tasks],
+            pending=[0],
+            sampling_of=lambda _chunk: sampling,
+            checking=True,
+            record=record,
+            check_size=runtime.check_piece(),
+        )
+        return out
 
     async def generate(
         self, tasks: Sequence[Task], policy: Policy, sampling: SamplingConfig

@@ -5,7 +5,7 @@ chunks are in flight: while Lean checks chunk i, the model generates chunk i+1 (
 ``vllm`` policies serialize generation themselves, the runtime bounds its own workers). Every
 attempt is written to ``results.jsonl`` as soon as its chunk is verified; a rerun skips what is
 there and redoes the rest with the same per-chunk seeds. With ``stream``
-(:mod:`leanrl.eval.stream`) all pending tasks go to the policy at once and each completion is
+(:mod:`leanrl.harnesses.whole_proof.stream`) all pending tasks go to the policy at once and each completion is
 checked as it arrives; chunks stay the unit of writing.
 """
 
@@ -31,10 +31,16 @@ from leanrl.errors import ConfigError, LeanrlError, PolicyError
 from leanrl.eval.config import EvalConfig
 from leanrl.eval.report import package_versions, run_warnings, summarize, write_report
 from leanrl.eval.store import ResultStore
-from leanrl.eval.stream import can_stream, stream_chunks
 from leanrl.harness import Harness
+from leanrl.harnesses.whole_proof.stream import can_stream, stream_chunks
 from leanrl.jsonl import cut_text, json_text
-from leanrl.policy import Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.policy import (
+    Policy,
+    PolicyConfig,
+    Prompt,
+    SamplingConfig,
+    stream_replays_generate,
+)
 from leanrl.proofs import PROOFS_FILE, ProofStore, completion_cap, proof_digest
 from leanrl.rollout import Rollout, check_rewards
 from leanrl.runtime import Runtime, TacticSession
@@ -481,14 +487,14 @@ def _resolve_stream(
         return False
     if want is True:
         return True
-    if policy.stream_replays(harness.sampling(sampling)):
+    if stream_replays_generate(policy, harness.sampling(sampling)):
         log.info(
             "eval.stream auto: streaming (%s streams the completions generate would)", policy.name
         )
         return True
     log.info(
-        "eval.stream auto: chunk by chunk (%s would seed sampled completions differently "
-        "when streamed; --stream streams anyway)",
+        "eval.stream auto: chunk by chunk (%s's stream would not give what its generate "
+        "gives for this sampling; --stream streams anyway)",
         policy.name,
     )
     return False

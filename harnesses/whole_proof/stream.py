@@ -1,11 +1,12 @@
-"""The streamed eval (``eval.stream``): every pending task's prompt goes to the policy at once
-(:meth:`Policy.stream`); each completion is extracted and sent to Lean as it arrives, small
-groups of arrivals batched for the runtime; a chunk stays the unit of writing results, recorded
-once all its attempts have their verdicts.
+"""Streamed whole-proof rollouts: every prompt goes to the policy at once (:meth:`Policy.stream`);
+each completion is extracted and sent to Lean as it arrives, small groups of arrivals batched
+for the runtime; a group's rewards are computed once all its attempts have verdicts, and a chunk
+is handed to ``record`` once all its groups are done. The eval runner streams many chunks
+(``eval.stream``), the harness's own ``run`` one (the trainers' rollouts).
 
 What a chunk records does not depend on the order completions arrive in: every attempt is
 filed under its (chunk, task, sample), a task's rewards are computed once its group is
-complete, and the chunk's rows are written in task and sample order.
+complete, and the chunk's rows are handed over in task and sample order.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _WHOLE_BATCH = 64
 
 
 def can_stream(harness: Harness) -> bool:
-    """Whether ``harness`` offers what the streamed eval needs (``whole-proof`` does)."""
+    """Whether ``harness`` offers what a streamed rollout needs (``whole-proof`` does)."""
     probe = getattr(harness, "can_stream", None)
     return bool(callable(probe) and probe())
 

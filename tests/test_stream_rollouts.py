@@ -1,0 +1,125 @@
+"""Whole-proof rollouts through ``Policy.stream`` (the harness's own ``run``, used by the
+trainers): each completion checked on arrival, groups equal to the batched path's, and streams
+used only where they stand for ``generate``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from leanrl import EnvironmentConfig, RuntimeConfig, SamplingConfig, TasksetConfig, load_environment
+from leanrl.environment import Environment
+from leanrl.policy import (
+    Completion,
+    Policy,
+    Prompt,
+    StreamCompletion,
+    StreamRequest,
+    stream_replays_generate,
+)
+from tests._scripted_runtime import ScriptedPolicy
+
+RT = "tests._scripted_runtime:ScriptedRuntime"
+TEXTS = ["\n  omega\n", "\n  simp\n", "\n  linarith\n"]
+
+
+def env_of(data: Path) -> Environment:
+    return load_environment(
+        EnvironmentConfig(
+            id="minif2f",
+            taskset=TasksetConfig(path=data, limit=3),
+            runtime=RuntimeConfig(name=RT),
+        )
+    )
+
+
+class HeldBack(ScriptedPolicy):
+    """A backend with a stream of its own: every completion but the last is yielded at once;
+    the last waits until the runtime has checked something (a slow sequence still decoding)."""
+
+    def __init__(self, texts: Sequence[str], env: Environment | None = None) -> None:
+        super().__init__(texts)
+        self.env, self.streams = env, 0
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        return await super().generate(prompts, sampling)  # its own generate: a real backend
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        self.streams += 1
+        got = await self.generate([r.prompt or "" for r in requests], requests[0].sampling)
+        items = [
+            StreamCompletion(r.key, s, c, 0.01)
+            for r, comps in zip(requests, got, strict=True)
+            for s, c in enumerate(comps)
+        ]
+        for sc in items[:-1]:
+            yield sc
+        if self.env is not None:
+            rt: Any = self.env.runtime
+            while not rt.attempts:  # checked before the last completion exists
+                await asyncio.sleep(0.01)
+        yield items[-1]
+
+
+def summary(groups: list[list[Any]]) -> list[Any]:
+    return [
+        [(r.task_id, r.sample, r.proof, r.reward, r.verdict and r.verdict.reason) for r in g]
+        for g in groups
+    ]
+
+
+async def test_streamed_rollouts_are_checked_on_arrival_and_equal_batched_ones(
+    bench_data: Path,
+) -> None:
+    sampling = SamplingConfig(n=3, seed=5, temperature=0.0)
+    async with env_of(bench_data) as env:
+        tasks = env.tasks()
+        batched = await env.rollout(tasks, ScriptedPolicy(TEXTS), sampling)
+    async with env_of(bench_data) as env:
+        policy = HeldBack(TEXTS, env)
+        streamed = await asyncio.wait_for(env.rollout(env.tasks(), policy, sampling), 30)
+        assert policy.streams == 1
+    assert summary(streamed) == summary(batched)
+    assert any(r.reward == 1.0 for g in streamed for r in g)  # omega passes the scripted check
+    assert all(r.token_ids_and_mask()[0] for g in streamed for r in g)  # trainable rollouts
+
+
+async def test_a_wrapper_that_changes_generate_is_not_skipped(bench_data: Path) -> None:
+    class Recording(HeldBack):
+        seen = 0
+
+        async def generate(
+            self, prompts: Sequence[Prompt], sampling: SamplingConfig
+        ) -> list[list[Completion]]:
+            type(self).seen += len(prompts)
+            return await super().generate(prompts, sampling)
+
+    async with env_of(bench_data) as env:
+        policy = Recording(TEXTS)
+        await env.rollout(env.tasks(), policy, SamplingConfig(n=2, temperature=0.0))
+    assert policy.streams == 0 and Recording.seen == 3  # generate ran, the stream did not
+
+
+def test_when_a_stream_stands_for_generate() -> None:
+    greedy, sampled = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0, seed=1)
+
+    class NoReplay(HeldBack):
+        def stream_replays(self, sampling: SamplingConfig) -> bool:
+            return sampling.temperature == 0
+
+    class Wrapper(HeldBack):
+        async def generate_from_ids(self, prompt_ids: Any, sampling: SamplingConfig) -> Any:
+            raise NotImplementedError
+
+    base = ScriptedPolicy(TEXTS)
+    assert stream_replays_generate(base, greedy)  # the base stream is generate in pieces
+    assert not stream_replays_generate(base, greedy, native=True)  # ... and no gain in one call
+    assert stream_replays_generate(HeldBack(TEXTS), sampled, native=True)
+    assert stream_replays_generate(NoReplay(TEXTS), greedy, native=True)
+    assert not stream_replays_generate(NoReplay(TEXTS), sampled)
+    assert not stream_replays_generate(Wrapper(TEXTS), greedy)  # changed below the stream
+    assert isinstance(base, Policy)
