@@ -325,22 +325,22 @@ def _owner(cls: type, name: str) -> type:
 
 
 def stream_replays_generate(
-    policy: Policy, sampling: SamplingConfig, *, native: bool = False
+    policy: Policy, sampling: SamplingConfig, *, native: bool = False, ids: bool = False
 ) -> bool:
     """Whether a caller may use ``policy.stream`` where it would call ``generate`` (or
     ``generate_from_ids``) with this sampling and record the same completions.
 
     It may when the policy says so (:meth:`Policy.stream_replays`) and no subclass changed
-    ``generate`` or ``generate_from_ids`` below the class whose ``stream`` it inherits (a
-    wrapper that records, rewrites or syncs weights in ``generate`` would be skipped by that
-    stream). ``native``: also require a ``stream`` of the backend's own; the base class's only
+    ``generate`` (with ``ids``, for prompts given as token ids: ``generate_from_ids``) below
+    the class whose ``stream`` it inherits (a wrapper that records, rewrites or syncs weights
+    there would be skipped by that stream). ``native``: also require a ``stream`` of the backend's own; the base class's only
     runs ``generate`` on runs of requests, which gains nothing inside one call and splits a
     call of more than :attr:`Policy.stream_group` prompts."""
     cls = type(policy)
     streams = _owner(cls, "stream")
     if native and streams is Policy:
         return False
-    for name in ("generate", "generate_from_ids"):
+    for name in ("generate", "generate_from_ids") if ids else ("generate",):
         gen = _owner(cls, name)
         if streams is not Policy and gen is not streams and issubclass(gen, streams):
             return False

@@ -121,5 +121,6 @@ def test_when_a_stream_stands_for_generate() -> None:
     assert stream_replays_generate(HeldBack(TEXTS), sampled, native=True)
     assert stream_replays_generate(NoReplay(TEXTS), greedy, native=True)
     assert not stream_replays_generate(NoReplay(TEXTS), sampled)
-    assert not stream_replays_generate(Wrapper(TEXTS), greedy)  # changed below the stream
+    assert not stream_replays_generate(Wrapper(TEXTS), greedy, ids=True)  # changed below it
+    assert stream_replays_generate(Wrapper(TEXTS), greedy)  # text prompts: generate unchanged
     assert isinstance(base, Policy)

@@ -299,8 +299,9 @@ class TacticLoopHarness(Harness):
                     break
                 if sampling.seed is not None:
                     turn_sampling.seed = sampling.seed + turn
+                ids = turn > 0 and all(ep.mode == "ids" for ep in live)
                 if stream_replays_generate(
-                    policy, turn_sampling, native=True
+                    policy, turn_sampling, native=True, ids=ids
                 ) and await self._stream_turn(live, policy, turn_sampling, first=turn == 0):
                     continue
                 t0 = time.perf_counter()
