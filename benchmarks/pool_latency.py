@@ -14,6 +14,10 @@ Both use a fresh sandbox per batch, so the only difference is whether it was sta
 time. Run::
 
     python benchmarks/pool_latency.py --batches 8 --batch-size 64 --startup-s 0
+
+``--reuse`` instead compares "before" (``max_uses = 1``) with "after" (``max_uses = 0``, reused
+sandboxes), both 2 warm, in alternating order over ``--rounds``, and reports billed
+sandbox-seconds per 1,000 attempts and batch latency (min/median/max).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from leanrl.runtimes.modal import ModalRuntime  # noqa: E402
 from leanrl.verdict import Attempt  # noqa: E402
 
 
-def make_runtime(warm: int, startup_s: float, batch_size: int) -> ModalRuntime:
+def make_runtime(warm: int, startup_s: float, batch_size: int, max_uses: int = 1) -> ModalRuntime:
     cfg = ModalConfig(
         backend="local",
         local_runtime="_echo_runtime:EchoRuntime",
@@ -43,16 +47,16 @@ def make_runtime(warm: int, startup_s: float, batch_size: int) -> ModalRuntime:
         warm_sandboxes=warm,
         batch_size=batch_size,
         cpu=1.0,
-        pool=PoolConfig(max_sandboxes=max(2, warm + 1), max_uses=1, health_interval_s=60),
+        pool=PoolConfig(max_sandboxes=max(2, warm + 1), max_uses=max_uses, health_interval_s=60),
         inner_options={"startup_s": startup_s} if startup_s else {},
     )
     return ModalRuntime(RuntimeConfig(name="modal", modal=cfg))
 
 
 async def run_mode(
-    warm: int, batches: int, batch_size: int, startup_s: float
+    warm: int, batches: int, batch_size: int, startup_s: float, max_uses: int = 1
 ) -> dict[str, float | list[float]]:
-    rt = make_runtime(warm, startup_s, batch_size)
+    rt = make_runtime(warm, startup_s, batch_size, max_uses)
     attempts = [
         Attempt(name="t", header="", formal_statement="theorem t : True := by", proof=p, id=str(i))
         for i, p in enumerate(["ok", "bad"] * (batch_size // 2) + ["ok"] * (batch_size % 2))
@@ -63,7 +67,9 @@ async def run_mode(
         assert rt.pool is not None
         for _ in range(batches):
             t_wait = time.perf_counter()
-            while warm and rt.pool.state()["ready"] < warm:  # steady state: pool refilled
+            while warm and rt.pool.state()["ready"] < min(
+                warm, rt.pool.target_ready()
+            ):  # steady state: pool refilled
                 await asyncio.sleep(0.01)
             refill_waits.append(time.perf_counter() - t_wait)
             t0 = time.perf_counter()
@@ -77,6 +83,7 @@ async def run_mode(
         "max_s": max(latencies),
         "mean_refill_wait_s": statistics.mean(refill_waits),
         "sandbox_s": float(m["pool_sandbox_s"]),
+        "sandbox_s_per_1k": 1000.0 * float(m["pool_sandbox_s"]) / (batches * batch_size),
         "busy_sandbox_s": float(m["batch_sandbox_s"]),
         "cold_acquires": float(m["pool_cold_acquires"]),
         "warm_acquires": float(m["pool_warm_acquires"]),
@@ -89,7 +96,17 @@ async def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--startup-s", type=float, default=0.0, help="simulated runtime start-up")
     ap.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="compare before (a fresh sandbox per batch, 2 warm) with after (reused sandboxes, "
+        "2 warm), alternating, over --rounds rounds",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of --reuse (each runs both)")
     a = ap.parse_args()
+    if a.reuse:
+        await compare_reuse(a.batches, a.batch_size, a.startup_s, a.rounds, a.json)
+        return
     cold = await run_mode(0, a.batches, a.batch_size, a.startup_s)
     warm = await run_mode(2, a.batches, a.batch_size, a.startup_s)
     ratio = float(cold["median_s"]) / float(warm["median_s"])  # type: ignore[arg-type]
@@ -111,6 +128,36 @@ async def main() -> None:
         f"warm acquires in warm mode: {warm['warm_acquires']:g} of {a.batches}; "
         f"mean wait for refill between batches: {warm['mean_refill_wait_s']:.2f} s"
     )
+
+
+async def compare_reuse(
+    batches: int, batch_size: int, startup_s: float, rounds: int, as_json: bool
+) -> None:
+    """Billed sandbox-seconds per 1,000 attempts and batch latency, before and after reuse."""
+    modes = {"before": 1, "after": 0}  # max_uses
+    runs: dict[str, list[dict[str, float | list[float]]]] = {m: [] for m in modes}
+    for r in range(rounds):
+        order = list(modes) if r % 2 == 0 else list(reversed(modes))  # alternate the order
+        for m in order:
+            runs[m].append(await run_mode(2, batches, batch_size, startup_s, modes[m]))
+    if as_json:
+        print(json.dumps(runs, indent=2))
+        return
+    print(
+        f"sandbox reuse: {rounds} rounds x {batches} batches of {batch_size}, simulated "
+        f"start-up {startup_s:g} s, 2 warm; before: max_uses 1, after: max_uses 0"
+    )
+    print(f"{'mode':<8}{'sandbox-s / 1k attempts  min/med/max':>38}{'batch s  min/med/max':>26}")
+    for m, rs in runs.items():
+        per = sorted(float(x["sandbox_s_per_1k"]) for x in rs)  # type: ignore[arg-type]
+        lat = sorted(t for x in rs for t in x["latencies_s"])  # type: ignore[union-attr]
+        print(
+            f"{m:<8}{per[0]:>14.1f}{statistics.median(per):>12.1f}{per[-1]:>12.1f}"
+            f"{lat[0]:>10.3f}{statistics.median(lat):>8.3f}{lat[-1]:>8.3f}"
+        )
+    b = statistics.median(float(x["sandbox_s_per_1k"]) for x in runs["before"])  # type: ignore[arg-type]
+    f = statistics.median(float(x["sandbox_s_per_1k"]) for x in runs["after"])  # type: ignore[arg-type]
+    print(f"before/after median sandbox-s per 1k attempts: {b / f:.2f}x")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ client settings are shared (:class:`PoolConfig`, :class:`ClientConfig`), the res
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FieldSerializationInfo, field_serializer
 
@@ -100,8 +100,17 @@ class ServiceLimits(_Config):
 class PoolConfig(_Config):
     """A warm pool of sandboxes (containers or Modal Sandboxes) running the service."""
 
-    target_ready: int = Field(default=1, ge=0)
-    """Sandboxes kept started and idle, ready for the next batch."""
+    target_ready: Annotated[int, Field(ge=0)] | Literal["auto"] = 1
+    """Sandboxes kept started and idle, ready for the next batch. ``"auto"``: follow the
+    measured load by Little's law, about (batches per second) x (sandbox start time) + 1, within
+    ``[auto_min_ready, max_sandboxes]``; the pool reports its current figure as
+    ``pool_target_ready``."""
+    auto_min_ready: int = Field(default=1, ge=0)
+    """Least sandboxes kept ready with ``target_ready = "auto"`` (also the figure used before
+    any batch or start has been measured)."""
+    auto_smoothing: float = Field(default=0.3, gt=0, le=1)
+    """Weight of the newest measurement in the moving averages of the batch interval and the
+    start time behind ``target_ready = "auto"`` (1: only the latest counts)."""
     max_sandboxes: int = Field(default=4, ge=1)
     """Most sandboxes alive at once (ready, starting and busy together); batches beyond this
     wait for a free one."""

@@ -4,6 +4,7 @@ The pool keeps ``target_ready`` sandboxes started and idle, so a batch takes one
 for a cold start. It refills in the background as sandboxes are taken, replaces sandboxes that
 die (checked every ``health_interval_s``) or pass ``max_age_s`` (only while idle), and retires
 a sandbox after ``max_uses`` batches. Never more than ``max_sandboxes`` exist at once.
+``target_ready = "auto"`` follows the measured load instead (:meth:`WarmPool.target_ready`).
 
 Billing starts when a sandbox's creation begins and ends when it is terminated; the pool keeps
 those totals (:meth:`WarmPool.state`) so the runtimes can report what a run cost.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -47,8 +49,15 @@ class WarmPool:
         config: PoolConfig,
         probe: Probe,
         on_retire: OnRetire | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
+        # Measurements behind ``target_ready = "auto"`` (moving averages, in seconds); the clock
+        # is injectable so tests can drive them without sleeping.
+        self._clock = clock
+        self._last_acquire: float | None = None
+        self._interval_ema: float | None = None
+        self._start_ema: float | None = None
         self.config = config
         self._probe = probe
         self._on_retire = on_retire
@@ -92,7 +101,7 @@ class WarmPool:
         self._maintainer = asyncio.create_task(self._maintain())
         async with self._cond:
             self._rebalance()
-        if wait_ready and self.config.target_ready > 0:
+        if wait_ready and self.target_ready() > 0:
             await self._wait_first_ready()
 
     async def _wait_first_ready(self) -> None:
@@ -144,6 +153,7 @@ class WarmPool:
     async def acquire(self, timeout_s: float | None = None) -> Sandbox:
         """A ready sandbox, now if one is idle, else after a cold start (or a release)."""
         cond = self._need_cond()
+        self._note_acquire()
         limit = timeout_s or self.config.acquire_timeout_s
         deadline = time.monotonic() + limit
         waited = False
@@ -218,14 +228,40 @@ class WarmPool:
             "busy": len(self._busy),
             "starting": self._starting,
             "waiting": self._waiters,
-            "target_ready": self.config.target_ready,
+            "target_ready": self.target_ready(),
+            "pool_target_ready": self.target_ready(),
             **self.stats,
             "sandbox_s": self.stats["sandbox_s_terminated"] + live_s,
             "cpu_reserved_s": self.stats["cpu_reserved_s_terminated"] + live_reserved,
             "cpu_used_s": self.stats["cpu_used_s_terminated"] + live_used,
         }
 
+    def target_ready(self) -> int:
+        """Sandboxes to keep ready now: ``config.target_ready``, or with ``"auto"`` Little's
+        law on the measured load, ceil(rate x start time) + 1, within
+        ``[auto_min_ready, max_sandboxes]``. Before both are measured: ``auto_min_ready``."""
+        cfg = self.config
+        if cfg.target_ready != "auto":
+            return cfg.target_ready
+        lo, hi = min(cfg.auto_min_ready, cfg.max_sandboxes), cfg.max_sandboxes
+        if self._interval_ema is None or self._start_ema is None:
+            return lo
+        # Batches arriving while one sandbox starts must each find one ready; +1 covers the
+        # batch that arrives as the refill begins.
+        in_flight = self._start_ema / max(self._interval_ema, 1e-9)
+        return max(lo, min(hi, math.ceil(in_flight - 1e-9) + 1))
+
     # -- internals --------------------------------------------------------------------------
+
+    def _ema(self, old: float | None, new: float) -> float:
+        a = self.config.auto_smoothing
+        return new if old is None else a * new + (1 - a) * old
+
+    def _note_acquire(self) -> None:
+        now = self._clock()
+        if self._last_acquire is not None:
+            self._interval_ema = self._ema(self._interval_ema, max(0.0, now - self._last_acquire))
+        self._last_acquire = now
 
     def _need_cond(self) -> asyncio.Condition:
         if self._cond is None:
@@ -238,7 +274,7 @@ class WarmPool:
         if self._closed:
             return
         have = len(self._ready) + self._starting
-        want = self.config.target_ready + max(0, self._waiters - len(self._ready))
+        want = self.target_ready() + max(0, self._waiters - len(self._ready))
         room = self.config.max_sandboxes - (have + len(self._busy))
         for _ in range(max(0, min(want - have, room))):
             self._starting += 1
@@ -258,6 +294,7 @@ class WarmPool:
         cond = self._need_cond()
         sb: Sandbox | None = None
         error = ""
+        began = self._clock()
         try:
             sb = await self.backend.create()
             t0 = time.monotonic()
@@ -302,6 +339,7 @@ class WarmPool:
             if sb is not None:
                 self._fail_streak = 0
                 self.stats["created"] += 1
+                self._start_ema = self._ema(self._start_ema, self._clock() - began)
                 if self._closed:
                     self._spawn_terminate(sb)
                 else:
