@@ -233,8 +233,9 @@ class ModalConfig(_Config):
     sessions_per_sandbox: int = Field(default=0, ge=0)
     """Tactic sessions that share one Sandbox (each pins one Lean process in it); 0: as many as
     its Lean workers (``RuntimeConfig.workers``, else ``cpu``)."""
-    warm_sandboxes: int = Field(default=2, ge=0)
-    """Sandboxes kept started and ready (the pool's ``target_ready``)."""
+    warm_sandboxes: Annotated[int, Field(ge=0)] | Literal["auto"] = 2
+    """Sandboxes kept started and ready (the pool's ``target_ready``). ``"auto"``: as many as
+    the measured batch rate needs (the pool's ``target_ready = "auto"``)."""
     pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16, max_uses=1))
     """Warm pool settings (``warm_sandboxes`` overrides ``pool.target_ready``). ``max_uses=1``
     gives each batch a fresh Sandbox that is terminated after the batch."""

@@ -92,3 +92,13 @@ async def test_fixed_target_ignores_the_measurements() -> None:
 def test_bad_target_ready_is_refused(bad: object) -> None:
     with pytest.raises(pydantic.ValidationError, match="target_ready"):
         PoolConfig(target_ready=bad)  # type: ignore[arg-type]
+
+
+def test_modal_warm_sandboxes_auto_reaches_the_pool() -> None:
+    from leanrl._sandbox_config import ModalConfig
+    from leanrl.runtime import RuntimeConfig
+    from leanrl.runtimes.modal import ModalRuntime
+
+    rt = ModalRuntime(RuntimeConfig(name="modal", modal=ModalConfig(warm_sandboxes="auto")))
+    pool = rt.settings().pool
+    assert pool.target_ready == "auto" and pool.max_sandboxes >= 1

@@ -109,7 +109,11 @@ class ModalRuntime(SandboxRuntime):
         pool = m.pool.model_copy(
             update={
                 "target_ready": m.warm_sandboxes,
-                "max_sandboxes": max(m.pool.max_sandboxes, m.warm_sandboxes, 1),
+                "max_sandboxes": max(
+                    m.pool.max_sandboxes,
+                    m.warm_sandboxes if isinstance(m.warm_sandboxes, int) else 1,
+                    1,
+                ),
                 "max_age_s": max_age,
             }
         )
