@@ -66,10 +66,11 @@ def server(own_tiny_model: Path) -> Iterator[str]:
         proc.wait(30)
 
 
-def _config(model: Path, out: Path, url: str, **sync: Any) -> Any:
+def _config(model: Path, out: Path, url: str, async_generation: Any = False, **sync: Any) -> Any:
     from leanrl.train.grpo import GRPOConfig
 
     return GRPOConfig(
+        async_generation=async_generation,  # synchronous: each step's push precedes its batch
         policy=PolicyConfig(model=str(model), backend="openai", base_url=f"{url}/v1"),
         vllm_server={"group_port": free_port(), "timeout_s": 60, **sync},
         sampling=SamplingConfig(max_tokens=12, top_p=1.0, seed=0),
@@ -118,6 +119,27 @@ def test_grpo_pushes_each_step_to_the_server(
     assert all(r["kl_behaviour"] < 1e-6 for r in rows), [r["kl_behaviour"] for r in rows]
     if transport == "disk":
         assert not list((tmp_path / "shared").iterdir())  # weight files are removed after use
+
+
+def test_grpo_overlaps_generation_by_default_on_a_vllm_server(
+    own_tiny_model: Path, tmp_path: Path, server: str
+) -> None:
+    # async_generation = "auto" resolves on for a vLLM server: a batch is generated while the
+    # previous step trains, so the weights it was sampled with are one step stale at most
+    from leanrl.train.grpo import GRPOTrainer
+
+    before = httpx.get(f"{server}/standin/state").json()
+    cfg = _config(
+        own_tiny_model, tmp_path / "run", server, async_generation="auto", transport="gloo"
+    )
+    rows = GRPOTrainer(cfg, DigitEnv()).train_sync()
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    import json
+
+    stored = json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))
+    assert stored["async_generation"] is True  # "auto" resolved on, and recorded for resume
+    after = httpx.get(f"{server}/standin/state").json()
+    assert before["resets"] < after["resets"] <= before["resets"] + 2  # pushes still happen
 
 
 def test_the_same_server_serves_eval_through_the_openai_backend(server: str) -> None:

@@ -8,7 +8,8 @@ does not import torch. The objective the options configure is in
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import os
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
@@ -22,7 +23,7 @@ from leanrl.train.lora import LoRAConfig
 from leanrl.train.shaping import FormatRewardConfig, OverlongConfig
 from leanrl.train.vllm_server import VLLMServerConfig
 
-__all__ = ["GRPOConfig", "LossAgg", "RewardScale"]
+__all__ = ["AsyncChoice", "GRPOConfig", "LossAgg", "RewardScale", "resolve_async_generation"]
 
 # The same literals as leanrl.train.grpo.loss's, spelled out here so that importing the config (the
 # CLI does, at start-up) does not import torch.
@@ -207,8 +208,15 @@ class GRPOConfig(TrainConfig):
     takes turns, so chunk j+1 generates while Lean checks chunk j (1, the default: generate
     everything, then check; 2-4 hide most of Lean's time). Each chunk after the first samples
     with its own seed derived from the step's, so changing it changes the samples."""
-    async_generation: bool = False
-    """Generate the next step's rollouts while this step trains (see the module docstring)."""
+    async_generation: bool | Literal["auto"] = "auto"
+    """Generate step t+1's rollouts while Lean checks and the trainer trains step t (one step
+    stale at most ``max_staleness``; ρ is against the sampler's own log-probs, see the trainer's
+    module docstring). ``auto`` (the default): on when the engine is apart from the trainer
+    (``vllm``, or a vLLM server) with ``old_logprobs = "sampler"`` and one process, off
+    otherwise (``hf`` generates on the trainer's device and would need a second copy of the
+    weights); the start of a run logs which and why, and a resumed run keeps the mode its run
+    folder recorded. ``false``: synchronous steps, a pure function of (seed, step) that
+    resumes exactly: the deterministic replay of a run."""
     max_staleness: int = Field(default=1, ge=1)
     """Async mode: most trainer steps between the weights that generated a batch and the
     weights it is trained on."""
@@ -288,10 +296,15 @@ class GRPOConfig(TrainConfig):
         return "none" if self.loss_agg == "dr_grpo" else "group"
 
     @property
+    def async_mode(self) -> bool:
+        """``async_generation`` resolved for this process (:func:`resolve_async_generation`)."""
+        return resolve_async_generation(self, torchrun_ranks()).on
+
+    @property
     def dual_clip_c(self) -> float | None:
         """``dual_clip`` resolved: the cap constant c, or None when off."""
         if self.dual_clip is None:
-            return 3.0 if self.async_generation and self.max_staleness > 1 else None
+            return 3.0 if self.async_mode and self.max_staleness > 1 else None
         return self.dual_clip or None
 
     @model_validator(mode="after")
@@ -321,10 +334,12 @@ class GRPOConfig(TrainConfig):
                 f"{total} sequences per step is not divisible by minibatches = "
                 f"{self.minibatches}; change one of them"
             )
-        if self.async_generation and self.old_logprobs == "recompute":
+        if self.async_generation is True and self.old_logprobs == "recompute":
             raise ValueError(
-                "async_generation needs old_logprobs = 'sampler': the ratio must be against the "
-                "stale policy that sampled the tokens, which only the sampler's log-probs know"
+                "async_generation = true needs old_logprobs = 'sampler': the ratio must be "
+                "against the stale policy that sampled the tokens, which only the sampler's "
+                "log-probs know; drop one of the two (async_generation = 'auto' then runs "
+                "synchronously)"
             )
         return self
 
@@ -353,3 +368,65 @@ class GRPOConfig(TrainConfig):
                     "baseline 'loo_minus_one')"
                 )
         return self
+
+
+class AsyncChoice(NamedTuple):
+    """What ``async_generation`` resolved to, and why (the line a run logs at its start)."""
+
+    on: bool
+    reason: str
+
+    def line(self) -> str:
+        """``async generation: on (vllm server: the engine is separate)``."""
+        return f"async generation: {'on' if self.on else 'off'} ({self.reason})"
+
+
+def torchrun_ranks() -> int | None:
+    """The number of ranks of a ``torchrun`` launch (``WORLD_SIZE``), None for a plain process."""
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    return ranks
+
+
+def resolve_async_generation(
+    cfg: GRPOConfig, ranks: int | None, stored: bool | None = None
+) -> AsyncChoice:
+    """Whether GRPO overlaps generation with checking and training, and why.
+
+    ``ranks``: :func:`torchrun_ranks` (None: one plain process). ``stored``: the value the run
+    folder being resumed recorded, if any. An explicit ``true``/``false`` is kept as it is
+    (unsupported combinations are refused elsewhere, as before). ``auto`` never fails: it falls
+    back to off with the reason, so that a default config runs everywhere.
+    """
+    if cfg.async_generation is not True and cfg.async_generation is not False:  # "auto"
+        return _resolve_auto(cfg, ranks, stored)
+    return AsyncChoice(
+        cfg.async_generation, f"async_generation = {str(cfg.async_generation).lower()}"
+    )
+
+
+def _resolve_auto(cfg: GRPOConfig, ranks: int | None, stored: bool | None) -> AsyncChoice:
+    if ranks is not None:
+        # the generation thread's collectives (FSDP gathers, barriers) would interleave
+        return AsyncChoice(False, f"auto: {ranks} rank(s) under torchrun, which async mode does "
+                           "not support (its generation thread's collectives would interleave "
+                           "with training's)")  # fmt: skip
+    if cfg.old_logprobs == "recompute":
+        return AsyncChoice(False, "auto: old_logprobs = 'recompute' takes π_old from the "
+                           "trainer's weights, which are the sampler's only in synchronous "
+                           "steps")  # fmt: skip
+    if stored is not None:
+        # a resumed run keeps its mode: old run folders (stored false) resume as they ran
+        return AsyncChoice(stored, f"auto: the run folder ran with async_generation = "
+                           f"{str(stored).lower()}, and a resumed run keeps its mode")  # fmt: skip
+    backend = cfg.policy.backend
+    if backend == "openai" and cfg.vllm_server.enabled:
+        return AsyncChoice(True, "vllm server: the engine is separate")
+    if backend == "vllm":
+        return AsyncChoice(True, "vllm: the engine holds its own copy of the weights")
+    if backend == "hf":
+        return AsyncChoice(False, "hf: generation shares the trainer's device; set "
+                           "async_generation = true to overlap anyway, at twice the weight "
+                           "memory")  # fmt: skip
+    return AsyncChoice(False, f"auto: the {backend!r} backend cannot receive new weights")

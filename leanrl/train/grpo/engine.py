@@ -150,7 +150,7 @@ class GRPOEngine:
         if world.distributed:
             self.strategy = resolve_strategy(cfg.distributed, self.device.type)
         # A full copy generates when the trained weights cannot: mid-update (async) or sharded.
-        if cfg.policy.backend == "hf" and (cfg.async_generation or self.strategy == "fsdp"):
+        if cfg.policy.backend == "hf" and (cfg.async_mode or self.strategy == "fsdp"):
             self.gen_model = copy.deepcopy(model).eval().requires_grad_(False)
         if cfg.beta > 0 and not cfg.lora.enabled:
             # the reference is always the starting model, also on resume (with LoRA it is the
@@ -417,7 +417,7 @@ class GRPOEngine:
                 s.sampler = list(s.old)
             self._fill_logprobs(samples, "old")
         elif need_old:
-            if cfg.async_generation:
+            if cfg.async_mode:
                 raise PolicyError(
                     "async GRPO needs the sampler's log-probs, but the policy returned none"
                 )

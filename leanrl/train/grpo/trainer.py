@@ -76,7 +76,8 @@ Where this departs from the papers, and why:
 - Rewards of truncated rollouts still count in their group's mean and std (they are real
   attempts); only their tokens leave the loss (DAPO's overlong filtering).
 
-**Asynchronous mode** (``async_generation = true``). The rollouts of step s+1 are generated while
+**Asynchronous mode** (``async_generation = true``; ``auto``, the default, turns it on for
+``vllm`` and a vLLM server in one process: ``resolve_async_generation``). The rollouts of step s+1 are generated while
 step s trains. Let v be the number of optimizer *trainer steps* applied to the weights. Batch s
 is generated with weights of some version v_s and trained on at version s; the trainer waits so
 that ``s - v_s <= max_staleness``. Before a batch is generated the generation weights are
@@ -86,13 +87,15 @@ stale policy that really produced the tokens (its log-probs come with the rollou
 bounds the update around μ, as in PPO with off-policy data. ``hf`` keeps a second copy of the
 model for generation in async mode (double the weight memory). A resumed async run restarts
 its pipeline from the checkpoint weights, so it is repeatable but not identical to an
-uninterrupted one; synchronous CPU runs resume exactly.
+uninterrupted one; synchronous CPU runs resume exactly (``async_generation = false`` is the
+deterministic replay of a run).
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import os
 import time
@@ -115,7 +118,7 @@ from leanrl.train.common import (
     runtime_metrics,
 )
 from leanrl.train.curriculum import Curriculum, rollout_outcomes
-from leanrl.train.grpo.config import GRPOConfig
+from leanrl.train.grpo.config import GRPOConfig, resolve_async_generation, torchrun_ranks
 from leanrl.train.grpo.data import _Batch, ends_truncated
 from leanrl.train.grpo.overlap import chunked_rollout
 from leanrl.train.grpo.replay import REPLAY_FOLDER, Replayer, check_replay, is_replay
@@ -194,6 +197,9 @@ class GRPOTrainer:
         "logprob_vocab_tile",
         "sort_micro_batches",
         "eval",
+        # the checkpoint holds all either mode needs, an async run restarts its pipeline from
+        # it anyway, and `auto` depends on the ranks (which may change): see _resolve_async
+        "async_generation",
     )
 
     def __init__(self, config: GRPOConfig, env: Environment | None = None) -> None:
@@ -267,6 +273,7 @@ class GRPOTrainer:
     async def train(self) -> list[dict[str, Any]]:
         """Train to ``config.steps``; returns the metrics rows this call wrote."""
         self.check()
+        self._resolve_async()
         from leanrl.train.distributed import World
         from leanrl.train.grpo.engine import GRPOEngine, device_and_precision
 
@@ -351,6 +358,24 @@ class GRPOTrainer:
             self.run.unlock()  # after the last write (the plot and summary above)
         return rows
 
+    def _resolve_async(self) -> None:
+        """Write ``async_generation`` resolved into the config (the engine, the loop and
+        ``config.json`` see a plain bool) and log which and why. ``auto`` resuming a run folder
+        that holds a run keeps the mode it recorded (old folders stored ``false``)."""
+        cfg_file, stored = self.run.path / "config.json", None
+        if self.config.async_generation == "auto" and cfg_file.is_file():
+            if self.run.checkpoints() or self.run.metrics():  # else a failed start: no run
+                try:
+                    old = json.loads(cfg_file.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    old = None  # bind_config reports a damaged file, with the fix
+                got = old.get("async_generation") if isinstance(old, dict) else None
+                stored = got if isinstance(got, bool) else None
+        choice = resolve_async_generation(self.config, torchrun_ranks(), stored)
+        self.config = self.config.model_copy(update={"async_generation": choice.on})
+        if int(os.environ.get("RANK", "0")) == 0:
+            log.info(choice.line())
+
     def _spent(self) -> bool:
         """Whether the run's budget is used up (every rank agrees: rank 0 decides)."""
         spent = self._budget.spent
@@ -404,7 +429,7 @@ class GRPOTrainer:
 
         queue: asyncio.Queue[_Batch | BaseException] = asyncio.Queue(maxsize=cfg.max_staleness)
         producer: asyncio.Task[None] | None = None
-        if cfg.async_generation:
+        if cfg.async_mode:
 
             async def run_producer() -> None:
                 try:
@@ -717,12 +742,12 @@ class GRPOTrainer:
             "time_step": step_time,
             "time_generate": batch.t_generate,
             "time_verify": max(batch.t_rollout - batch.t_generate, 0.0),
-            "time_wait": (t1 - t0) if self.config.async_generation else 0.0,
+            "time_wait": (t1 - t0) if self.config.async_mode else 0.0,
             "time_train": t2 - t1,
             # share of the step the model neither generated nor trained (waited for Lean)
             "gpu_idle_frac": (
                 max(0.0, 1.0 - (batch.t_generate + (t2 - t1)) / step_time)
-                if step_time > 0 and not self.config.async_generation
+                if step_time > 0 and not self.config.async_mode
                 else None
             ),
         }
@@ -733,7 +758,7 @@ def _check_ranks(cfg: GRPOConfig) -> None:
     ranks = int(os.environ.get("WORLD_SIZE", "1"))
     if ranks <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not a torchrun launch
         return
-    if cfg.async_generation:
+    if cfg.async_generation is True:  # "auto" falls back to off (resolve_async_generation)
         raise ConfigError(
             f"async_generation with {ranks} ranks is not supported: the generation thread's "
             "collectives would interleave with training's. Use async_generation = false, or "
