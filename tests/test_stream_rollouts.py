@@ -124,3 +124,18 @@ def test_when_a_stream_stands_for_generate() -> None:
     assert not stream_replays_generate(Wrapper(TEXTS), greedy, ids=True)  # changed below it
     assert stream_replays_generate(Wrapper(TEXTS), greedy)  # text prompts: generate unchanged
     assert isinstance(base, Policy)
+
+
+async def test_the_grpo_generation_clock_streams_what_its_policy_streams(bench_data: Path) -> None:
+    from leanrl.train.grpo.trainer import _GenClock
+
+    assert not _GenClock(ScriptedPolicy(TEXTS)).stream_replays(SamplingConfig(temperature=1.0))
+    async with env_of(bench_data) as env:
+        inner = HeldBack(TEXTS, env)
+        clock = _GenClock(inner)
+        assert clock.stream_replays(SamplingConfig(temperature=1.0, seed=2))
+        groups = await asyncio.wait_for(
+            env.rollout(env.tasks(), clock, SamplingConfig(n=2, temperature=1.0, seed=2)), 30
+        )
+    assert inner.streams == 1 and clock.take() > 0  # streamed, and the busy time was counted
+    assert [len(g) for g in groups] == [2, 2, 2]

@@ -99,13 +99,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from leanrl._dist import install_hint
 from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
-from leanrl.policy import Policy, SamplingConfig
+from leanrl.policy import Policy, SamplingConfig, StreamCompletion, stream_replays_generate
 from leanrl.proofs import PROOFS_FILE, ProofStore, completion_cap
 from leanrl.rollout import Rollout, check_rewards
 from leanrl.task import Task
@@ -151,15 +152,33 @@ class _GenClock(Policy):
         self._since = 0.0
 
     async def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
-        if self._inflight == 0:
-            self._since = time.perf_counter()
-        self._inflight += 1
+        self._enter()
         try:
             return await self.inner.generate(prompts, sampling)
         finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self.busy += time.perf_counter() - self._since
+            self._leave()
+
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        # the rollouts stream (each attempt checked on arrival) where the inner policy's would
+        return stream_replays_generate(self.inner, sampling, native=True)
+
+    async def stream(self, requests: Any) -> AsyncIterator[StreamCompletion]:
+        self._enter()
+        try:
+            async for c in self.inner.stream(requests):
+                yield c
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        if self._inflight == 0:
+            self._since = time.perf_counter()
+        self._inflight += 1
+
+    def _leave(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self.busy += time.perf_counter() - self._since
 
     def tokenize(self, text: str) -> list[int]:
         return self.inner.tokenize(text)
