@@ -105,3 +105,24 @@ def test_bare_switches_leaves_plain_flags_alone() -> None:
 
     argv = ["--print-json", "--limit", "3", "--stream"]
     assert bare_switches(EvalCommand, argv) == ["--print-json", "--limit", "3", "--stream", "true"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        ([], "auto"),
+        (["--async-generation"], True),
+        (["--async-generation", "--steps", "3"], True),
+        (["--no-async-generation"], False),
+        (["--async-generation", "false"], False),
+        (["--async-generation", "auto"], "auto"),
+    ],
+)
+def test_grpo_async_generation_switches_like_a_bool(argv: list[str], want: object) -> None:
+    from leanrl.cli import parse_command
+    from leanrl.train.grpo.cli import GRPOCommand
+
+    cmd = parse_command(GRPOCommand, ["--env", "minif2f", "--model", "m", *argv])
+    assert cmd.to_grpo_config().async_generation == want
+    if "--steps" in argv:
+        assert cmd.steps == 3  # the flag after the bare switch is read as a flag

@@ -127,15 +127,43 @@ def test_when_a_stream_stands_for_generate() -> None:
 
 
 async def test_the_grpo_generation_clock_streams_what_its_policy_streams(bench_data: Path) -> None:
-    from leanrl.train.grpo.trainer import _GenClock
+    from leanrl.train.grpo.clock import clock_for
 
-    assert not _GenClock(ScriptedPolicy(TEXTS)).stream_replays(SamplingConfig(temperature=1.0))
+    assert not clock_for(ScriptedPolicy(TEXTS)).stream_replays(SamplingConfig(temperature=1.0))
     async with env_of(bench_data) as env:
         inner = HeldBack(TEXTS, env)
-        clock = _GenClock(inner)
+        clock = clock_for(inner)
         assert clock.stream_replays(SamplingConfig(temperature=1.0, seed=2))
         groups = await asyncio.wait_for(
             env.rollout(env.tasks(), clock, SamplingConfig(n=2, temperature=1.0, seed=2)), 30
         )
     assert inner.streams == 1 and clock.take() > 0  # streamed, and the busy time was counted
     assert [len(g) for g in groups] == [2, 2, 2]
+
+
+class IdsPolicy(ScriptedPolicy):
+    """Takes token-id prompts (as the hf and vllm policies do)."""
+
+    tokenizer = None
+    seen: list[list[int]]
+
+    async def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        self.seen = [list(x) for x in prompt_ids]
+        return [[Completion(text=TEXTS[0]) for _ in range(sampling.n)] for _ in prompt_ids]
+
+
+async def test_the_grpo_generation_clock_takes_ids_exactly_when_its_policy_does() -> None:
+    """Multi-turn harnesses grow ids contexts only for a policy that takes ids: the clock must
+    not hide that (it did: under GRPO they fell back to re-tokenised text contexts)."""
+    from harnesses.tactic_loop.context import ids_capable
+    from leanrl.train.grpo.clock import clock_for
+
+    ids = IdsPolicy(TEXTS)
+    clock = clock_for(ids)
+    assert ids_capable(clock, chat=False)
+    got = await clock.generate_from_ids([[5, 6, 7]], SamplingConfig(n=2))
+    assert ids.seen == [[5, 6, 7]] and [c.text for c in got[0]] == [TEXTS[0]] * 2
+    assert clock.take() > 0  # counted as generation time
+    assert not ids_capable(clock_for(ScriptedPolicy(TEXTS)), chat=False)

@@ -99,14 +99,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from leanrl._dist import install_hint
 from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, PolicyError
-from leanrl.policy import Policy, SamplingConfig, StreamCompletion, stream_replays_generate
+from leanrl.policy import Policy, SamplingConfig
 from leanrl.proofs import PROOFS_FILE, ProofStore, completion_cap
 from leanrl.rollout import Rollout, check_rewards
 from leanrl.task import Task
@@ -119,6 +118,7 @@ from leanrl.train.common import (
     runtime_metrics,
 )
 from leanrl.train.curriculum import Curriculum, rollout_outcomes
+from leanrl.train.grpo.clock import GenClock, clock_for
 from leanrl.train.grpo.config import GRPOConfig, resolve_async_generation, torchrun_ranks
 from leanrl.train.grpo.data import _Batch, ends_truncated
 from leanrl.train.grpo.overlap import chunked_rollout
@@ -138,54 +138,6 @@ from leanrl.train.shaping import check_shaping, shape_groups, shaping_metrics
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
 
 log = logging.getLogger("leanrl.train.grpo")
-
-
-class _GenClock(Policy):
-    """Wraps the generation policy and measures wall time with a generate call in flight."""
-
-    def __init__(self, inner: Policy) -> None:
-        super().__init__(inner.config)
-        self.inner = inner
-        self.name = inner.name  # type: ignore[misc]
-        self.busy = 0.0
-        self._inflight = 0
-        self._since = 0.0
-
-    async def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
-        self._enter()
-        try:
-            return await self.inner.generate(prompts, sampling)
-        finally:
-            self._leave()
-
-    def stream_replays(self, sampling: SamplingConfig) -> bool:
-        # the rollouts stream (each attempt checked on arrival) where the inner policy's would
-        return stream_replays_generate(self.inner, sampling, native=True)
-
-    async def stream(self, requests: Any) -> AsyncIterator[StreamCompletion]:
-        self._enter()
-        try:
-            async for c in self.inner.stream(requests):
-                yield c
-        finally:
-            self._leave()
-
-    def _enter(self) -> None:
-        if self._inflight == 0:
-            self._since = time.perf_counter()
-        self._inflight += 1
-
-    def _leave(self) -> None:
-        self._inflight -= 1
-        if self._inflight == 0:
-            self.busy += time.perf_counter() - self._since
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.inner.tokenize(text)
-
-    def take(self) -> float:
-        t, self.busy = self.busy, 0.0
-        return t
 
 
 # -- the trainer -------------------------------------------------------------------------------
@@ -352,7 +304,7 @@ class GRPOTrainer:
                     )
                 logger.start()
                 gen = await engine.make_generation_policy()
-                clock = _GenClock(gen)
+                clock = clock_for(gen)
                 await self._train_loop(engine, env, tasks, clock, logger, rows)
             failed = False
         finally:
@@ -418,7 +370,7 @@ class GRPOTrainer:
         engine: Any,
         env: Environment,
         tasks: list[Task],
-        clock: _GenClock,
+        clock: GenClock,
         logger: MetricsLogger,
         rows: list[dict[str, Any]],
     ) -> None:
@@ -508,7 +460,7 @@ class GRPOTrainer:
         engine: Any,
         env: Environment,
         tasks: list[Task],
-        clock: _GenClock,
+        clock: GenClock,
         step: int,
     ) -> _Batch:
         """Rollouts for ``step``: one group per task, filtered and refilled as configured."""
@@ -593,7 +545,7 @@ class GRPOTrainer:
         )
 
     async def _replay_groups(
-        self, engine: Any, env: Environment, tasks: list[Task], clock: _GenClock, step: int
+        self, engine: Any, env: Environment, tasks: list[Task], clock: GenClock, step: int
     ) -> list[list[Rollout]]:
         """This step's replay groups (``replay``; empty when off), checked and shaped."""
         cfg = self.config
