@@ -9,7 +9,7 @@ positions its messages), saying the goals are unsolved. The tiny model is random
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest
 from leanrl import Environment, HarnessConfig, Runtime, RuntimeConfig, Taskset
 from leanrl.environment import EnvironmentConfig
 from leanrl.harnesses.self_correction import SelfCorrectionHarness, checked_text, render_errors
-from leanrl.policy import Policy, PolicyConfig, SamplingConfig
+from leanrl.policy import Policy, PolicyConfig, SamplingConfig, StreamCompletion, StreamRequest
 from leanrl.rollout import ChatMessage
 from leanrl.task import Task
 from leanrl.taskset import RawRow
@@ -288,3 +288,77 @@ def test_grpo_trains_on_self_correction_rollouts(toy_model_dir: Path, tmp_path: 
     for row in rows:
         assert row["pass_rate"] == 0.0 and row["loss_tokens"] > 0  # from Verdicts
     assert RunDir(tmp_path / "run").latest_checkpoint() is not None
+
+
+class _Streaming(ScriptedPolicy):
+    """Streams every sample of every request on its own; the round's last one only once
+    ``release`` is set (a slow sequence still generating)."""
+
+    def __init__(self, *a: Any, replays: bool = True, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.replays = replays
+        self.release = asyncio.Event()
+        self.streams = 0
+
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        return self.replays
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        self.streams += 1
+        got = await self.generate([r.prompt or "" for r in requests], requests[0].sampling)
+        out = [(r, i, c) for r, row in zip(requests, got, strict=True) for i, c in enumerate(row)]
+        for k, (r, i, c) in enumerate(out):
+            if k == len(out) - 1:
+                await self.release.wait()
+            yield StreamCompletion(r.key, i, c, 0.01)
+
+
+class _Releasing(ErrorRuntime):
+    """Sets ``policy.release`` once ``after`` attempts have been checked."""
+
+    def __init__(self, policy: _Streaming, after: int) -> None:
+        super().__init__()
+        self.policy, self.after = policy, after
+
+    async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
+        out = await super().check(attempts)
+        if sum(map(len, self.batches)) >= self.after:
+            self.policy.release.set()
+        return out
+
+
+async def test_a_streamed_round_checks_each_attempt_as_it_arrives() -> None:
+    # The round's last completion is held back until two attempts were checked: a round that
+    # waited for all its completions before checking would never finish (wait_for fails it).
+    policy = _Streaming(["\n  omega\n"])
+    rt = _Releasing(policy, after=2)
+    groups = await asyncio.wait_for(
+        _harness().run([TASK], policy, rt, SamplingConfig(n=3, seed=1), Taskset()), 30
+    )
+    assert policy.streams == 1 and sum(map(len, rt.batches)) == 3
+    assert [r.reward for r in groups[0]] == [1.0, 1.0, 1.0]
+
+
+async def test_streamed_and_batched_rounds_record_the_same_rollouts() -> None:
+    got = []
+    for replays in (True, False):
+        policy = _Streaming([], per_turn=["\n  simp\n", "\n  nlinarith\n", "\n  omega\n"],
+                            replays=replays)  # fmt: skip
+        policy.release.set()
+        groups = await _harness().run(
+            [TASK], policy, ErrorRuntime(), SamplingConfig(n=2, seed=3), Taskset()
+        )
+        assert policy.streams == (3 if replays else 0)  # one stream per round, or none
+        got.append(
+            [
+                (
+                    r.proof,
+                    r.reward,
+                    r.meta["attempt_reasons"],
+                    [(t.completion, t.feedback) for t in r.turns],
+                )
+                for r in groups[0]
+            ]
+        )
+    assert got[0] == got[1]
+    assert got[0][0][2] == ["error", "error", "ok"]  # two revisions, the last accepted

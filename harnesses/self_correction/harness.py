@@ -14,7 +14,10 @@ Verdict are those of its last attempt; every attempt is checked under the refere
   block again, so the model continues with a proof as it was prompted to the first time.
 
 Every round, the live episodes generate together and their attempts are checked in one
-``runtime.check`` batch. After the first turn the context is kept as token ids when the policy
+``runtime.check`` batch, or, where the policy's stream gives what one batched ``generate`` would
+(``Policy.stream_replays``: vLLM, a vLLM server, greedy ``hf``), each attempt is extracted and
+checked as soon as its completion arrives, small groups of arrivals sharing a check call, while
+the others still generate; the round ends when every live episode has its verdict. After the first turn the context is kept as token ids when the policy
 can generate from ids (the tactic loop's ``context.py``), so the sequence a trainer replays,
 ``Rollout.prompt_ids + Rollout.token_ids_and_mask()[0]``, is exactly what the model saw; the
 feedback's tokens carry mask 0.
@@ -22,12 +25,22 @@ feedback's tokens carry mask 0.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
+from leanrl.errors import PolicyError
 from leanrl.harness import Harness, SFTEpisode, SFTTurn
-from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
+from leanrl.policy import (
+    Completion,
+    Policy,
+    Prompt,
+    SamplingConfig,
+    StreamRequest,
+    stream_replays_generate,
+)
 from leanrl.rollout import Rollout, Turn
 from leanrl.runtime import Runtime
 from leanrl.task import Task
@@ -45,9 +58,21 @@ from ..whole_proof.prompts import (
 )
 from ..whole_proof.prompts import check_config as check_prompt
 from ..whole_proof.prompts import is_completion_style as _completion_style
+from ..whole_proof.stream import MAX_WAIT_S, CheckBatcher
 from .feedback import checked_text, render_errors
 
 __all__ = ["SelfCorrectionHarness"]
+
+
+class _Checks:
+    """What :class:`CheckBatcher` calls: one ``runtime.check`` for a batch of arrived attempts,
+    under the reference statements (the probes' rewards are not used)."""
+
+    async def check_rollouts(
+        self, items: Sequence[tuple[Task, Rollout]], runtime: Runtime, taskset: Taskset
+    ) -> None:
+        await check_and_reward([t for t, _ in items], [[r] for _, r in items], runtime, taskset)
+
 
 # Goedel-Prover-V2's revision request, word for word (its models were trained on it).
 _CHAT_FEEDBACK = (
@@ -160,6 +185,12 @@ class SelfCorrectionHarness(Harness):
             if not live:
                 break
             seed = None if sampling.seed is None else sampling.seed + round_
+            ids = round_ > 0 and all(ep.mode == "ids" for ep in live)
+            if stream_replays_generate(
+                policy, turn_sampling, native=True, ids=ids
+            ) and await self._stream_round(live, policy, turn_sampling, seed, round_, runtime,
+                                           taskset):  # fmt: skip
+                continue
             t0 = time.perf_counter()
             if round_ == 0:
                 got = await policy.generate(
@@ -183,6 +214,95 @@ class SelfCorrectionHarness(Harness):
                 r.reward = reward
             groups.append(group)
         return groups
+
+    async def _stream_round(
+        self,
+        live: list[_Episode],
+        policy: Policy,
+        sampling: SamplingConfig,
+        seed: int | None,
+        round_: int,
+        runtime: Runtime,
+        taskset: Taskset,
+    ) -> bool:
+        """One round through :meth:`Policy.stream`: each attempt is extracted, checked and
+        given its feedback as soon as its completion arrives. The requests are those of the
+        batched round (round 0: one per task with ``sampling.n`` samples, slot = the task's
+        place; later: one per live episode, slot = its place), so the completions are the
+        same. False, with nothing done, when the policy turns out unable to take token ids."""
+        if round_ == 0:
+            n = sampling.n
+            first = sampling.model_copy(update={"seed": seed})
+            requests = [
+                StreamRequest(key=k, sampling=first, prompt=live[k * n].prompt, slot=k)
+                for k in range(len(live) // n)
+            ]
+        else:
+            n = 1
+            one = sampling.model_copy(update={"n": 1, "seed": seed})
+            use_ids = all(ep.mode == "ids" for ep in live)
+            requests = [
+                StreamRequest(key=k, sampling=one, prompt_ids=tuple(ep.ids), slot=k)
+                if use_ids
+                else StreamRequest(key=k, sampling=one, prompt=ep.context, slot=k)
+                for k, ep in enumerate(live)
+            ]
+            if not use_ids:
+                for ep in live:
+                    ep.mode = "text"
+        batcher = CheckBatcher(_Checks(), runtime, taskset, runtime.check_piece() or 64, MAX_WAIT_S)
+
+        async def handle(ep: _Episode, c: Completion, took: float) -> None:
+            ep.gen_s += took
+            await off_loop(len(c.text), self._attempt, ep, c)
+            if ep.verdict is None and ep.proof is not None:
+                probe = Rollout(task_id=ep.task.id, sample=ep.sample, prompt="", proof=ep.proof,
+                                preamble=ep.preamble, restated_statement=ep.restated_statement)  # fmt: skip
+                t0 = time.perf_counter()
+                await batcher.check(ep.task, probe)
+                ep.verify_s += time.perf_counter() - t0
+                ep.verdict = probe.verdict
+            self._after(ep, c, policy, round_)
+
+        jobs: list[asyncio.Future[None]] = []
+        seen: set[int] = set()
+        try:
+            arrivals = policy.stream(requests)
+            try:
+                async for sc in arrivals:
+                    at = cast(int, sc.key) * n + sc.sample
+                    if at in seen or not 0 <= at < len(live):
+                        raise PolicyError(
+                            f"policy {policy.name!r} streamed {sc.key!r}/{sc.sample} twice or "
+                            "for no request"
+                        )
+                    seen.add(at)
+                    jobs.append(
+                        asyncio.ensure_future(handle(live[at], sc.completion, sc.elapsed_s))
+                    )
+            finally:  # stop the policy's queued work at once if this round fails part-way
+                close = getattr(arrivals, "aclose", None)
+                if close is not None:
+                    await close()
+            batcher.flush()
+            await asyncio.gather(*jobs)
+        except NotImplementedError:
+            if jobs or round_ == 0 or live[0].mode != "ids":
+                raise
+            return False  # a wrapper that cannot take ids after all: text from here on
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
+        finally:
+            batcher.close()
+        if len(seen) != len(live):
+            raise PolicyError(
+                f"policy {policy.name!r} ended its stream with {len(live) - len(seen)} "
+                "completion(s) missing (does its stream() yield sampling.n per request?)"
+            )
+        return True
 
     async def _revise(
         self, live: list[_Episode], policy: Policy, sampling: SamplingConfig, seed: int | None

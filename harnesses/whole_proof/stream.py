@@ -23,7 +23,7 @@ from leanrl.runtime import Runtime
 from leanrl.task import Task
 from leanrl.taskset import Taskset
 
-__all__ = ["MAX_WAIT_S", "can_stream", "stream_chunks"]
+__all__ = ["MAX_WAIT_S", "CheckBatcher", "can_stream", "stream_chunks"]
 
 MAX_WAIT_S = 0.05
 """Longest an arrived attempt waits for others to share its ``runtime.check`` call."""
@@ -42,10 +42,12 @@ def can_stream(harness: Harness) -> bool:
     return bool(callable(probe) and probe())
 
 
-class _CheckBatcher:
+class CheckBatcher:
     """Gathers arrived attempts into ``runtime.check`` calls of up to ``size`` attempts, each
     sent at most ``wait`` seconds after its first attempt arrived; several calls may be in
-    flight (the runtime bounds its own workers)."""
+    flight (the runtime bounds its own workers). ``harness.check_rollouts(items, runtime,
+    taskset)`` checks one call's attempts (the whole-proof harness's; the self-correction
+    harness streams its rounds through it too)."""
 
     def __init__(
         self, harness: Any, runtime: Runtime, taskset: Taskset, size: int, wait: float
@@ -130,7 +132,7 @@ async def stream_chunks(
     task_left = {(i, pos): n_of[i] for i in pending for pos in range(len(chunks[i]))}
     chunk_left = {i: len(chunks[i]) * n_of[i] for i in pending}
     size = check_size if check_size > 0 else _WHOLE_BATCH
-    batcher = _CheckBatcher(harness, runtime, taskset, size, MAX_WAIT_S)
+    batcher = CheckBatcher(harness, runtime, taskset, size, MAX_WAIT_S)
     written = 0
 
     def done(i: int, pos: int, sample: int, r: Rollout) -> None:
