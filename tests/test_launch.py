@@ -201,6 +201,10 @@ def test_es_fanned_out_equals_a_local_run(
     rows = [json.loads(x) for x in (tmp_path / "runs/es/metrics.jsonl").read_text().splitlines()]
     assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in local_rows]
     assert all(0.0 <= r["gpu_idle_frac"] <= 1.0 for r in rows)
+    # members_per_container = "auto": 2 before anything is measured, then the containers'
+    # G and V decide (a toy model and checker here: any depth up to the population)
+    assert rows[0]["pipeline_depth"] == 2
+    assert all(1 <= r["pipeline_depth"] <= cfg.population for r in rows)
     assert rows[-1]["update_norm"] is None  # the orchestrator holds no weights
     vol = tmp_path / "vol" / "runs/es"
     # checkpoints were built by es_checkpoint, on the Volume; the small files were mirrored
@@ -302,7 +306,8 @@ def test_dry_run_plans_the_reference_es_loop(capsys: pytest.CaptureFixture[str])
     assert rc == 0, out
     assert "30 members x 128 tasks x 1 samples = 3840 attempts" in out
     assert "batches of 64: 2 per member, 60 per iteration" in out
-    assert "es_member x10 containers on H100" in out
+    # members_per_container = "auto": the plan applies the rule to its own estimate
+    assert re.search(r"es_member x\d+ containers on H100 \(auto: 2 in the first iteration", out)
     assert "estimated per iteration" in out and "$" in out
     # the sandboxes' Lean is the taskset's when none is pinned (it printed `None` once)
     from leanrl.environment import EnvironmentConfig, load_environment

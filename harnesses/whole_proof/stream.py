@@ -173,8 +173,9 @@ async def stream_chunks(
         if not h.cancelled() and h.exception() is not None:
             failed.append(h)
 
+    arrivals = policy.stream(requests)
     try:
-        async for sc in policy.stream(requests):
+        async for sc in arrivals:
             if not isinstance(sc.key, tuple) or sc.key not in prompts:
                 raise PolicyError(f"policy {policy.name!r} streamed an unknown request {sc.key!r}")
             h = asyncio.ensure_future(handle(sc))
@@ -190,6 +191,9 @@ async def stream_chunks(
         batcher.close()
         for left_over in list(handles):
             left_over.cancel()
+        close = getattr(arrivals, "aclose", None)
+        if close is not None:  # a failure part-way stops the policy's queued work (and frees
+            await close()  # whatever lock its stream holds) now, not when it is collected
     missing = {i: left for i, left in chunk_left.items() if left}
     if missing:
         i, left = next(iter(missing.items()))

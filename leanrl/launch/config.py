@@ -7,7 +7,7 @@ changes what a run computes, only where, so a run may be resumed under another l
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,9 +37,22 @@ class ModalLaunchConfig(_Config):
     member_containers: int = Field(default=10, ge=1)
     """Most ES member containers at once (the ``.map`` fan-out; Modal's Starter plan allows 10
     GPUs at once)."""
-    members_per_container: int = Field(default=2, ge=1)
+    members_per_container: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """ES members one container works on at once: with 2, member i+1 generates while member
-    i's attempts are in Lean (the container's engine is shared, generation takes turns)."""
+    i's attempts are in Lean (the container's engine is shared, generation takes turns).
+    ``auto`` (the default): 2 in the first iteration, then ``ceil(1 + V/G)`` from the
+    containers' measured checking (V) and generation (G) seconds per member (the rule of
+    ``scorer.pipeline = "auto"``), logged as ``pipeline_depth``. A change takes effect through
+    Modal's ``Function.with_concurrency``, whose containers autoscale apart from the first
+    ones: each change starts fresh containers once (the measurement is smoothed, so it rarely
+    changes after the second iteration)."""
+
+    @property
+    def first_members_per_container(self) -> int:
+        """Members per container before anything is measured (the app is defined with it)."""
+        # 2: leanrl.train.es.pipeline.AUTO_FIRST_DEPTH (not imported: this layer is below it)
+        return 2 if self.members_per_container == "auto" else self.members_per_container
+
     retries: int = Field(default=2, ge=0)
     """Extra tries of a function call whose container died (preemption, out of memory)."""
     volume: str = "leanrl-runs"
@@ -85,6 +98,19 @@ class EstimateConfig(_Config):
     """Sandbox CPU core-seconds to check one attempt (Lean with Mathlib warm)."""
     container_start_s: float = Field(default=90.0, ge=0)
     """Seconds a new GPU container takes before its first member (image, model load)."""
+    sandbox_start_s: float = Field(default=30.0, ge=0)
+    """Seconds a new Lean sandbox is billed before it can take a batch: the Sandbox or
+    container starting, the service starting, and its Lean processes importing Mathlib (the
+    warm-up headers). An assumption, not a measurement (no Modal here): the "tens of seconds"
+    of a real ``import Mathlib`` that ``benchmarks/pool_latency.py --startup-s`` stands in for.
+    Every batch pays it when sandboxes serve one batch each; reused sandboxes pay it once."""
+    sandbox_reuse: Literal["auto", "reused", "one_use"] = "auto"
+    """How the estimate bills sandboxes. ``auto``: from the runtime's pool settings: one
+    batch per sandbox with ``max_uses = 1`` and under ``reuse = "auto"`` (whether a sandbox's
+    Lean processes are isolated, which reuse then needs, is only known once it reports so;
+    the plan prints the reused figure beside it), reused with ``reuse = "always"``.
+    ``reused`` / ``one_use``: assume that (``reused`` once a run's metrics show
+    ``pool_retired_unisolated`` 0)."""
 
 
 class LauncherConfig(_Config):

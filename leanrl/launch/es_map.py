@@ -15,6 +15,7 @@ used, and the GPU-idle fraction of each iteration.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,6 +30,7 @@ from leanrl.policy import PolicyConfig
 from leanrl.train.common import RunDir
 from leanrl.train.es.fanout import ScorerBase, in_member_order
 from leanrl.train.es.history import HistoryRecord, WeightsSource
+from leanrl.train.es.pipeline import PipelineDepth
 from leanrl.train.es.workers import IterationState, Member, MemberScore
 
 __all__ = ["Functions", "MapScorer"]
@@ -44,6 +46,10 @@ class Functions(Protocol):
         ...
 
     async def call(self, name: str, payload: Any) -> Any: ...
+
+    def with_concurrency(self, name: str, max_inputs: int) -> None:
+        """From now on, containers of ``name`` take ``max_inputs`` calls at once."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -89,6 +95,7 @@ class MapScorer(ScorerBase):
         device: str,
         engine: Literal["inprocess", "vllm"] = "inprocess",
         scaledown_window_s: float = 60.0,
+        members_per_container: int | Literal["auto"] = 2,
         path_map: tuple[str, str] | None = None,
         sync: Callable[[], Any] | None = None,
     ) -> None:
@@ -109,6 +116,9 @@ class MapScorer(ScorerBase):
         """Set by the trainer: the base model or checkpoint the members start from."""
         self._bills: dict[str, _ContainerBill] = {}
         self.last_idle_frac: float | None = None
+        self.control = PipelineDepth(members_per_container)
+        """Members per container: fixed, or measured from the containers' G and V."""
+        self.last_depth: int | None = None
 
     @property
     def device_kind(self) -> str:
@@ -155,6 +165,9 @@ class MapScorer(ScorerBase):
         results: list[list[MemberScore]] = []
         windows: dict[str, tuple[float, float]] = {}
         busy = 0.0
+        gen: list[float] = []
+        check: list[float] = []
+        self.last_depth = self.control.depth
         async for index, result in self.functions.map("es_member", calls):
             r: MemberResult = result
             if r.index != index or any(index in sh for sh in shares):
@@ -169,9 +182,25 @@ class MapScorer(ScorerBase):
             lo, hi = windows.get(r.container, (r.t_start, r.t_end))
             windows[r.container] = (min(lo, r.t_start), max(hi, r.t_end))
             busy += r.busy_s
+            gen.append(r.gen_s)
+            check.append(r.check_s)
         held = sum(hi - lo for lo, hi in windows.values())
         self.last_idle_frac = max(0.0, 1.0 - busy / held) if held > 0 else None
+        self._follow(gen, check)
         return in_member_order(shares, results, len(members))  # member order, or an error
+
+    def _follow(self, gen: list[float], check: list[float]) -> None:
+        """An ``auto`` members-per-container follows this iteration's measurement. Sandboxes
+        scale out, so only the population caps it; the new concurrency reaches the containers
+        through ``Functions.with_concurrency`` (on Modal, a Function that autoscales apart)."""
+        if not gen or sum(gen) <= 0:
+            return  # nothing measured (containers of an older leanrl): keep the depth
+        before = self.control.depth
+        self.control.observe(
+            statistics.fmean(gen), statistics.fmean(check), items=len(gen), capacity=None
+        )
+        if self.control.depth != before:
+            self.functions.with_concurrency("es_member", self.control.depth)
 
     def usage(self) -> Usage:
         """GPU-seconds and sandboxes of every container so far (cumulative)."""

@@ -142,8 +142,11 @@ async def es_member(call: MemberCall) -> MemberResult:
     w = await _engine_for(call)
     policy = MemberPolicy(w.gate, call.member, call.sigma)
     busy0 = w.gate.busy_s
-    score = await score_rollouts(w.env, policy, call.tasks, call.sampling)
     scale = call.member.sign * call.sigma
+    turn0 = w.gate.turn_s.get((call.member.seed, scale), 0.0)
+    t0 = time.perf_counter()
+    score = await score_rollouts(w.env, policy, call.tasks, call.sampling)
+    wall = time.perf_counter() - t0
     score.perturb_s = w.gate.perturb_s.get((call.member.seed, scale), 0.0)
     device = "cuda" if call.engine == "vllm" else call.source.device
     kind, gpus = local_gpus(device, os.environ.get("LEANRL_GPU_KIND", "auto"))
@@ -161,6 +164,8 @@ async def es_member(call: MemberCall) -> MemberResult:
         gpu_kind=kind,
         gpus=gpus or int(os.environ.get("LEANRL_GPU_COUNT", "0") or 0),
         sandbox=dict(runtime.metrics()) if runtime is not None else {},
+        gen_s=w.gate.turn_s.get((call.member.seed, scale), 0.0) - turn0,
+        check_s=max(0.0, wall - policy.generate_s),
     )
 
 

@@ -36,7 +36,7 @@ def local_specs(m: ModalLaunchConfig) -> dict[str, FunctionSpec]:
     gpu = {"LEANRL_GPU_KIND": "none"}  # local processes are priced by their own device
     return {
         "es_member": FunctionSpec(
-            FUNCTION_BODIES["es_member"], m.member_containers, m.members_per_container, gpu
+            FUNCTION_BODIES["es_member"], m.member_containers, m.first_members_per_container, gpu
         ),
         "es_checkpoint": FunctionSpec(FUNCTION_BODIES["es_checkpoint"], 1, 1, gpu),
         "orchestrate": FunctionSpec(
@@ -132,6 +132,7 @@ async def _orchestrate(
         device=device,
         engine=engine,
         scaledown_window_s=m.scaledown_window_s,
+        members_per_container=m.members_per_container,
         path_map=path_map,
         sync=mirror.push if mirror is not None else commit_volume,
     )

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -220,6 +220,13 @@ class LocalFunctions:
             route = self._routes.get(msg[1])
             if route is not None:
                 await route.put((c, msg))
+
+    def with_concurrency(self, name: str, max_inputs: int) -> None:
+        """Containers of ``name`` take ``max_inputs`` calls at once from the next ``map`` on
+        (the running ones too: unlike Modal's ``with_concurrency``, no fresh containers)."""
+        if max_inputs < 1:
+            raise ValueError(f"max_inputs must be at least 1, got {max_inputs}")
+        self.specs[name] = replace(self.specs[name], concurrency=max_inputs)
 
     def containers(self, name: str) -> list[Any]:
         """The live container processes of ``name`` (tests kill them to see retries)."""

@@ -141,7 +141,7 @@ def build_app(m: ModalLaunchConfig, lean: ModalConfig | None = None) -> AppDefin
         kw = {**common, **per_fn[name]}
         body = bodies[name]
         if name == "es_member":
-            body = modal.concurrent(max_inputs=m.members_per_container)(body)
+            body = modal.concurrent(max_inputs=m.first_members_per_container)(body)
         d.functions[name] = app.function(
             image=images["gpu" if role == "gpu" else "orchestrator"],
             env=function_env(m, role),
@@ -216,6 +216,12 @@ class ModalFunctions:
 
             self._fns[name] = modal.Function.from_name(self.m.app_name, name)
         return self._fns[name]
+
+    def with_concurrency(self, name: str, max_inputs: int) -> None:
+        """Calls of ``name`` go to a variant taking ``max_inputs`` inputs per container
+        (``Function.with_concurrency``: it autoscales apart, so its containers start fresh;
+        the old ones scale down after their window)."""
+        self._fns[name] = self._fn(name).with_concurrency(max_inputs=max_inputs)
 
     async def map(self, name: str, inputs: Sequence[Any]) -> AsyncIterator[tuple[int, Any]]:
         """Results as they finish (``order_outputs=False``); each carries its input's index."""

@@ -154,6 +154,11 @@ class MemberResult:
     gpus: int
     sandbox: dict[str, float] = field(default_factory=dict)
     """The container's Lean runtime figures so far (cumulative; sandbox-seconds...)."""
+    gen_s: float = 0.0
+    """Engine seconds of this member's own generate calls (G of the pipeline-depth rule)."""
+    check_s: float = 0.0
+    """Seconds of this call spent outside generate (waiting for the engine excluded): its
+    attempts being checked (V of the rule)."""
 
 
 @dataclass(frozen=True)

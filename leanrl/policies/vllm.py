@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from leanrl._dist import install_hint
@@ -22,7 +23,7 @@ from leanrl.policy import (
     StreamRequest,
 )
 
-__all__ = ["VLLMPolicy", "completions_from_vllm", "import_vllm"]
+__all__ = ["VLLMPolicy", "completions_from_vllm", "import_vllm", "stream_llm"]
 
 
 def import_vllm() -> Any:
@@ -109,63 +110,14 @@ class VLLMPolicy(Policy):
                 inputs.append({"prompt_token_ids": [int(t) for t in r.prompt_ids]})
             else:
                 inputs.append(self._inputs([r.prompt or ""])[0])
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[StreamCompletion | BaseException | None] = asyncio.Queue()
-        stop = threading.Event()
-
-        def emit(c: StreamCompletion) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, c)
-
-        def work() -> None:
-            try:
-                self._stream_sync(requests, inputs, emit, stop)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
-                loop.call_soon_threadsafe(queue.put_nowait, e)
-            else:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
-
-        async with self._lock.get():
-            job = asyncio.ensure_future(asyncio.to_thread(work))
-            try:
-                while (item := await queue.get()) is not None:
-                    if isinstance(item, BaseException):
-                        raise item
-                    self.completed(1)
-                    yield item
-            finally:
-                stop.set()
-                await asyncio.shield(job)
-
-    def _stream_sync(
-        self,
-        requests: Sequence[StreamRequest],
-        inputs: list[Any],
-        emit: Callable[[StreamCompletion], None],
-        stop: threading.Event,
-    ) -> None:
-        engine = self._llm.llm_engine
-        tag = uuid.uuid4().hex[:8]
-        ids = {f"leanrl-{tag}-{k}": k for k in range(len(requests))}
-        t0 = time.perf_counter()
-        for rid, k in ids.items():
-            engine.add_request(rid, inputs[k], _params(requests[k].sampling))
-        left = set(ids)
-        try:
-            while left and engine.has_unfinished_requests():
-                if stop.is_set():
-                    return
-                for out in engine.step():
-                    if not getattr(out, "finished", False) or out.request_id not in left:
-                        continue
-                    left.discard(out.request_id)
-                    r = requests[ids[out.request_id]]
-                    comps = completions_from_vllm([out])[0]
-                    each = time.perf_counter() - t0
-                    for s, c in enumerate(comps):
-                        emit(StreamCompletion(r.key, s, c, each))
-        finally:
-            if left:  # stopped early: free the engine of what is still queued
-                engine.abort_request(list(left))
+        # aclosing: a consumer that stops early stops (and aborts) the engine's stream at once
+        async with (
+            self._lock.get(),
+            aclosing(stream_llm(self._llm, requests, inputs, _params)) as items,
+        ):
+            async for item in items:
+                self.completed(1)
+                yield item
 
     def _generate_sync(
         self, prompts: list[Prompt], sampling: SamplingConfig
@@ -231,3 +183,75 @@ def completions_from_vllm(results: Any) -> list[list[Completion]]:
             )
         out.append(row)
     return out
+
+
+async def stream_llm(
+    llm: Any,
+    requests: Sequence[StreamRequest],
+    inputs: Sequence[Any],
+    params_of: Callable[[SamplingConfig], Any],
+) -> AsyncIterator[StreamCompletion]:
+    """Stream ``requests`` through an in-process ``vllm.LLM``: every request goes to its engine
+    at once (``llm_engine.add_request``, ``inputs[k]`` the engine input of request k and
+    ``params_of`` its ``SamplingParams``), so its scheduler batches them continuously; the
+    engine is stepped in a worker thread and each finished request's completions are yielded at
+    once. A consumer that stops early aborts what the engine still holds. The caller holds
+    whatever lock guards the engine."""
+    if not requests:
+        return
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[StreamCompletion | BaseException | None] = asyncio.Queue()
+    stop = threading.Event()
+
+    def emit(c: StreamCompletion) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, c)
+
+    def work() -> None:
+        try:
+            _step_engine(llm.llm_engine, requests, inputs, params_of, emit, stop)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            loop.call_soon_threadsafe(queue.put_nowait, e)
+        else:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    job = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        while (item := await queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        await asyncio.shield(job)
+
+
+def _step_engine(
+    engine: Any,
+    requests: Sequence[StreamRequest],
+    inputs: Sequence[Any],
+    params_of: Callable[[SamplingConfig], Any],
+    emit: Callable[[StreamCompletion], None],
+    stop: threading.Event,
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    ids = {f"leanrl-{tag}-{k}": k for k in range(len(requests))}
+    t0 = time.perf_counter()
+    for rid, k in ids.items():
+        engine.add_request(rid, inputs[k], params_of(requests[k].sampling))
+    left = set(ids)
+    try:
+        while left and engine.has_unfinished_requests():
+            if stop.is_set():
+                return
+            for out in engine.step():
+                if not getattr(out, "finished", False) or out.request_id not in left:
+                    continue
+                left.discard(out.request_id)
+                r = requests[ids[out.request_id]]
+                comps = completions_from_vllm([out])[0]
+                each = time.perf_counter() - t0
+                for k, c in enumerate(comps):
+                    emit(StreamCompletion(r.key, k, c, each))
+    finally:
+        if left:  # stopped early: free the engine of what is still queued
+            engine.abort_request(list(left))

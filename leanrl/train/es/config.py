@@ -3,7 +3,7 @@ population is scored). Kept apart from the trainer so the CLI and the docs read 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,11 +34,15 @@ class ESScorerConfig(BaseModel):
     """``processes``: number of worker processes (each holds one copy of the model)."""
     threads_per_worker: int = Field(default=1, ge=1)
     """``processes``: torch CPU threads per worker process."""
-    pipeline: int = Field(default=2, ge=1)
-    """``inprocess`` and ``vllm``: members in flight on the engine at once. With 2, member i+1
-    generates while member i's attempts are checked (the engine's weights are switched
-    exactly per generate call, so rewards do not change); 1 scores them one after another.
-    The engine's idle share of each iteration is logged as ``gpu_idle_frac``."""
+    pipeline: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """``inprocess`` and ``vllm``: members (with ``members_per_batch > 1``: batches of members)
+    in flight on the engine at once. With 2, member i+1 generates while member i's attempts are
+    checked (the engine's weights are switched exactly per generate call, so rewards do not
+    change); 1 scores them one after another. ``auto`` (the default): 2 in the first
+    iteration, then ``ceil(1 + V/G)`` from the measured checking (V) and generation (G) seconds
+    per member, capped by the checker's capacity (a local pool's workers) and the population;
+    each change is logged. The depth used is logged as ``pipeline_depth`` and the engine's idle
+    share of each iteration as ``gpu_idle_frac``. Can change on resume."""
 
 
 class ESConfig(TrainConfig):

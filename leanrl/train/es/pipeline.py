@@ -16,19 +16,39 @@ Rewards do not depend on ``depth``: each generate call runs with exactly its mem
 (and sampling seed), whatever ran before it. The gate measures how long the engine worked, so
 the scorer reports the **GPU-idle fraction** of each iteration (``gpu_idle_frac`` in
 ``metrics.jsonl``): 1 - engine-busy seconds / wall seconds of the iteration.
+
+``depth = "auto"`` (``scorer.pipeline``, the default) measures it: the first iteration runs at
+depth 2, and after each iteration :class:`PipelineDepth` sets the next one from the measured
+generation seconds G and checking seconds V per member (a running mean) with :func:`depth_for`:
+``ceil(1 + V/G)`` members in flight keep the engine busy (one generating while ``V/G`` are
+checked), capped by what the checker can serve at once (:func:`check_capacity`) and the number
+of members. Each change is logged, and the depth each iteration used is ``pipeline_depth`` in
+``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from leanrl.errors import ConfigError, PolicyError
-from leanrl.policy import Completion, Policy, Prompt, SamplingConfig
+from leanrl.policy import (
+    Completion,
+    Policy,
+    Prompt,
+    SamplingConfig,
+    StreamCompletion,
+    StreamRequest,
+    stream_replays_generate,
+)
 from leanrl.train.es.workers import (
     IterationState,
     Member,
@@ -39,6 +59,7 @@ from leanrl.train.es.workers import (
 
 if TYPE_CHECKING:
     from leanrl.environment import Environment
+    from leanrl.runtime import Runtime
     from leanrl.train.es.config import ESConfig
     from leanrl.train.es.population import LowRankPopulation
     from leanrl.train.es.weights import ESWeights
@@ -48,12 +69,94 @@ __all__ = [
     "Engine",
     "EngineGate",
     "MemberPolicy",
+    "PipelineDepth",
     "PipelinedScorer",
     "PipelinedVLLMScorer",
     "TorchEngine",
     "VLLMEngine",
+    "check_capacity",
+    "depth_for",
     "inprocess_scorer",
 ]
+
+log = logging.getLogger("leanrl.train")
+
+#: Depth of the first iteration of an ``auto`` run, before anything is measured.
+AUTO_FIRST_DEPTH = 2
+
+
+def depth_for(check_s: float, gen_s: float, capacity: int | None, items: int) -> int:
+    """Members (or batches) to keep in flight so one engine never waits for the checker.
+
+    While one item generates for ``gen_s`` seconds, the ones before it are checked, each for
+    ``check_s`` seconds: ``ceil(1 + check_s / gen_s)`` in flight keep the engine busy. Capped by
+    ``capacity`` (items checking can serve at once, plus the one generating; None: unbounded)
+    and by ``items`` (no more in flight than there are). Ratio 2.66 gives 4.
+    """
+    if check_s < 0 or gen_s < 0 or items < 1 or (capacity is not None and capacity < 1):
+        raise ValueError(
+            f"depth_for needs check_s, gen_s >= 0 and items, capacity >= 1 (got check_s="
+            f"{check_s}, gen_s={gen_s}, capacity={capacity}, items={items})"
+        )
+    cap = items if capacity is None else min(capacity, items)
+    if gen_s == 0:
+        return cap if check_s > 0 else 1
+    # the epsilon keeps a ratio measured as 1.0000001 from asking for one more than 1.0 does
+    want = math.ceil(1 + check_s / gen_s - 1e-6)
+    return max(1, min(want, cap))
+
+
+def check_capacity(runtime: Runtime, attempts_per_item: int) -> int | None:
+    """Items (members, or batches of members) in flight that ``runtime`` can serve: the one
+    generating plus as many checking at once as its Lean processes fit (``local``/``docker``:
+    ``workers`` attempts at once, one per CPU core when 0). None: no known bound (a sandbox
+    runtime scales out; a checker of the user's own is not known)."""
+    if getattr(runtime, "name", None) not in ("local", "docker"):
+        return None
+    workers = runtime.config.workers or os.cpu_count() or 1
+    return 1 + max(1, workers // max(1, attempts_per_item))
+
+
+class PipelineDepth:
+    """The depth of a scorer: fixed (an int), or ``"auto"``: measured after every iteration.
+
+    Kept on the object that lives for the whole run (a vLLM scorer rebuilds its inner scorer
+    each iteration), so the running means carry over."""
+
+    def __init__(self, setting: int | Literal["auto"] = "auto") -> None:
+        if setting != "auto" and (not isinstance(setting, int) or setting < 1):
+            raise ValueError(
+                f"the pipeline depth must be a whole number >= 1 or 'auto', got {setting!r}"
+            )
+        self.auto = setting == "auto"
+        self.depth: int = AUTO_FIRST_DEPTH if setting == "auto" else int(setting)
+        """Items in flight for the next ``score``."""
+        self.gen_s: float | None = None
+        """Running mean of the engine seconds per item (member, or batch of members)."""
+        self.check_s: float | None = None
+        """Running mean of the checking seconds per item (its wall time, less generation)."""
+
+    def observe(self, gen_s: float, check_s: float, items: int, capacity: int | None) -> None:
+        """Fold one iteration's measurement in; an ``auto`` depth follows it."""
+        if not self.auto or items < 1:
+            return
+        # an even mean with the past: one slow iteration (a cold cache) does not swing it
+        self.gen_s = gen_s if self.gen_s is None else (self.gen_s + gen_s) / 2
+        self.check_s = check_s if self.check_s is None else (self.check_s + check_s) / 2
+        new = depth_for(self.check_s, self.gen_s, capacity, items)
+        if new != self.depth:
+            ratio = self.check_s / self.gen_s if self.gen_s > 0 else float("inf")
+            log.info(
+                "ES pipeline depth %d -> %d: checking %.3gs / generation %.3gs per member "
+                "(ratio %.2f, measured), capacity %s",
+                self.depth,
+                new,
+                self.check_s,
+                self.gen_s,
+                ratio,
+                "unbounded" if capacity is None else capacity,
+            )
+        self.depth = new
 
 
 class Engine(Protocol):
@@ -141,6 +244,8 @@ class EngineGate:
         """Seconds the engine spent perturbing or generating."""
         self.perturb_s: dict[tuple[int, float], float] = {}
         """Seconds spent writing each member's weights (and restoring at the end)."""
+        self.turn_s: dict[tuple[int, float], float] = {}
+        """Engine seconds of each member's generate calls (its weights written included)."""
 
     def _load(self, seed: int, scale: float) -> None:
         if self.loaded == (seed, scale):
@@ -160,7 +265,27 @@ class EngineGate:
                 self._load(seed, scale)
                 return await self.engine.policy.generate(prompts, sampling)
             finally:
-                self.busy_s += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.busy_s += dt
+                self.turn_s[(seed, scale)] = self.turn_s.get((seed, scale), 0.0) + dt
+
+    async def stream(
+        self, seed: int, scale: float, requests: Sequence[StreamRequest]
+    ) -> AsyncIterator[StreamCompletion]:
+        """The engine policy's stream of ``requests`` with this member's weights: the gate is
+        held from the first request to the last completion, so the weights cannot change under
+        it, while the caller checks each completion as it arrives."""
+        async with self.lock:
+            t0 = time.perf_counter()
+            try:
+                self._load(seed, scale)
+                async with aclosing(self.engine.policy.stream(requests)) as items:
+                    async for item in items:
+                        yield item
+            finally:
+                dt = time.perf_counter() - t0
+                self.busy_s += dt
+                self.turn_s[(seed, scale)] = self.turn_s.get((seed, scale), 0.0) + dt
 
     def call_now(self, seed: int, scale: float, fn: Any, *args: Any, **kw: Any) -> Any:
         """Run a blocking weight-dependent call (``continuation_logprob``...) for a member, now.
@@ -327,11 +452,37 @@ class MemberPolicy(Policy):
         self.gate = gate
         self.seed = member.seed
         self.scale = member.sign * sigma
+        self.generate_s = 0.0
+        """Seconds this member spent in ``generate`` (waiting for the gate included): its wall
+        time less this is the time its attempts spent being checked."""
 
     async def generate(
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
-        return await self.gate.generate(self.seed, self.scale, prompts, sampling)
+        t0 = time.perf_counter()
+        try:
+            return await self.gate.generate(self.seed, self.scale, prompts, sampling)
+        finally:
+            self.generate_s += time.perf_counter() - t0
+
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        """Streams (each attempt checked while the member's other sequences still decode)
+        where the engine's policy has a stream of its own that replays its ``generate`` (the
+        vLLM engine); never through a batched population gate."""
+        return isinstance(self.gate, EngineGate) and stream_replays_generate(
+            self.gate.engine.policy, sampling, native=True
+        )
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        if not isinstance(self.gate, EngineGate):
+            raise PolicyError("a batched population gate has no stream; use generate()")
+        t0 = time.perf_counter()
+        try:
+            async with aclosing(self.gate.stream(self.seed, self.scale, requests)) as items:
+                async for item in items:
+                    yield item
+        finally:
+            self.generate_s += time.perf_counter() - t0
 
     def tokenize(self, text: str) -> list[int]:
         return self.gate.engine.policy.tokenize(text)
@@ -354,18 +505,18 @@ _WEIGHT_FREE = frozenset({"render", "tokenize", "start", "close"})
 
 class PipelinedScorer:
     """Scores members on one engine with up to ``depth`` members in flight (see the module
-    docstring). ``last_idle_frac`` is the engine's idle fraction of the last ``score`` call."""
+    docstring). ``last_idle_frac`` is the engine's idle fraction of the last ``score`` call,
+    ``last_depth`` the depth it ran at."""
 
     def __init__(
         self,
         env: Environment,
         engine: Engine,
-        depth: int = 2,
+        depth: int | Literal["auto"] | PipelineDepth = 2,
         members_per_batch: int = 1,
         batched: bool = False,
     ) -> None:
-        if depth < 1:
-            raise ValueError("depth must be at least 1")
+        self.control = depth if isinstance(depth, PipelineDepth) else PipelineDepth(depth)
         if members_per_batch < 1:
             raise ValueError("members_per_batch must be at least 1")
         if (members_per_batch > 1 or batched) and not hasattr(engine, "generate_members"):
@@ -375,14 +526,30 @@ class PipelinedScorer:
             )
         self.env = env
         self.engine = engine
-        self.depth = depth
         self.members_per_batch = members_per_batch
         self.batched = batched or members_per_batch > 1
         """Members go through ``engine.generate_members`` (even one per call: an engine whose
         weights are never written, such as the LoRA one), not perturb/generate/restore."""
         self.last_idle_frac: float | None = None
+        self.last_depth: int | None = None
         self.last_calls: list[list[tuple[int, float]]] = []
         """Batched mode: the members of each engine call of the last ``score``."""
+        self.check_s: list[float] = []
+        """Checking seconds of each member of the last ``score`` (wall less generation)."""
+
+    @property
+    def depth(self) -> int:
+        """Items (members, or batches of ``members_per_batch``) in flight in the next ``score``."""
+        return self.control.depth
+
+    def _measured(self, busy_s: float, items: int, state: IterationState) -> None:
+        """Pass the iteration's per-item generation and checking seconds to the depth."""
+        if not self.control.auto or not self.check_s:
+            return
+        per_item = max(1, -(-len(self.check_s) // items)) * len(state.tasks) * state.sampling.n
+        capacity = check_capacity(self.env.runtime, per_item)
+        check = sum(self.check_s) / len(self.check_s)
+        self.control.observe(busy_s / items, check, items, capacity)
 
     async def start(self) -> None:
         await self.engine.policy.start()
@@ -391,13 +558,17 @@ class PipelinedScorer:
         if self.batched:
             return await self._score_batched(state, members)
         gate = EngineGate(self.engine)
-        slots = asyncio.Semaphore(self.depth)
+        self.last_depth = depth = self.depth
+        slots = asyncio.Semaphore(depth)
+        self.check_s = []
         t0 = time.perf_counter()
 
         async def one(m: Member) -> MemberScore:
             async with slots:
                 policy = MemberPolicy(gate, m, state.sigma)
+                m0 = time.perf_counter()
                 res = await score_rollouts(self.env, policy, state.tasks, state.sampling)
+                self.check_s.append(max(0.0, time.perf_counter() - m0 - policy.generate_s))
                 res.perturb_s = gate.perturb_s.get((m.seed, m.sign * state.sigma), 0.0)
                 return res
 
@@ -415,6 +586,7 @@ class PipelinedScorer:
             gate.restore()  # θ back in the engine before the update (or an error) goes on
         wall = time.perf_counter() - t0
         self.last_idle_frac = max(0.0, 1.0 - gate.busy_s / wall) if wall > 0 else 0.0
+        self._measured(gate.busy_s, len(members), state)
         return scores
 
     async def _score_batched(
@@ -443,8 +615,10 @@ class PipelinedScorer:
                     admitted[i].set()
                 nxt += 1
 
-        for _ in range(self.depth):
+        self.last_depth = depth = self.depth
+        for _ in range(depth):
             admit_chunk()
+        self.check_s = []
         t0 = time.perf_counter()
 
         async def one(i: int) -> MemberScore:
@@ -452,7 +626,9 @@ class PipelinedScorer:
             await admitted[i].wait()
             try:
                 policy = MemberPolicy(gate, m, state.sigma)
+                m0 = time.perf_counter()
                 res = await score_rollouts(self.env, policy, state.tasks, state.sampling)
+                self.check_s.append(max(0.0, time.perf_counter() - m0 - policy.generate_s))
                 res.perturb_s = gate.perturb_s.get(keys[i], 0.0)
                 return res
             finally:
@@ -482,6 +658,7 @@ class PipelinedScorer:
         wall = time.perf_counter() - t0
         self.last_idle_frac = max(0.0, 1.0 - gate.busy_s / wall) if wall > 0 else 0.0
         self.last_calls = gate.calls
+        self._measured(gate.busy_s, len(chunks), state)
         return scores
 
     async def close(self) -> None:
@@ -518,17 +695,19 @@ def inprocess_scorer(
 class PipelinedVLLMScorer(VLLMScorer):
     """The vLLM scorer with members pipelined on its engine (``scorer.pipeline`` in flight)."""
 
-    def __init__(self, *args: Any, depth: int = 2, **kw: Any) -> None:
+    def __init__(self, *args: Any, depth: int | Literal["auto"] = 2, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.depth = depth
+        self.control = PipelineDepth(depth)
+        """Lives for the run: the inner scorer is rebuilt each iteration, the measurement not."""
         self.last_idle_frac: float | None = None
+        self.last_depth: int | None = None
 
     async def score(self, state: IterationState, members: Sequence[Member]) -> list[MemberScore]:
         from leanrl.train.es.workers import _EnginePolicy
 
         self.sync(state.records)
         engine = VLLMEngine(self.llm, _EnginePolicy(self.llm, self.policy_config))
-        inner = PipelinedScorer(self.env, engine, self.depth)
+        inner = PipelinedScorer(self.env, engine, self.control)
         scores = await inner.score(state, members)
-        self.last_idle_frac = inner.last_idle_frac
+        self.last_idle_frac, self.last_depth = inner.last_idle_frac, inner.last_depth
         return scores

@@ -729,10 +729,11 @@ def _resume_line(source: WeightsSource, iteration: int, run: RunDir) -> str:
     return line + (f", then {replay} iteration(s) replayed from the history" if replay else "")
 
 
-def _idle(scorer: Any) -> dict[str, float]:
-    """The scorer's GPU-idle fraction of the iteration just scored, when it measures one."""
-    frac = getattr(scorer, "last_idle_frac", None)
-    return {} if frac is None else {"gpu_idle_frac": float(frac)}
+def _idle(scorer: Any) -> dict[str, float | int]:
+    """The scorer's GPU-idle fraction and pipeline depth of the last iteration, if it has them."""
+    frac, depth = getattr(scorer, "last_idle_frac", None), getattr(scorer, "last_depth", None)
+    row: dict[str, float | int] = {} if frac is None else {"gpu_idle_frac": float(frac)}
+    return row if depth is None else {**row, "pipeline_depth": int(depth)}
 
 
 def _outcomes(scores: Sequence[MemberScore]) -> list[tuple[str, bool, float]]:

@@ -34,7 +34,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import PolicyConfig
@@ -183,7 +183,7 @@ class LowRankVLLMScorer(PipelinedVLLMScorer):
         policy: PolicyConfig,
         master_path: str | None,
         *,
-        depth: int = 2,
+        depth: int | Literal["auto"] = 2,
         members_per_batch: int = 1,
     ) -> None:
         spec = source.lowrank
@@ -264,7 +264,7 @@ class LowRankVLLMScorer(PipelinedVLLMScorer):
         inner = PipelinedScorer(
             self.env,
             engine,  # type: ignore[arg-type]  # a batch engine: generate_members, no perturb
-            self.depth,
+            self.control,  # the run's depth: fixed, or measured across iterations
             members_per_batch=self.members_per_batch,
             batched=True,
         )
@@ -274,6 +274,6 @@ class LowRankVLLMScorer(PipelinedVLLMScorer):
             for seed in {m.seed for m in members}:  # what an error left loaded
                 engine.forget(seed)
             shutil.rmtree(folder, ignore_errors=True)
-        self.last_idle_frac = inner.last_idle_frac
+        self.last_idle_frac, self.last_depth = inner.last_idle_frac, inner.last_depth
         self.last_calls = inner.last_calls
         return scores

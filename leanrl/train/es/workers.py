@@ -32,14 +32,23 @@ import math
 import multiprocessing as mp
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from leanrl._dist import install_hint
 from leanrl.environment import EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, PolicyError
-from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.policy import (
+    Completion,
+    Policy,
+    PolicyConfig,
+    Prompt,
+    SamplingConfig,
+    StreamCompletion,
+    StreamRequest,
+)
 from leanrl.task import Task
 from leanrl.train.distributed import round_robin
 from leanrl.train.es.history import HistoryRecord, WeightsSource
@@ -722,12 +731,11 @@ class _EnginePolicy(Policy):
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.get_tokenizer().encode(text, add_special_tokens=False))
 
-    async def generate(
-        self, prompts: Sequence[Prompt], sampling: SamplingConfig
-    ) -> list[list[Completion]]:
+    @staticmethod
+    def _params(sampling: SamplingConfig) -> Any:
         from vllm import SamplingParams
 
-        params = SamplingParams(
+        return SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
@@ -736,8 +744,10 @@ class _EnginePolicy(Policy):
             stop=sampling.stop or None,
             logprobs=0,
         )
+
+    def _texts(self, prompts: Sequence[Prompt]) -> list[Any]:
         tok = self.llm.get_tokenizer()
-        texts = [
+        return [
             p
             if isinstance(p, str)
             else tok.apply_chat_template(
@@ -745,7 +755,33 @@ class _EnginePolicy(Policy):
             )
             for p in prompts
         ]
+
+    async def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
         from leanrl.policies.vllm import completions_from_vllm
 
-        outs = await asyncio.to_thread(self.llm.generate, texts, params, use_tqdm=False)
+        outs = await asyncio.to_thread(
+            self.llm.generate, self._texts(prompts), self._params(sampling), use_tqdm=False
+        )
         return completions_from_vllm(outs)
+
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        # every request keeps its own SamplingParams (its seed): what generate would give it
+        return True
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        """Each completion as its request finishes, from the same engine (continuous batching:
+        :func:`leanrl.policies.vllm.stream_llm`); the caller holds the engine's gate."""
+        from leanrl.policies.vllm import stream_llm
+
+        inputs = [
+            {"prompt_token_ids": [int(t) for t in r.prompt_ids]}
+            if r.prompt_ids is not None
+            else self._texts([r.prompt or ""])[0]
+            for r in requests
+        ]
+        async with aclosing(stream_llm(self.llm, requests, inputs, self._params)) as items:
+            async for item in items:
+                self.completed(1)
+                yield item
