@@ -16,7 +16,9 @@ time. Run::
     python benchmarks/pool_latency.py --batches 8 --batch-size 64 --startup-s 0
 
 ``--reuse`` instead compares "before" (``max_uses = 1``) with "after" (``max_uses = 0``, reused
-sandboxes), both 2 warm, in alternating order over ``--rounds``, and reports billed
+sandboxes whose service reports isolated Lean processes) and "unisolated" (``max_uses = 0``, but
+the service reports its Lean processes as not isolated, so ``pool.reuse = "auto"`` gives each
+sandbox one batch), all 2 warm, in alternating order over ``--rounds``, and reports billed
 sandbox-seconds per 1,000 attempts and batch latency (min/median/max).
 """
 
@@ -39,7 +41,12 @@ from leanrl.runtimes.modal import ModalRuntime  # noqa: E402
 from leanrl.verdict import Attempt  # noqa: E402
 
 
-def make_runtime(warm: int, startup_s: float, batch_size: int, max_uses: int = 1) -> ModalRuntime:
+def make_runtime(
+    warm: int, startup_s: float, batch_size: int, max_uses: int = 1, isolated: bool | None = None
+) -> ModalRuntime:
+    options: dict[str, str | int | float | bool] = {"startup_s": startup_s} if startup_s else {}
+    if isolated is not None:  # what the echo runtime's /health says about its processes
+        options["isolated"] = isolated
     cfg = ModalConfig(
         backend="local",
         local_runtime="_echo_runtime:EchoRuntime",
@@ -48,15 +55,20 @@ def make_runtime(warm: int, startup_s: float, batch_size: int, max_uses: int = 1
         batch_size=batch_size,
         cpu=1.0,
         pool=PoolConfig(max_sandboxes=max(2, warm + 1), max_uses=max_uses, health_interval_s=60),
-        inner_options={"startup_s": startup_s} if startup_s else {},
+        inner_options=options,
     )
     return ModalRuntime(RuntimeConfig(name="modal", modal=cfg))
 
 
 async def run_mode(
-    warm: int, batches: int, batch_size: int, startup_s: float, max_uses: int = 1
+    warm: int,
+    batches: int,
+    batch_size: int,
+    startup_s: float,
+    max_uses: int = 1,
+    isolated: bool | None = None,
 ) -> dict[str, float | list[float]]:
-    rt = make_runtime(warm, startup_s, batch_size, max_uses)
+    rt = make_runtime(warm, startup_s, batch_size, max_uses, isolated)
     attempts = [
         Attempt(name="t", header="", formal_statement="theorem t : True := by", proof=p, id=str(i))
         for i, p in enumerate(["ok", "bad"] * (batch_size // 2) + ["ok"] * (batch_size % 2))
@@ -87,6 +99,7 @@ async def run_mode(
         "busy_sandbox_s": float(m["batch_sandbox_s"]),
         "cold_acquires": float(m["pool_cold_acquires"]),
         "warm_acquires": float(m["pool_warm_acquires"]),
+        "created": float(m["pool_created"]),
     }
 
 
@@ -134,30 +147,43 @@ async def compare_reuse(
     batches: int, batch_size: int, startup_s: float, rounds: int, as_json: bool
 ) -> None:
     """Billed sandbox-seconds per 1,000 attempts and batch latency, before and after reuse."""
-    modes = {"before": 1, "after": 0}  # max_uses
+    # (max_uses, what the service says about isolation)
+    modes: dict[str, tuple[int, bool | None]] = {
+        "before": (1, None),
+        "after": (0, True),
+        "unisolated": (0, False),
+    }
     runs: dict[str, list[dict[str, float | list[float]]]] = {m: [] for m in modes}
     for r in range(rounds):
         order = list(modes) if r % 2 == 0 else list(reversed(modes))  # alternate the order
         for m in order:
-            runs[m].append(await run_mode(2, batches, batch_size, startup_s, modes[m]))
+            uses, isolated = modes[m]
+            runs[m].append(await run_mode(2, batches, batch_size, startup_s, uses, isolated))
     if as_json:
         print(json.dumps(runs, indent=2))
         return
     print(
         f"sandbox reuse: {rounds} rounds x {batches} batches of {batch_size}, simulated "
-        f"start-up {startup_s:g} s, 2 warm; before: max_uses 1, after: max_uses 0"
+        f"start-up {startup_s:g} s, 2 warm; before: max_uses 1; after: max_uses 0, isolated; "
+        "unisolated: max_uses 0, service reports no isolation"
     )
-    print(f"{'mode':<8}{'sandbox-s / 1k attempts  min/med/max':>38}{'batch s  min/med/max':>26}")
+    print(
+        f"{'mode':<11}{'sandbox-s / 1k attempts  min/med/max':>38}{'batch s  min/med/max':>26}"
+        f"{'sandboxes':>11}"
+    )
     for m, rs in runs.items():
         per = sorted(float(x["sandbox_s_per_1k"]) for x in rs)  # type: ignore[arg-type]
         lat = sorted(t for x in rs for t in x["latencies_s"])  # type: ignore[union-attr]
+        made = statistics.median(float(x["created"]) for x in rs)  # type: ignore[arg-type]
         print(
-            f"{m:<8}{per[0]:>14.1f}{statistics.median(per):>12.1f}{per[-1]:>12.1f}"
-            f"{lat[0]:>10.3f}{statistics.median(lat):>8.3f}{lat[-1]:>8.3f}"
+            f"{m:<11}{per[0]:>14.1f}{statistics.median(per):>12.1f}{per[-1]:>12.1f}"
+            f"{lat[0]:>10.3f}{statistics.median(lat):>8.3f}{lat[-1]:>8.3f}{made:>11g}"
         )
     b = statistics.median(float(x["sandbox_s_per_1k"]) for x in runs["before"])  # type: ignore[arg-type]
     f = statistics.median(float(x["sandbox_s_per_1k"]) for x in runs["after"])  # type: ignore[arg-type]
+    u = statistics.median(float(x["sandbox_s_per_1k"]) for x in runs["unisolated"])  # type: ignore[arg-type]
     print(f"before/after median sandbox-s per 1k attempts: {b / f:.2f}x")
+    print(f"unisolated/before: {u / b:.2f}x (reuse refused without isolation)")
 
 
 if __name__ == "__main__":

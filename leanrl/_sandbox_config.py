@@ -116,7 +116,15 @@ class PoolConfig(_Config):
     wait for a free one."""
     max_uses: int = Field(default=0, ge=0)
     """Batches one sandbox serves before it is replaced; 0 means no limit. 1 gives each batch a
-    fresh sandbox (the default on Modal)."""
+    fresh sandbox. Reuse also needs ``reuse``'s condition."""
+    reuse: Literal["auto", "always"] = "auto"
+    """When a sandbox may serve more than one batch (up to ``max_uses``). ``auto``: only when
+    its service reports on ``/health`` that its Lean processes are isolated from each other
+    (bubblewrap in effect inside the sandbox); one that reports otherwise, or nothing, serves
+    one batch and is replaced (logged once, counted as ``pool_retired_unisolated``), so no
+    verdict comes from a sandbox where an earlier batch's code may have run unconfined.
+    ``always``: reuse regardless, as before this check existed; only for proofs from a trusted
+    source."""
     max_age_s: float = Field(default=3600.0, gt=0)
     """An idle sandbox older than this is replaced (never in the middle of a batch)."""
     start_timeout_s: float = Field(default=900.0, gt=0)
@@ -138,7 +146,8 @@ class DockerConfig(_Config):
     """Warm containers to keep ready (the pool's ``target_ready``; also raises ``max_sandboxes``
     to at least this)."""
     pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=4, max_uses=0))
-    """Warm pool settings (``containers`` overrides ``pool.target_ready``)."""
+    """Warm pool settings (``containers`` overrides ``pool.target_ready``). A container serves
+    many batches only where its Lean processes run isolated (``pool.reuse = "auto"``)."""
     batch_size: int = Field(default=64, ge=1)
     """Attempts sent to one container at a time."""
     client: ClientConfig = Field(default_factory=ClientConfig)
@@ -236,9 +245,11 @@ class ModalConfig(_Config):
     warm_sandboxes: Annotated[int, Field(ge=0)] | Literal["auto"] = 2
     """Sandboxes kept started and ready (the pool's ``target_ready``). ``"auto"``: as many as
     the measured batch rate needs (the pool's ``target_ready = "auto"``)."""
-    pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16, max_uses=1))
-    """Warm pool settings (``warm_sandboxes`` overrides ``pool.target_ready``). ``max_uses=1``
-    gives each batch a fresh Sandbox that is terminated after the batch."""
+    pool: PoolConfig = Field(default_factory=lambda: PoolConfig(max_sandboxes=16))
+    """Warm pool settings (``warm_sandboxes`` overrides ``pool.target_ready``). By default a
+    Sandbox serves many batches where its Lean processes run isolated (bubblewrap works inside
+    it) and one batch otherwise (``reuse = "auto"``); ``max_uses = 1`` gives every batch a
+    fresh Sandbox."""
     backend: Literal["modal", "local"] = "modal"
     """``modal``: real Modal Sandboxes. ``local``: ``leanrl serve`` processes on this machine
     behind the same interface (tests, benchmarks, debugging without a Modal account)."""

@@ -162,6 +162,18 @@ class Runtime(abc.ABC):
         replaces the sandbox. Default: none."""
         return []
 
+    def isolation(self) -> tuple[bool | None, str]:
+        """Whether this runtime's Lean processes are isolated from each other, and if not, why.
+
+        ``(True, "")``: each runs in its own sandbox (the ``local`` runtime under bubblewrap:
+        own namespaces, read-only file system, only its own scratch folder), so code that one
+        attempt manages to run while it is elaborated cannot reach the processes or files that
+        check later attempts. ``(False, why)``: they are not. ``(None, "")``: the runtime cannot
+        tell, or has not started (the default). ``GET /health`` of ``leanrl serve`` reports it,
+        and the sandbox pools give a sandbox more than one batch only when it is True
+        (``PoolConfig.reuse``)."""
+        return None, ""
+
     def metrics(self) -> dict[str, float]:
         """Counters and costs so far, numbers only (processes started and killed, sandbox- and
         CPU-seconds, ...). The eval runner writes them to ``summary.json`` and the trainers to

@@ -21,7 +21,9 @@ the tactic ``raise`` raises (a runtime bug); ``hang`` never returns.
 (:meth:`start` raises it as ``RuntimeUnavailable``), ``log_path``
 (append ``pid id`` for every attempt checked, to count checks across processes), ``closed_path``
 (written by :meth:`close`, to see that a process shut its runtime down), ``session_open_s``
-(sleep while opening a tactic session, like starting a Lean process).
+(sleep while opening a tactic session, like starting a Lean process), ``isolated`` (what
+:meth:`isolation` reports, so ``GET /health`` says the processes are isolated or not; unset: it
+says nothing, like a runtime without the report).
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ class EchoRuntime(Runtime):
             "warmed": len(self.warmed),
             "sessions_opened": self.sessions_opened,
         }
+
+    def isolation(self) -> tuple[bool | None, str]:
+        flag = self.config.options.get("isolated")
+        if flag is None:
+            return None, ""
+        return bool(flag), "" if flag else "the echo test runtime was told to say so"
 
     async def warm(self, header: str) -> None:
         """Like loading a header's imports: takes ``warm_s`` seconds."""

@@ -107,7 +107,8 @@ def test_settings_and_commands() -> None:
     rt = ModalRuntime(rc)
     s = rt.settings()
     assert s.batch_size == 64 and s.pool.target_ready == 5 and s.pool.max_sandboxes == 5
-    assert ModalConfig().pool.max_uses == 1  # Modal default: a fresh Sandbox per batch
+    # Modal default: Sandboxes reused only where their Lean runs isolated, else one batch each
+    assert ModalConfig().pool.max_uses == 0 and ModalConfig().pool.reuse == "auto"
     assert s.pool.max_age_s == 0.5 * rc.modal.sandbox_timeout_s  # retired before Modal kills it
     args = inner_runtime_args(rc, "local", {"x": 1})
     assert args[:2] == ["--runtime.name", "local"]

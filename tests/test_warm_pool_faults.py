@@ -55,6 +55,9 @@ class FakeBackend(SandboxBackend):
 
 
 async def healthy(sb: Sandbox) -> bool:
+    # Stands in for a service whose Lean processes run isolated, so the pool may reuse it
+    # (reuse without isolation: tests/test_sandbox_reuse.py).
+    sb.note_isolation(True)
     return True
 
 

@@ -463,12 +463,21 @@ class VerificationService:
         status = "starting" if not self._ready else "ok"
         if any(p.startswith("infra:") for p in problems):
             status = "degraded"
+        isolated: bool | None = None
+        note = ""
+        if self._ready:
+            try:
+                isolated, note = self.runtime.isolation()
+            except Exception as e:  # noqa: BLE001 - unknown counts as not isolated
+                isolated, note = None, f"the runtime could not tell: {type(e).__name__}: {e}"
         return Health(
             status=status,
             problems=tuple(problems),
             runtime=self.runtime.name,
             pid=os.getpid(),
             lean_version=self._lean_version,
+            isolated=isolated,
+            isolation_note=note,
         )
 
     def metrics(self) -> ServiceMetrics:

@@ -6,6 +6,11 @@ die (checked every ``health_interval_s``) or pass ``max_age_s`` (only while idle
 a sandbox after ``max_uses`` batches. Never more than ``max_sandboxes`` exist at once.
 ``target_ready = "auto"`` follows the measured load instead (:meth:`WarmPool.target_ready`).
 
+A sandbox serves a second batch only when its Lean processes are isolated from each other
+(``Sandbox.isolated``, from its ``/health``), unless ``reuse = "always"``: without bubblewrap,
+code one attempt runs could leave files or processes behind that change a later batch's
+verdicts, so such a sandbox is used once (:meth:`WarmPool.reusable`).
+
 Billing starts when a sandbox's creation begins and ends when it is terminated; the pool keeps
 those totals (:meth:`WarmPool.state`) so the runtimes can report what a run cost.
 """
@@ -73,12 +78,14 @@ class WarmPool:
         self._started = False
         self._fail_streak = 0
         self.last_error = ""
+        self._told_unisolated = False
         self.stats: dict[str, float] = {
             "created": 0,
             "create_failures": 0,
             "replaced_dead": 0,
             "replaced_aged": 0,
             "retired_used": 0,
+            "retired_unisolated": 0,
             "discarded_failed": 0,
             "terminated": 0,
             "cold_acquires": 0,
@@ -167,6 +174,11 @@ class WarmPool:
                     if sb.age_s(now) > self.config.max_age_s:
                         self._retire(sb, "replaced_aged")
                         continue
+                    # Checked again here, not only on release: a health check may have taken
+                    # the sandbox's isolation back while it waited.
+                    if sb.uses and not self.reusable(sb):
+                        self._retire(sb, "retired_unisolated")
+                        continue
                     self._busy.add(sb)
                     self.stats["cold_acquires" if waited else "warm_acquires"] += 1
                     self._rebalance()  # refill behind the one just taken
@@ -207,12 +219,49 @@ class WarmPool:
                 self._retire(sb, "discarded_failed")
             elif self.config.max_uses and sb.uses >= self.config.max_uses:
                 self._retire(sb, "retired_used")
+            elif sb.uses and not self.reusable(sb):
+                self._retire(sb, "retired_unisolated")
             elif sb.age_s() > self.config.max_age_s:
                 self._retire(sb, "replaced_aged")
             else:
                 self._ready.append(sb)
             self._rebalance()
             cond.notify_all()
+
+    def reusable(self, sb: Sandbox) -> bool:
+        """Whether ``sb`` may serve another batch after one: its Lean processes are isolated,
+        or ``reuse = "always"``. The first refusal (and the first reuse of an unisolated
+        sandbox under ``always``) is logged with the sandbox's reason."""
+        if sb.isolated:
+            return True
+        why = sb.isolation_note or "its service does not report isolated Lean processes"
+        if self.config.reuse == "always":
+            if not self._told_unisolated:
+                self._told_unisolated = True
+                log.warning(
+                    "%s sandbox %s serves more batches although its Lean processes are not "
+                    'isolated from each other (%s), because pool.reuse = "always": code one '
+                    "attempt runs may change later batches' verdicts. Use this only for proofs "
+                    "from a trusted source.",
+                    self.backend.name,
+                    sb.id,
+                    why,
+                )
+            return True
+        if not self._told_unisolated:
+            self._told_unisolated = True
+            log.warning(
+                "%s sandbox %s: its Lean processes are not isolated from each other (%s), so "
+                'each sandbox serves one batch and is then replaced (pool.reuse = "auto"): '
+                "code one attempt runs must not reach a later batch. For sandboxes that serve "
+                "many batches, make bubblewrap work inside them (RuntimeConfig.isolate, "
+                'docs/sandboxes.md); pool.reuse = "always" reuses them anyway, for proofs '
+                "from a trusted source only.",
+                self.backend.name,
+                sb.id,
+                why,
+            )
+        return False
 
     # -- state ------------------------------------------------------------------------------
 

@@ -117,6 +117,15 @@ class Health(_Wire):
     """Process id of the service (handy when several run on one machine)."""
     lean_version: str | None = None
     """The Lean version the wrapped runtime runs (its ``lean_version()``), once started."""
+    isolated: bool | None = None
+    """Whether the wrapped runtime's Lean processes are isolated from each other (its
+    ``isolation()``): True when each runs under bubblewrap, so code one attempt manages to run
+    cannot reach the processes that check later attempts; False when not
+    (``isolation_note`` says why); None before the runtime started or when it does not say.
+    Sandbox pools give a sandbox more than one batch only when this is True
+    (``PoolConfig.reuse``)."""
+    isolation_note: str = ""
+    """Why the Lean processes are not isolated (empty when they are, or when nobody says)."""
 
 
 class ServiceMetrics(_Wire):

@@ -82,6 +82,22 @@ class Sandbox(abc.ABC):
     """Batches (or tactic sessions) it has served."""
     terminated_at: float | None = None
     """When :meth:`terminate` finished (None while it lives)."""
+    isolated: bool | None = None
+    """Whether its service's ``/health`` says the Lean processes inside are isolated from each
+    other (None: no healthy answer yet). Set by :meth:`note_isolation`; once False it stays
+    False."""
+    isolation_note: str = ""
+    """Why they are not isolated, as its service said (or that it said nothing)."""
+
+    def note_isolation(self, isolated: bool | None, note: str = "") -> None:
+        """Record what a healthy ``/health`` answer said about isolation. A service that does
+        not say (``None``: a runtime without the report, an image of an older leanrl) counts as
+        not isolated. Only the first answer can make it True; a later answer can take it back
+        but never give it again, so a sandbox once seen unisolated is never trusted later."""
+        ok = isolated is True
+        why = "" if ok else note or "its service does not report isolated Lean processes"
+        if self.isolated is None or (self.isolated and not ok):
+            self.isolated, self.isolation_note = ok, why
 
     @abc.abstractmethod
     async def terminate(self) -> None:

@@ -149,6 +149,8 @@ class _SessionHost:
     sandbox: Sandbox
     open: int = 0
     broken: bool = False
+    opened: int = 0
+    """Sessions it has hosted in all: one sandbox-use's worth where Lean is not isolated."""
 
 
 @dataclass(frozen=True)
@@ -354,11 +356,19 @@ class SandboxRuntime(Runtime):
             1, min(self.settings().sessions_per_sandbox, self.settings().service.max_sessions)
         )
         for host in self._session_hosts:
-            if not host.broken and host.open < limit and host.sandbox.terminated_at is None:
-                host.open += 1
-                return host
+            if host.broken or host.open >= limit or host.sandbox.terminated_at is not None:
+                continue
+            # Sessions that overlap would keep one sandbox in use for ever: where its Lean is
+            # not isolated, `limit` sessions in all are its one use, like a batch.
+            if host.opened >= limit and not (
+                host.sandbox.isolated or pool.config.reuse == "always"
+            ):
+                continue
+            host.open += 1
+            host.opened += 1
+            return host
         sb = await pool.acquire()
-        host = _SessionHost(sb, open=1)
+        host = _SessionHost(sb, open=1, opened=1)
         self._session_hosts.append(host)
         return host
 
@@ -443,7 +453,11 @@ class SandboxRuntime(Runtime):
         health = await self._client(sb).health(retries=0, timeout_s=_PROBE_TIMEOUT_S)
         if health.lean_version:
             self._lean_version = health.lean_version
-        return health.status == "ok"
+        if health.status != "ok":
+            return False
+        # The pool reuses a sandbox for more batches only if its Lean processes are isolated.
+        sb.note_isolation(health.isolated, health.isolation_note)
+        return True
 
     async def lean_version(self) -> str | None:
         """The Lean version the sandboxes' services report (from their ``/health``)."""

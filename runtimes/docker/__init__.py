@@ -1,7 +1,9 @@
 """The ``docker`` runtime: Lean in Docker containers running the verification service.
 
 Containers come from a warm pool (``docker.containers`` ready) and are reused across batches
-until they die, pass ``pool.max_age_s`` or serve ``pool.max_uses`` batches. They have no network
+until they die, pass ``pool.max_age_s`` or serve ``pool.max_uses`` batches -- but only while
+their service reports that its Lean processes run isolated from each other (bubblewrap works in
+the container; ``pool.reuse = "auto"``); otherwise each serves one batch. They have no network
 (``--network none``, the service on a unix socket; or, with ``transport = "tcp"``, a port
 published on 127.0.0.1 only) and memory, CPU and process limits. The image is built from
 ``runtimes/docker/Dockerfile``; see docs/sandboxes.md.

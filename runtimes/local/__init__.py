@@ -89,6 +89,13 @@ _ISOLATION_FIX = (
 )
 
 
+def _not_isolated_why(isolate: bool | None) -> str:
+    """Why :func:`resolve_isolation` gave False, in one line for ``GET /health``."""
+    if isolate is False:
+        return "runtime.isolate = false"
+    return f"{isolation_problem()} ({ALLOW_UNSANDBOXED}=1)"
+
+
 def isolation_refused(isolate: bool | None) -> RuntimeUnavailable | None:
     """The error :func:`resolve_isolation` raises for ``isolate`` here, without its warnings
     (None when it would not raise), so that a preflight can report it before anything starts."""
@@ -116,6 +123,8 @@ class LocalRuntime(Runtime):
         super().__init__(config)
         self.pool: ReplPool | None = None
         self.oneshot: OneShotChecker | None = None
+        self._isolated: tuple[bool, str] | None = None
+        """What :meth:`start` resolved ``isolate`` to, and why not isolated (None: not started)."""
 
     def _workers(self) -> int:
         return self.config.workers or os.cpu_count() or 1
@@ -187,6 +196,14 @@ class LocalRuntime(Runtime):
         """The pool's keys that cannot start processes now (see :meth:`ReplPool.problems`)."""
         return self.pool.problems() if self.pool is not None else []
 
+    def isolation(self) -> tuple[bool | None, str]:
+        """``(True, "")`` once started with every Lean process under bubblewrap (each sees only
+        its own scratch folder, in its own namespaces); ``(False, why)`` once started without
+        it; ``(None, "")`` before :meth:`start` and after :meth:`close`."""
+        if (self.pool is None and self.oneshot is None) or self._isolated is None:
+            return None, ""
+        return self._isolated
+
     def metrics(self) -> dict[str, float]:
         """The pool's counters: processes started, killed, recycled, attempts checked, ..."""
         if self.pool is None:
@@ -200,6 +217,7 @@ class LocalRuntime(Runtime):
         cfg = self.config
         await asyncio.to_thread(self._find_lean)
         isolate = await asyncio.to_thread(resolve_isolation, cfg.isolate)
+        self._isolated = (isolate, "" if isolate else _not_isolated_why(cfg.isolate))
         if cfg.mode == "repl":
             found = self._option_command("repl_command")
             cwd: Path | None = None

@@ -1,10 +1,12 @@
-"""The ``modal`` runtime: Lean in Modal Sandboxes, one fresh Sandbox per batch, from a warm pool.
+"""The ``modal`` runtime: Lean in Modal Sandboxes from a warm pool, reused where Lean runs isolated.
 
 Each Sandbox runs ``leanrl serve`` (wrapping the ``local`` Lean runtime) from an image defined in
 code (:mod:`.image`); batches go over HTTP through an encrypted tunnel. Sandboxes come from a
-:class:`~leanrl.service.pool.WarmPool` kept at ``warm_sandboxes`` ready, and are terminated after
-``pool.max_uses`` batches (1 by default). Cost (sandbox-seconds, CPU-seconds) is accounted per
-batch and per run. ``backend = "local"`` runs the same machinery with local processes
+:class:`~leanrl.service.pool.WarmPool` kept at ``warm_sandboxes`` ready. A Sandbox serves many
+batches only when its service reports that its Lean processes run isolated from each other
+(bubblewrap works inside it; ``pool.reuse = "auto"``), and one batch otherwise; ``pool.max_uses``
+caps the batches either way. Cost (sandbox-seconds, CPU-seconds) is accounted per batch and per
+run. ``backend = "local"`` runs the same machinery with local processes
 (:mod:`.local_backend`) instead of Modal.
 
 Modal itself is imported only when a Sandbox is about to be created.
@@ -53,7 +55,9 @@ class ModalRuntime(SandboxRuntime):
     """Lean in Modal Sandboxes (settings under ``RuntimeConfig.modal``)."""
 
     name = "modal"
-    description = "Lean in Modal Sandboxes: warm pool, one Sandbox per batch, cost accounting"
+    description = (
+        "Lean in Modal Sandboxes: warm pool, reused only where Lean runs isolated, cost accounting"
+    )
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         super().__init__(config or RuntimeConfig(name="modal"))
