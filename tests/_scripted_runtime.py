@@ -21,7 +21,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.policy import (
+    Completion,
+    Policy,
+    PolicyConfig,
+    Prompt,
+    SamplingConfig,
+    StreamCompletion,
+    StreamRequest,
+)
 from leanrl.runtime import Runtime, RuntimeConfig, TacticSession, TacticState
 from leanrl.verdict import Attempt, Reason, Verdict, VerificationPolicy
 
@@ -180,3 +188,28 @@ class ScriptedPolicy(Policy):
             out.append(row)
         self.spans.append((t0, time.perf_counter()))
         return out
+
+
+class HoldLastPolicy(ScriptedPolicy):
+    """A backend with a stream of its own: every sample of every request is streamed on its
+    own, the last one only once ``release`` is set (a slow sequence still generating); a test's
+    runtime sets it after it has checked something, so a caller that waited for the whole batch
+    before checking would never finish. ``replays``: what ``stream_replays`` answers."""
+
+    def __init__(self, *a: Any, replays: bool = True, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.replays = replays
+        self.release = asyncio.Event()
+        self.streams = 0
+
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        return self.replays
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        self.streams += 1
+        got = await self.generate([r.prompt or "" for r in requests], requests[0].sampling)
+        out = [(r, i, c) for r, row in zip(requests, got, strict=True) for i, c in enumerate(row)]
+        for k, (r, i, c) in enumerate(out):
+            if k == len(out) - 1:
+                await self.release.wait()
+            yield StreamCompletion(r.key, i, c, 0.01)

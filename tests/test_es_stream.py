@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 import types
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -131,38 +130,11 @@ async def test_the_vllm_engine_policy_streams_finished_requests(
     """The glue only (vLLM's engine replaced by a stand-in finishing one request per step,
     last first); real vLLM is the GPU check."""
 
-    class Params:
-        def __init__(self, **kw: Any) -> None:
-            self.__dict__.update(kw)
+    from tests._vllm_engine_standin import Engine, Params
 
-    class Engine:
-        def __init__(self) -> None:
-            self.queue: list[tuple[str, Any, Any]] = []
-            self.aborted: list[str] = []
-
-        def add_request(self, rid: str, prompt: Any, params: Any) -> None:
-            self.queue.append((rid, prompt, params))
-
-        def has_unfinished_requests(self) -> bool:
-            return bool(self.queue)
-
-        def step(self) -> list[Any]:
-            time.sleep(0.02)
-            rid, prompt, params = self.queue.pop()
-            outs = [
-                types.SimpleNamespace(text=f"{prompt}/{i}/{params.seed}/{params.top_p}",
-                                      token_ids=[5], logprobs=None, finish_reason="stop")
-                for i in range(params.n)
-            ]  # fmt: skip
-            return [
-                types.SimpleNamespace(request_id=rid, finished=True, outputs=outs,
-                                      prompt_token_ids=[1])
-            ]  # fmt: skip
-
-        def abort_request(self, ids: list[str]) -> None:
-            self.aborted += ids
-
-    llm = types.SimpleNamespace(llm_engine=Engine(), get_tokenizer=lambda: None)
+    llm = types.SimpleNamespace(
+        llm_engine=Engine(step_s=0.02, show_top_p=True), get_tokenizer=lambda: None
+    )
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=Params))
     p = _EnginePolicy(llm, PolicyConfig(model="m"))
     assert p.stream_replays(SamplingConfig(temperature=1.0))  # each request keeps its seed

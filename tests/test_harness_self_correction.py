@@ -9,7 +9,7 @@ positions its messages), saying the goals are unsolved. The tiny model is random
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,12 @@ import pytest
 from leanrl import Environment, HarnessConfig, Runtime, RuntimeConfig, Taskset
 from leanrl.environment import EnvironmentConfig
 from leanrl.harnesses.self_correction import SelfCorrectionHarness, checked_text, render_errors
-from leanrl.policy import Policy, PolicyConfig, SamplingConfig, StreamCompletion, StreamRequest
+from leanrl.policy import Policy, PolicyConfig, SamplingConfig
 from leanrl.rollout import ChatMessage
 from leanrl.task import Task
 from leanrl.taskset import RawRow
 from leanrl.verdict import Attempt, Message, Position, Reason, Verdict
-from tests._scripted_runtime import ScriptedPolicy
+from tests._scripted_runtime import HoldLastPolicy, ScriptedPolicy
 
 STATEMENT = "theorem t0 (n : Nat) : n + 0 = 0 + n := by"
 TASK = Task(name="t0", header="import Mathlib\n\n", formal_statement=STATEMENT)
@@ -290,33 +290,10 @@ def test_grpo_trains_on_self_correction_rollouts(toy_model_dir: Path, tmp_path: 
     assert RunDir(tmp_path / "run").latest_checkpoint() is not None
 
 
-class _Streaming(ScriptedPolicy):
-    """Streams every sample of every request on its own; the round's last one only once
-    ``release`` is set (a slow sequence still generating)."""
-
-    def __init__(self, *a: Any, replays: bool = True, **kw: Any) -> None:
-        super().__init__(*a, **kw)
-        self.replays = replays
-        self.release = asyncio.Event()
-        self.streams = 0
-
-    def stream_replays(self, sampling: SamplingConfig) -> bool:
-        return self.replays
-
-    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
-        self.streams += 1
-        got = await self.generate([r.prompt or "" for r in requests], requests[0].sampling)
-        out = [(r, i, c) for r, row in zip(requests, got, strict=True) for i, c in enumerate(row)]
-        for k, (r, i, c) in enumerate(out):
-            if k == len(out) - 1:
-                await self.release.wait()
-            yield StreamCompletion(r.key, i, c, 0.01)
-
-
 class _Releasing(ErrorRuntime):
     """Sets ``policy.release`` once ``after`` attempts have been checked."""
 
-    def __init__(self, policy: _Streaming, after: int) -> None:
+    def __init__(self, policy: HoldLastPolicy, after: int) -> None:
         super().__init__()
         self.policy, self.after = policy, after
 
@@ -330,7 +307,7 @@ class _Releasing(ErrorRuntime):
 async def test_a_streamed_round_checks_each_attempt_as_it_arrives() -> None:
     # The round's last completion is held back until two attempts were checked: a round that
     # waited for all its completions before checking would never finish (wait_for fails it).
-    policy = _Streaming(["\n  omega\n"])
+    policy = HoldLastPolicy(["\n  omega\n"])
     rt = _Releasing(policy, after=2)
     groups = await asyncio.wait_for(
         _harness().run([TASK], policy, rt, SamplingConfig(n=3, seed=1), Taskset()), 30
@@ -342,7 +319,7 @@ async def test_a_streamed_round_checks_each_attempt_as_it_arrives() -> None:
 async def test_streamed_and_batched_rounds_record_the_same_rollouts() -> None:
     got = []
     for replays in (True, False):
-        policy = _Streaming([], per_turn=["\n  simp\n", "\n  nlinarith\n", "\n  omega\n"],
+        policy = HoldLastPolicy([], per_turn=["\n  simp\n", "\n  nlinarith\n", "\n  omega\n"],
                             replays=replays)  # fmt: skip
         policy.release.set()
         groups = await _harness().run(

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
 from leanrl import HarnessConfig, Reason, SamplingConfig, Task, Taskset, TasksetConfig
 from leanrl.harnesses.tactic_loop import TacticLoopHarness, extract_tactics, join_tactics
-from leanrl.policy import StreamCompletion, StreamRequest
-from tests._scripted_runtime import ScriptedPolicy, ScriptedRuntime
+from tests._scripted_runtime import HoldLastPolicy, ScriptedPolicy, ScriptedRuntime
 
 TASK = Task(
     name="t1",
@@ -225,32 +223,10 @@ async def test_the_session_gets_the_tasksets_rules() -> None:
     assert rt.session_policies == [rules]
 
 
-class _OneAtATime(ScriptedPolicy):
-    """Streams each request's completion on its own; the last one only once ``release`` is set
-    (a slow sequence still generating)."""
-
-    def __init__(self, *a: Any, replays: bool = True, **kw: Any) -> None:
-        super().__init__(*a, **kw)
-        self.replays = replays
-        self.release = asyncio.Event()
-        self.streams = 0
-
-    def stream_replays(self, sampling: SamplingConfig) -> bool:
-        return self.replays
-
-    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
-        self.streams += 1
-        got = await self.generate([r.prompt or "" for r in requests], requests[0].sampling)
-        for k, (r, row) in enumerate(zip(requests, got, strict=True)):
-            if k == len(requests) - 1:
-                await self.release.wait()
-            yield StreamCompletion(r.key, 0, row[0], 0.01)
-
-
 class _Watching(ScriptedRuntime):
     """Sets ``policy.release`` once ``after`` tactics have been applied."""
 
-    def __init__(self, policy: _OneAtATime, after: int) -> None:
+    def __init__(self, policy: HoldLastPolicy, after: int) -> None:
         super().__init__()
         self.policy, self.after, self.count = policy, after, 0
 
@@ -283,7 +259,7 @@ async def test_a_streamed_turn_applies_each_tactic_as_its_completion_arrives() -
     # The last completion of the turn is held back until the others' tactics were applied:
     # waiting for the whole batch first would never finish (the guard turns that into a
     # failure instead of a hang).
-    policy = _OneAtATime(["omega"])
+    policy = HoldLastPolicy(["omega"])
     rt = _Watching(policy, after=2)
     h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=2))
     groups = await asyncio.wait_for(
@@ -298,7 +274,7 @@ async def test_streamed_and_batched_turns_record_the_same_rollouts() -> None:
     script = ["```lean4\nintro y\n```", "```lean4\nfoo\n```", "omega"]
     got = []
     for replays in (True, False):
-        policy = _OneAtATime([], per_turn=script, replays=replays)
+        policy = HoldLastPolicy([], per_turn=script, replays=replays)
         policy.release.set()
         h = TacticLoopHarness(HarnessConfig(name="tactic-loop", prompt_format="chat", max_turns=5))
         groups = await h.run(

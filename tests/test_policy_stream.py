@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -187,39 +186,7 @@ async def test_vllm_stream_steps_the_engine_and_yields_finished_requests(
     """The glue code only (vLLM's engine replaced by a stand-in that finishes one request per
     step, last first); real vLLM is the gpu test."""
     from leanrl.policies.vllm import VLLMPolicy
-
-    class Params:
-        def __init__(self, **kw: Any) -> None:
-            self.__dict__.update(kw)
-
-    class Engine:
-        def __init__(self) -> None:
-            self.queue: list[tuple[str, Any, Any]] = []
-            self.aborted: list[str] = []
-
-        def add_request(self, rid: str, prompt: Any, params: Any) -> None:
-            self.queue.append((rid, prompt, params))
-
-        def has_unfinished_requests(self) -> bool:
-            return bool(self.queue)
-
-        def step(self) -> list[Any]:
-            time.sleep(0.05)  # a GPU step: the consumer may stop meanwhile
-            rid, prompt, params = self.queue.pop()
-            outs = [
-                types.SimpleNamespace(
-                    text=f"{prompt}/{i}/{params.seed}", token_ids=[5], logprobs=None,
-                    finish_reason="stop",
-                )
-                for i in range(params.n)
-            ]  # fmt: skip
-            return [
-                types.SimpleNamespace(request_id=rid, finished=True, outputs=outs,
-                                      prompt_token_ids=[1])
-            ]  # fmt: skip
-
-        def abort_request(self, ids: list[str]) -> None:
-            self.aborted += ids
+    from tests._vllm_engine_standin import Engine, Params
 
     class LLM:
         def __init__(self, **kw: Any) -> None:

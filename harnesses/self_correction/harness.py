@@ -25,7 +25,6 @@ feedback's tokens carry mask 0.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from leanrl.policy import (
     Policy,
     Prompt,
     SamplingConfig,
+    StreamCompletion,
     StreamRequest,
     stream_replays_generate,
 )
@@ -58,7 +58,7 @@ from ..whole_proof.prompts import (
 )
 from ..whole_proof.prompts import check_config as check_prompt
 from ..whole_proof.prompts import is_completion_style as _completion_style
-from ..whole_proof.stream import MAX_WAIT_S, CheckBatcher
+from ..whole_proof.stream import MAX_WAIT_S, CheckBatcher, handle_arrivals
 from .feedback import checked_text, render_errors
 
 __all__ = ["SelfCorrectionHarness"]
@@ -264,37 +264,24 @@ class SelfCorrectionHarness(Harness):
                 ep.verdict = probe.verdict
             self._after(ep, c, policy, round_)
 
-        jobs: list[asyncio.Future[None]] = []
         seen: set[int] = set()
+
+        async def arrived(sc: StreamCompletion) -> None:
+            at = cast(int, sc.key) * n + sc.sample
+            if at in seen or not 0 <= at < len(live):
+                raise PolicyError(
+                    f"policy {policy.name!r} streamed {sc.key!r}/{sc.sample} twice or for no "
+                    "request"
+                )
+            seen.add(at)
+            await handle(live[at], sc.completion, sc.elapsed_s)
+
         try:
-            arrivals = policy.stream(requests)
-            try:
-                async for sc in arrivals:
-                    at = cast(int, sc.key) * n + sc.sample
-                    if at in seen or not 0 <= at < len(live):
-                        raise PolicyError(
-                            f"policy {policy.name!r} streamed {sc.key!r}/{sc.sample} twice or "
-                            "for no request"
-                        )
-                    seen.add(at)
-                    jobs.append(
-                        asyncio.ensure_future(handle(live[at], sc.completion, sc.elapsed_s))
-                    )
-            finally:  # stop the policy's queued work at once if this round fails part-way
-                close = getattr(arrivals, "aclose", None)
-                if close is not None:
-                    await close()
-            batcher.flush()
-            await asyncio.gather(*jobs)
+            await handle_arrivals(policy.stream(requests), arrived, batcher.flush)
         except NotImplementedError:
-            if jobs or round_ == 0 or live[0].mode != "ids":
+            if round_ == 0 or live[0].mode != "ids":
                 raise
             return False  # a wrapper that cannot take ids after all: text from here on
-        except BaseException:
-            for job in jobs:
-                job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
-            raise
         finally:
             batcher.close()
         if len(seen) != len(live):

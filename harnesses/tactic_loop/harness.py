@@ -31,6 +31,7 @@ from leanrl.policy import (
     Policy,
     Prompt,
     SamplingConfig,
+    StreamCompletion,
     StreamRequest,
     stream_replays_generate,
 )
@@ -42,6 +43,7 @@ from leanrl.verdict import Reason, Verdict, VerificationPolicy
 
 from ..whole_proof.extract import strip_reasoning
 from ..whole_proof.harness import check_and_reward, off_loop
+from ..whole_proof.stream import handle_arrivals
 from .context import ids_capable, record_turn
 
 __all__ = ["TacticLoopHarness", "extract_tactics", "join_tactics"]
@@ -340,30 +342,18 @@ class TacticLoopHarness(Harness):
             else StreamRequest(key=k, sampling=sampling, prompt=ep.context, slot=k)
             for k, ep in enumerate(live)
         ]
-        steps: list[asyncio.Future[None]] = []
+
+        async def arrived(sc: StreamCompletion) -> None:
+            ep, c = live[cast(int, sc.key)], sc.completion
+            (tactics,) = await off_loop(len(c.text), _read_tactics, [c.text], self.chat)
+            await self._step(ep, c, policy, sc.elapsed_s, tactics)
+
         try:
-            arrivals = policy.stream(requests)
-            try:
-                async for sc in arrivals:
-                    ep, c = live[cast(int, sc.key)], sc.completion
-                    (tactics,) = await off_loop(len(c.text), _read_tactics, [c.text], self.chat)
-                    steps.append(
-                        asyncio.ensure_future(self._step(ep, c, policy, sc.elapsed_s, tactics))
-                    )
-            finally:  # stop the policy's queued work at once if this turn fails part-way
-                close = getattr(arrivals, "aclose", None)
-                if close is not None:
-                    await close()
+            await handle_arrivals(policy.stream(requests), arrived)
         except NotImplementedError:
-            if steps or not use_ids:
+            if not use_ids:
                 raise
             return False  # a wrapper that cannot take ids after all: text from here on
-        except BaseException:
-            for job in steps:
-                job.cancel()
-            await asyncio.gather(*steps, return_exceptions=True)
-            raise
-        await asyncio.gather(*steps)
         return True
 
     async def _generate(

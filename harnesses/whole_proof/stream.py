@@ -12,7 +12,7 @@ complete, and the chunk's rows are handed over in task and sample order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
 from leanrl.errors import PolicyError
@@ -23,7 +23,7 @@ from leanrl.runtime import Runtime
 from leanrl.task import Task
 from leanrl.taskset import Taskset
 
-__all__ = ["MAX_WAIT_S", "CheckBatcher", "can_stream", "stream_chunks"]
+__all__ = ["MAX_WAIT_S", "CheckBatcher", "can_stream", "handle_arrivals", "stream_chunks"]
 
 MAX_WAIT_S = 0.05
 """Longest an arrived attempt waits for others to share its ``runtime.check`` call."""
@@ -40,6 +40,41 @@ def can_stream(harness: Harness) -> bool:
     """Whether ``harness`` offers what a streamed rollout needs (``whole-proof`` does)."""
     probe = getattr(harness, "can_stream", None)
     return bool(callable(probe) and probe())
+
+
+async def handle_arrivals(
+    arrivals: AsyncIterator[StreamCompletion],
+    handle: Callable[[StreamCompletion], Awaitable[None]],
+    ended: Callable[[], None] | None = None,
+) -> int:
+    """Start ``handle(sc)`` for each completion of ``arrivals`` as it arrives, then wait for
+    all of them (``ended()`` is called once the stream has ended, before that wait). Returns how
+    many arrived. The stream is closed at once when anything fails, so its policy stops its
+    queued work, and the handlers still running are cancelled. A ``NotImplementedError`` from
+    the stream before anything arrived passes through as it is (a wrapper that cannot take
+    token ids: the caller falls back to text); after that it is a :class:`PolicyError`."""
+    jobs: list[asyncio.Future[None]] = []
+    try:
+        try:
+            async for sc in arrivals:
+                jobs.append(asyncio.ensure_future(handle(sc)))
+        except NotImplementedError as e:
+            if jobs:
+                raise PolicyError(f"a policy's stream failed part-way: {e}") from e
+            raise
+        finally:
+            close = getattr(arrivals, "aclose", None)
+            if close is not None:
+                await close()
+        if ended is not None:
+            ended()
+        await asyncio.gather(*jobs)
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        raise
+    return len(jobs)
 
 
 class CheckBatcher:
