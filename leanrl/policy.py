@@ -13,9 +13,10 @@ import abc
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +29,7 @@ __all__ = [
     "SamplingConfig",
     "StreamCompletion",
     "StreamRequest",
+    "closing_stream",
     "sample_seed",
     "stream_replays_generate",
 ]
@@ -322,6 +324,23 @@ class Policy(abc.ABC):
 
 def _owner(cls: type, name: str) -> type:
     return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
+_T = TypeVar("_T")
+
+
+@asynccontextmanager
+async def closing_stream(stream: AsyncIterator[_T]) -> AsyncIterator[AsyncIterator[_T]]:
+    """``async with closing_stream(policy.stream(requests)) as items``: the stream is closed
+    (``aclose``, when it has one) as the block ends, also when it ends early or fails, so the
+    policy stops its queued work and lets go of its lock at once instead of when the stream is
+    garbage-collected."""
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def stream_replays_generate(

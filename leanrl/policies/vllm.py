@@ -7,7 +7,6 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
 from typing import Any
 
 from leanrl._dist import install_hint
@@ -21,6 +20,7 @@ from leanrl.policy import (
     SamplingConfig,
     StreamCompletion,
     StreamRequest,
+    closing_stream,
 )
 
 __all__ = ["VLLMPolicy", "completions_from_vllm", "import_vllm", "stream_llm"]
@@ -113,7 +113,7 @@ class VLLMPolicy(Policy):
         # aclosing: a consumer that stops early stops (and aborts) the engine's stream at once
         async with (
             self._lock.get(),
-            aclosing(stream_llm(self._llm, requests, inputs, _params)) as items,
+            closing_stream(stream_llm(self._llm, requests, inputs, _params)) as items,
         ):
             async for item in items:
                 self.completed(1)

@@ -35,7 +35,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -47,6 +46,7 @@ from leanrl.policy import (
     SamplingConfig,
     StreamCompletion,
     StreamRequest,
+    closing_stream,
     stream_replays_generate,
 )
 from leanrl.train.es.workers import (
@@ -279,7 +279,7 @@ class EngineGate:
             t0 = time.perf_counter()
             try:
                 self._load(seed, scale)
-                async with aclosing(self.engine.policy.stream(requests)) as items:
+                async with closing_stream(self.engine.policy.stream(requests)) as items:
                     async for item in items:
                         yield item
             finally:
@@ -478,7 +478,7 @@ class MemberPolicy(Policy):
             raise PolicyError("a batched population gate has no stream; use generate()")
         t0 = time.perf_counter()
         try:
-            async with aclosing(self.gate.stream(self.seed, self.scale, requests)) as items:
+            async with closing_stream(self.gate.stream(self.seed, self.scale, requests)) as items:
                 async for item in items:
                     yield item
         finally:

@@ -33,7 +33,6 @@ import multiprocessing as mp
 import time
 import traceback
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -48,6 +47,7 @@ from leanrl.policy import (
     SamplingConfig,
     StreamCompletion,
     StreamRequest,
+    closing_stream,
 )
 from leanrl.task import Task
 from leanrl.train.distributed import round_robin
@@ -781,7 +781,7 @@ class _EnginePolicy(Policy):
             else self._texts([r.prompt or ""])[0]
             for r in requests
         ]
-        async with aclosing(stream_llm(self.llm, requests, inputs, self._params)) as items:
+        async with closing_stream(stream_llm(self.llm, requests, inputs, self._params)) as items:
             async for item in items:
                 self.completed(1)
                 yield item
