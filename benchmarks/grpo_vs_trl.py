@@ -1,13 +1,39 @@
 """leanrl's GRPO trainer against TRL's GRPOTrainer: same model, reward, group size, steps.
 
-Both trainers get the same tiny random Llama model (made here, nothing downloaded), the same
-8 prompts, the same reward (the share of digit characters in the completion: a learnable toy
-reward, no Lean), group size G, prompts per step, completion length, learning rate, loss
-(``dapo`` token mean, group-std advantages, clip 0.2/0.28, no KL, one pass) and number of
-steps, on the same CPU thread count. The trainers alternate seed by seed in one invocation, and
-so does their order (odd repeats run TRL first). The figures are the per-seed ratios of TRL's to
-leanrl's median step time and of leanrl's to TRL's tokens per second (min / median / max over the
-seeds, with the pooled medians beside them), and the mean reward of each over the last 5 steps.
+Both trainers get the same tiny random Llama model (made here, nothing downloaded; ``--size``
+picks 0.1M, 2.4M or 23M parameters), the same 8 prompts, the same reward (the share of digit
+characters in the completion: a learnable toy reward, no Lean), group size G, prompts per step,
+completion length, learning rate, loss (``dapo`` token mean, group-std advantages, clip
+0.2/0.28, no KL, one pass) and number of steps, on the same CPU thread count. The trainers
+alternate seed by seed in one invocation, and so does their order (it rotates every seed). The
+figures are the per-seed ratios of TRL's to leanrl's median step time and of leanrl's to TRL's
+tokens per second (min / median / max over the seeds, with the pooled medians beside them), and
+the mean reward of each over the last 5 steps.
+
+Two modes bring the workload closer to proving (issue 23's "Measure"):
+
+- ``--lengths variable``: every completion gets a target length, drawn from a seeded log-normal
+  spread around ``--mean-length`` (``--length-sigma``) clipped to 0.25-2x the mean and to
+  ``--max-completion-length``; one shared logits processor (:class:`ForceEOS`) forces EOS once a
+  sequence reaches it, on both trainers. The target of the k-th completion of a prompt depends
+  only on (seed, prompt, k), so both trainers see the same lengths. TRL gets the processor as
+  ``generate(logits_processor=...)`` (its ``GRPOConfig.generation_kwargs`` go into a
+  ``GenerationConfig``, which cannot carry one); leanrl's sampler takes no logits processor, so
+  a forward hook on the generating model feeds the same processor the ids HF's ``generate``
+  would, only while the benchmark's harness is generating (a context variable), never in the
+  loss forward. A forced EOS is certain to the sampler, so leanrl's sampler log-prob for it is
+  0 while TRL's ratio is 1 by construction: one token per sequence is trained slightly
+  differently (it is not in the text, so the reward cannot see it).
+- ``--lean simulated --lean-s-per-attempt S``: the reward sleeps S seconds per completion in a
+  pool of ``--lean-workers`` threads, standing for Lean checking. For leanrl it is the runtime's
+  ``check`` (the harness checks the attempts, then the taskset rewards them: the normal reward
+  path, so ``rollout_chunks`` and ``async_generation`` can hide it); for TRL the reward function
+  blocks the same way.
+
+``--leanrl-modes default,chunks,async`` runs leanrl with its default settings
+(``async_generation = "auto"``, off for ``hf``), with ``rollout_chunks = --chunks`` and with
+``async_generation = true``, each against the same seed's TRL run; the summary line gives
+leanrl/TRL step time per seed (issue 23's goal: <= 0.7).
 
 TRL runs in its own virtual environment (it pins its own dependencies)::
 
@@ -25,44 +51,198 @@ trainers use the very same builds; pip then installs only TRL and its missing de
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextvars
 import json
+import math
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 PROMPTS = [f"theorem t{i} : {i} + {i} = {2 * i} := by" for i in range(8)]
+
+#: hidden size and layers of each ``--size`` (make_tiny_model: 4 heads, 2 KV heads, MLP 2x)
+SIZES = {"0.1M": (64, 2), "2.4M": (256, 4), "23M": (512, 10)}
+
+#: leanrl configurations ``--leanrl-modes`` can name (fields given to its GRPOConfig)
+MODES = ("default", "chunks", "async")
 
 
 def digit_share(text: str) -> float:
     return sum(ch.isdigit() for ch in text) / max(len(text), 1)
 
 
-def make_model(out: Path) -> Path:
+def make_model(out: Path, size: str) -> Path:
     from leanrl.testing import make_tiny_model
 
+    hidden, layers = SIZES[size]
     texts = [*PROMPTS, "theorem foo (x : ℝ) : x ^ 2 ≥ 0 := by\n  nlinarith [sq_nonneg x]\n"] * 4
     texts += ["0123456789 12 345 6789", "simp", "omega", "rfl", "norm_num", "linarith"]
-    return make_tiny_model(out, texts, vocab_size=512, hidden_size=64, layers=2)
+    return make_tiny_model(out, texts, vocab_size=512, hidden_size=hidden, layers=layers)
+
+
+# -- variable lengths: one processor for both trainers ------------------------------------------
+
+
+class DrawnLengths:
+    """Target length (tokens, EOS included) of the k-th completion of each prompt in a run.
+
+    The draw depends only on (seed, prompt tokens, k): both trainers, whatever order and
+    batches they generate in, give the k-th completion of a prompt the same target."""
+
+    def __init__(
+        self, seed: int, mean: float, sigma: float, cap: int, special_ids: Iterable[int]
+    ) -> None:
+        self.seed, self.mean, self.sigma, self.cap = seed, mean, sigma, cap
+        self.special = set(special_ids)
+        self.lo = max(1, round(0.25 * mean))
+        self.hi = min(cap, round(2 * mean))
+        self._count: dict[tuple[int, ...], int] = {}
+        self._lock = threading.Lock()  # leanrl's chunks may assign from several threads
+        self.drawn: list[int] = []
+
+    def target(self, prompt: tuple[int, ...], k: int) -> int:
+        # str seeds are hashed with SHA-512: the same in every process (no PYTHONHASHSEED)
+        rng = random.Random(f"{self.seed}|{','.join(map(str, prompt))}|{k}")
+        # mean-preserving log-normal (E[exp(sZ - s^2/2)] = 1), then clipped
+        x = self.mean * math.exp(self.sigma * rng.gauss(0.0, 1.0) - self.sigma**2 / 2)
+        return min(max(round(x), self.lo), self.hi)
+
+    def check_keys(self, tokenizer: Any, prompts: Sequence[str]) -> None:
+        """Every prompt the processor saw is one of ``prompts`` as tokenized here: otherwise
+        the trainers' keys (hence their lengths) would differ, and the comparison with them."""
+        known = {
+            tuple(t for t in tokenizer.encode(p, add_special_tokens=False) if t not in self.special)
+            for p in prompts
+        }
+        unknown = set(self._count) - known
+        if unknown or not self._count:
+            raise RuntimeError(
+                f"the length processor saw {len(self._count)} prompts, {len(unknown)} of them "
+                "not the benchmark's as tokenized here: the trainer's generate path or prompt "
+                "tokenization changed; make ForceEOS see the prompt ids again"
+            )
+
+    def assign(self, prompts: Sequence[Sequence[int]]) -> list[int]:
+        """Targets for one batch of prompt rows (padding and special tokens are dropped, so
+        either trainer's padding gives the same key)."""
+        out = []
+        with self._lock:
+            for row in prompts:
+                key = tuple(int(t) for t in row if int(t) not in self.special)
+                k = self._count.get(key, 0)
+                self._count[key] = k + 1
+                out.append(self.target(key, k))
+            self.drawn += out
+        return out
+
+
+class ForceEOS:
+    """A logits processor in Hugging Face's form, ``(input_ids [n, W + t], scores [n, V]) ->
+    scores``: once row r holds ``target_r - 1`` generated tokens, only EOS can come next. One
+    instance per generate call: its first call sees the prompts (t = 0) and draws the targets."""
+
+    def __init__(self, lengths: DrawnLengths, eos_id: int) -> None:
+        self.lengths, self.eos_id = lengths, eos_id
+        self.width = -1
+        self.targets: Any = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.targets is None:
+            self.width = int(input_ids.shape[1])
+            self.targets = torch.tensor(self.lengths.assign(input_ids.tolist()))
+        generated = int(input_ids.shape[1]) - self.width
+        force = (self.targets - 1 <= generated).to(scores.device)
+        if not bool(force.any()):
+            return scores
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, self.eos_id] = 0.0
+        return torch.where(force.unsqueeze(-1), forced, scores)
+
+
+class _Generating:
+    """leanrl side: the state of one harness generate call, seen by the model's forward hook."""
+
+    def __init__(self, lengths: DrawnLengths, eos_id: int) -> None:
+        self.lengths, self.eos_id = lengths, eos_id
+        self.proc: ForceEOS | None = None
+        self.ids: Any = None
+
+
+_GENERATING: contextvars.ContextVar[_Generating | None] = contextvars.ContextVar(
+    "grpo_vs_trl_generating", default=None
+)
+
+
+def _force_hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
+    """Forward hook on leanrl's generating model. The sampler calls the model once with the
+    (left-padded) prompts, then once per token with the last token; this rebuilds the
+    ``input_ids`` HF's ``generate`` would hand a processor and applies :class:`ForceEOS` to the
+    last position's logits. Off (returns at once) outside the harness's generate call: the
+    context variable is set there and copied into the sampler's worker thread."""
+    state = _GENERATING.get()
+    if state is None:
+        return None
+    import torch
+
+    step: Any = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+    if step.shape[1] > 1 or state.ids is None:  # the prompts: a new decode begins
+        state.proc = ForceEOS(state.lengths, state.eos_id)
+        state.ids = step.cpu()
+    else:
+        state.ids = torch.cat([state.ids, step.cpu()], dim=1)
+    assert state.proc is not None
+    last = output.logits[:, -1, :]
+    output.logits[:, -1, :] = state.proc(state.ids, last)
+    return output
+
+
+def _generating_model(policy: Any) -> Any:
+    """The torch model behind the trainer's generation policy (it wraps the sampler)."""
+    seen = policy
+    while not hasattr(seen, "model") and hasattr(seen, "inner"):
+        seen = seen.inner
+    if not hasattr(seen, "model"):
+        raise TypeError(
+            f"variable lengths need leanrl's hf sampler (a policy with .model); got {policy!r}"
+        )
+    return seen.model
 
 
 # -- leanrl ---------------------------------------------------------------------------------------
 
 
-def run_leanrl(
-    model: Path, args: argparse.Namespace, out: Path, async_generation: bool = False
-) -> dict[str, Any]:
+def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> dict[str, Any]:
     from leanrl import Environment, Harness, Rollout, Runtime, Task, Taskset, Turn
     from leanrl.policy import Policy, PolicyConfig, SamplingConfig
     from leanrl.taskset import RawRow
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
-    from leanrl.verdict import Attempt, Verdict
+    from leanrl.verdict import Attempt, Reason, Verdict
+
+    lengths: DrawnLengths | None = None
+    eos_id = -1
+    if args.lengths == "variable":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model)
+        eos_id = int(tok.eos_token_id)
+        lengths = DrawnLengths(
+            args.seed, args.mean_length, args.length_sigma, args.max_tokens, tok.all_special_ids
+        )
+    hooked: set[int] = set()
+    pool = ThreadPoolExecutor(args.lean_workers) if args.lean == "simulated" else None
 
     class Prompts(Taskset):
         def load_rows(self) -> Iterable[RawRow]:
@@ -82,12 +262,25 @@ def run_leanrl(
             sampling: SamplingConfig,
             taskset: Taskset,
         ) -> list[list[Rollout]]:
-            comps = await policy.generate([t.formal_statement for t in tasks], sampling)
+            prompts = [t.formal_statement for t in tasks]
+            if lengths is None:
+                comps = await policy.generate(prompts, sampling)
+            else:
+                gen_model = _generating_model(policy)
+                if id(gen_model) not in hooked:  # async mode generates on its own copy
+                    gen_model.register_forward_hook(_force_hook, with_kwargs=True)
+                    hooked.add(id(gen_model))
+                token = _GENERATING.set(_Generating(lengths, eos_id))
+                try:
+                    comps = await policy.generate(prompts, sampling)
+                finally:
+                    _GENERATING.reset(token)
             out = []
             for task, cs in zip(tasks, comps, strict=True):
                 g = [
                     Rollout(
                         task_id=task.id,
+                        sample=j,
                         prompt=task.formal_statement,
                         prompt_ids=list(c.prompt_token_ids),
                         turns=[
@@ -99,16 +292,43 @@ def run_leanrl(
                             )
                         ],
                     )
-                    for c in cs
+                    for j, c in enumerate(cs)
                 ]
+                out.append(g)
+            if pool is not None:  # check every attempt, as a real harness does, then reward
+                attempts = [
+                    Attempt(
+                        name=task.name,
+                        header="",
+                        formal_statement=task.formal_statement,
+                        proof=r.completion,
+                        id=f"{task.id}/{r.sample}",
+                    )
+                    for task, g in zip(tasks, out, strict=True)
+                    for r in g
+                ]
+                verdicts = iter(await runtime.check(attempts))
+                for g in out:
+                    for r in g:
+                        r.verdict = next(verdicts)
+            for task, g in zip(tasks, out, strict=True):
                 for r, w in zip(g, taskset.group_rewards(task, g), strict=True):
                     r.reward = w
-                out.append(g)
             return out
+
+    class SimulatedLean(Runtime):
+        """Each attempt holds one of the pool's threads for ``--lean-s-per-attempt`` s."""
+
+        async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
+            assert pool is not None
+            loop = asyncio.get_running_loop()
+            s = args.lean_s_per_attempt
+            await asyncio.gather(*(loop.run_in_executor(pool, time.sleep, s) for _ in attempts))
+            return [Verdict(accepted=True, reason=Reason.OK, time_s=s, id=a.id) for a in attempts]
 
     class NoLean(Runtime):
         async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
-            raise AssertionError("no Lean in this benchmark")
+            raise AssertionError("no Lean in this benchmark (see --lean simulated)")
 
     class Env(Environment):
         taskset_class = Prompts
@@ -117,8 +337,13 @@ def run_leanrl(
             return OneTurn()
 
         def make_runtime(self) -> Runtime:
-            return NoLean()
+            return SimulatedLean() if pool is not None else NoLean()
 
+    extra: dict[str, Any] = {}
+    if mode == "chunks":
+        extra["rollout_chunks"] = args.chunks
+    elif mode == "async":
+        extra["async_generation"] = True
     cfg = GRPOConfig(
         policy=PolicyConfig(model=str(model), batch_size=64),
         sampling=SamplingConfig(max_tokens=args.max_tokens, temperature=1.0, top_p=1.0, seed=0),
@@ -134,18 +359,26 @@ def run_leanrl(
         mask_truncated=False,
         dynamic_sampling="off",  # TRL trains on every group
         seed=args.seed,
-        async_generation=async_generation,
+        **extra,
     )
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(cfg, env=Env())
-    trainer.train_sync()
+    try:
+        trainer = GRPOTrainer(cfg, env=Env())
+        trainer.train_sync()
+    finally:
+        if pool is not None:
+            pool.shutdown()
     wall = time.perf_counter() - t0
+    if lengths is not None:
+        lengths.check_keys(tok, PROMPTS)
     rows = trainer.run.metrics()
     return {
         "step_times": [r["time_step"] for r in rows],
         "rewards": [r["reward_mean"] for r in rows],
         "tokens": [r["completion_len"] * args.tasks_per_step * args.group_size for r in rows],
+        "parts": {k: [r.get(f"time_{k}", 0.0) for r in rows] for k in ("generate", "verify")},
         "wall_s": wall,
+        "mean_target": statistics.fmean(lengths.drawn) if lengths and lengths.drawn else None,
     }
 
 
@@ -154,13 +387,14 @@ def run_leanrl(
 
 def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, LogitsProcessorList, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     step_times: list[float] = []
     rewards: list[float] = []
     tokens: list[float] = []
     n = args.tasks_per_step * args.group_size
+    pool = ThreadPoolExecutor(args.lean_workers) if args.lean == "simulated" else None
 
     class Clock(TrainerCallback):  # type: ignore[misc]
         t = 0.0
@@ -177,6 +411,8 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 tokens.append(float(logs["completions/mean_length"]) * n)
 
     def reward(completions: list[str], **kw: Any) -> list[float]:
+        if pool is not None:  # the same simulated Lean as leanrl's runtime: blocks the step
+            list(pool.map(time.sleep, [args.lean_s_per_attempt] * len(completions)))
         return [digit_share(c) for c in completions]
 
     config = GRPOConfig(
@@ -221,16 +457,40 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         processing_class=tok,
         callbacks=[Clock()],
     )
+    lengths: DrawnLengths | None = None
+    if args.lengths == "variable":
+        lengths = DrawnLengths(
+            args.seed, args.mean_length, args.length_sigma, args.max_tokens, tok.all_special_ids
+        )
+        # TRL calls unwrapped_model.generate(...); on one CPU process that is trainer.model
+        # itself, so an instance attribute adds the processor to every generate call.
+        gen_model = trainer.model
+        plain_generate = gen_model.generate
+        eos_id = int(tok.eos_token_id)
+
+        def generate(*a: Any, **k: Any) -> Any:
+            procs = LogitsProcessorList(k.pop("logits_processor", None) or [])
+            procs.append(ForceEOS(lengths, eos_id))  # a fresh one per call (it holds targets)
+            return plain_generate(*a, logits_processor=procs, **k)
+
+        gen_model.generate = generate
     t0 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        if pool is not None:
+            pool.shutdown()
     wall = time.perf_counter() - t0
     checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
+    if lengths is not None:
+        lengths.check_keys(tok, PROMPTS)
     return {
         "step_times": step_times,
         "rewards": rewards,
         "tokens": tokens,
         "wall_s": wall,
         "gradient_checkpointing": checkpointing,
+        "mean_target": statistics.fmean(lengths.drawn) if lengths else None,
     }
 
 
@@ -246,11 +506,12 @@ def summary(name: str, runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
     times = [t for r in runs for t in r["step_times"][skip:]]
     last5 = [statistics.fmean(r["rewards"][-5:]) for r in runs]
     tokens = sum(sum(r["tokens"][skip:]) for r in runs)
-    return {
+    out = {
         "trainer": name,
         "median_step_s": statistics.median(times),
         "mean_step_s": statistics.fmean(times),
         "tokens_per_s": tokens / sum(times),
+        "completion_tokens_per_step": tokens / sum(len(r["tokens"][skip:]) for r in runs),
         "reward_first5": statistics.fmean(statistics.fmean(r["rewards"][:5]) for r in runs),
         "reward_last5": statistics.fmean(last5),
         "reward_last5_sem": _sem(last5),
@@ -262,15 +523,38 @@ def summary(name: str, runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
         ],
         "train_wall_s": sum(r["wall_s"] for r in runs),
     }
+    if runs[0].get("mean_target") is not None:
+        out["mean_target_length"] = statistics.fmean(r["mean_target"] for r in runs)
+    if "parts" in runs[0]:  # leanrl's own split of a step (generation, then checking)
+        for part in runs[0]["parts"]:
+            out[f"median_{part}_s"] = statistics.median(
+                t for r in runs for t in r["parts"][part][skip:]
+            )
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trl-python", default="/tmp/trl-venv/bin/python")
+    ap.add_argument("--size", choices=list(SIZES), default="0.1M", help="model parameters")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--tasks-per-step", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument(
+        "--max-tokens", "--max-completion-length", dest="max_tokens", type=int, default=32
+    )
+    ap.add_argument("--lengths", choices=["fixed", "variable"], default="fixed")
+    ap.add_argument(
+        "--mean-length",
+        type=float,
+        help="--lengths variable: mean target length in tokens (default: half the cap)",
+    )
+    ap.add_argument(
+        "--length-sigma", type=float, default=0.6, help="--lengths variable: log-normal sigma"
+    )
+    ap.add_argument("--lean", choices=["none", "simulated"], default="none")
+    ap.add_argument("--lean-s-per-attempt", type=float, default=0.05)
+    ap.add_argument("--lean-workers", type=int, default=4, help="simulated Lean: pool threads")
     ap.add_argument("--lr", type=float, default=3e-3)
     # Seeds 1000.. were never used while the trainer was developed (0-7 were, and on them TRL
     # happens to be ahead by more than on other seeds), so the default set is not cherry-picked.
@@ -278,9 +562,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=16, help="seeds per trainer (alternating)")
     ap.add_argument(
+        "--leanrl-modes",
+        default="default",
+        help=f"comma-separated leanrl configurations, each against TRL: {', '.join(MODES)}",
+    )
+    ap.add_argument("--chunks", type=int, default=4, help="rollout_chunks of the chunks mode")
+    ap.add_argument(
         "--with-async",
         action="store_true",
-        help="also run leanrl with async_generation (generation overlaps training)",
+        help="also run leanrl with async_generation (same as adding async to --leanrl-modes)",
     )
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of step times")
     ap.add_argument(
@@ -292,6 +582,14 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.mean_length is None:
+        args.mean_length = args.max_tokens / 2
+    modes = [m.strip() for m in args.leanrl_modes.split(",") if m.strip()]
+    if args.with_async and "async" not in modes:
+        modes.append("async")
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        sys.exit(f"--leanrl-modes {args.leanrl_modes!r}: give some of {', '.join(MODES)}")
 
     import torch
 
@@ -304,27 +602,28 @@ def main() -> None:
     if not Path(args.trl_python).exists():
         sys.exit(f"TRL venv python {args.trl_python} not found; see the module docstring")
     work = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
-    runs: dict[str, list[dict[str, Any]]] = {"leanrl": [], "trl": []}
-    if args.with_async:
-        runs["leanrl-async"] = []
+    names = [f"leanrl-{m}" if m != "default" else "leanrl" for m in modes]
+    runs: dict[str, list[dict[str, Any]]] = {"trl": [], **{n: [] for n in names}}
     try:
-        model = make_model(work / "model")
-        # Alternate the trainers seed by seed, and their order too, so that load on a shared
-        # machine (and whatever the first run of a pair leaves warm) hits both alike.
-        for i, seed in enumerate(range(args.seed, args.seed + args.repeats)):
+        model = make_model(work / "model", args.size)
+        # Alternate the trainers seed by seed and rotate their order, so that load on a shared
+        # machine (and whatever the run before leaves warm) hits every trainer alike.
+        order: list[Any] = [*zip(names, modes, strict=True), "trl"]
+        first = args.seed
+        for i, seed in enumerate(range(first, first + args.repeats)):
             args.seed = seed
-            if i % 2 == 1:
-                runs["trl"].append(_trl_run(model, args, work, seed))
-            shutil.rmtree(work / "leanrl-run", ignore_errors=True)
-            runs["leanrl"].append(run_leanrl(model, args, work / "leanrl-run"))
-            if args.with_async:
-                shutil.rmtree(work / "leanrl-async", ignore_errors=True)
-                runs["leanrl-async"].append(run_leanrl(model, args, work / "leanrl-async", True))
-            if i % 2 == 0:
-                runs["trl"].append(_trl_run(model, args, work, seed))
+            k = i % len(order)
+            for item in order[k:] + order[:k]:
+                if item == "trl":
+                    runs["trl"].append(_trl_run(model, args, work, seed))
+                else:
+                    name, mode = item
+                    shutil.rmtree(work / name, ignore_errors=True)
+                    runs[name].append(run_leanrl(model, args, work / name, mode))
+                print(f"seed {seed}: {item if item == 'trl' else item[0]} done", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _report(args, runs)
+    _report(args, runs, names)
 
 
 def _trl_run(model: Path, args: argparse.Namespace, work: Path, seed: int) -> dict[str, Any]:
@@ -338,6 +637,10 @@ def _trl_run(model: Path, args: argparse.Namespace, work: Path, seed: int) -> di
     cmd += ["--tasks-per-step", str(args.tasks_per_step)]
     cmd += ["--max-tokens", str(args.max_tokens), "--lr", str(args.lr)]
     cmd += ["--seed", str(seed), "--threads", str(args.threads)]
+    cmd += ["--lengths", args.lengths, "--mean-length", str(args.mean_length)]
+    cmd += ["--length-sigma", str(args.length_sigma), "--lean", args.lean]
+    cmd += ["--lean-s-per-attempt", str(args.lean_s_per_attempt)]
+    cmd += ["--lean-workers", str(args.lean_workers)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(result.read_text())  # type: ignore[no-any-return]
@@ -347,58 +650,106 @@ def _spread(xs: Sequence[float]) -> str:
     return f"{min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f}"
 
 
-def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> None:
-    a, b = summary("leanrl", runs["leanrl"], args.skip), summary("trl", runs["trl"], args.skip)
-    report = {"leanrl": a, "trl": b}
-    if args.with_async:
-        report["leanrl-async"] = summary("leanrl-async", runs["leanrl-async"], args.skip)
-    print(json.dumps(report, indent=2))
-    ratio = b["median_step_s"] / a["median_step_s"]
-    # paired by seed: both trainers saw the same seed, so the difference's s.e. is the fair one
+def _per_seed(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], skip: int
+) -> tuple[list[float], list[float]]:
+    """Seed by seed (each pair ran back to back, so their spread is the noise): b/a median
+    step time, and a/b completion tokens per second of step time."""
+    steps = [
+        statistics.median(t["step_times"][skip:]) / statistics.median(le["step_times"][skip:])
+        for le, t in zip(a, b, strict=True)
+    ]
+    toks = [
+        (sum(le["tokens"][skip:]) / sum(le["step_times"][skip:]))
+        / (sum(t["tokens"][skip:]) / sum(t["step_times"][skip:]))
+        for le, t in zip(a, b, strict=True)
+    ]
+    return steps, toks
+
+
+def _gap(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[float, float]:
+    """Paired by seed (both saw the same seed, so the difference's s.e. is the fair one): mean
+    reward of the last 5 steps, b - a, and its s.e."""
     diffs = [
         statistics.fmean(t["rewards"][-5:]) - statistics.fmean(le["rewards"][-5:])
-        for le, t in zip(runs["leanrl"], runs["trl"], strict=True)
+        for le, t in zip(a, b, strict=True)
     ]
-    gap, gap_sem = statistics.fmean(diffs), _sem(diffs)
-    report["reward_gap_trl_minus_leanrl"] = {"mean": gap, "sem": gap_sem}
-    tok_ratio = a["tokens_per_s"] / b["tokens_per_s"]
-    # the same figures seed by seed (each pair ran back to back): their spread is the noise
-    step_ratios = [
-        statistics.median(t["step_times"][args.skip :])
-        / statistics.median(le["step_times"][args.skip :])
-        for le, t in zip(runs["leanrl"], runs["trl"], strict=True)
-    ]
-    tok_ratios = [
-        (sum(le["tokens"][args.skip :]) / sum(le["step_times"][args.skip :]))
-        / (sum(t["tokens"][args.skip :]) / sum(t["step_times"][args.skip :]))
-        for le, t in zip(runs["leanrl"], runs["trl"], strict=True)
-    ]
+    return statistics.fmean(diffs), _sem(diffs)
+
+
+def _report(
+    args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], names: list[str]
+) -> None:
+    b = summary("trl", runs["trl"], args.skip)
+    report: dict[str, Any] = {n: summary(n, runs[n], args.skip) for n in names}
+    report["trl"] = b
+    print(json.dumps(report, indent=2))
+    lean = (
+        f"simulated, {args.lean_s_per_attempt:g} s per attempt, {args.lean_workers} threads"
+        if args.lean == "simulated"
+        else "none"
+    )
+    lengths = (
+        f"variable (log-normal sigma {args.length_sigma:g} around {args.mean_length:g}, "
+        f"clipped to 0.25-2x and {args.max_tokens})"
+        if args.lengths == "variable"
+        else "fixed cap"
+    )
     print(
-        f"\nG={args.group_size}, {args.tasks_per_step} prompts/step, {args.max_tokens} tokens, "
-        f"{args.steps} steps, seeds {args.seed - args.repeats + 1}..{args.seed}, "
+        f"\n{args.size} model, G={args.group_size}, {args.tasks_per_step} prompts/step, "
+        f"{args.max_tokens} tokens, lengths {lengths}, Lean {lean}, {args.steps} steps "
+        f"({args.skip} warm-up left out), seeds {args.seed - args.repeats + 1}..{args.seed}, "
         f"{args.threads} thread(s), TRL gradient checkpointing "
         f"{'on' if runs['trl'][0].get('gradient_checkpointing') else 'off'}\n"
-        f"step time (median over all steps and seeds): leanrl {a['median_step_s'] * 1e3:.1f} ms, "
-        f"TRL {b['median_step_s'] * 1e3:.1f} ms -> TRL/leanrl = {ratio:.2f}\n"
-        f"TRL/leanrl step time per seed (min / median / max): {_spread(step_ratios)}\n"
-        f"completion tokens per second of training: leanrl {a['tokens_per_s']:.0f}, TRL "
-        f"{b['tokens_per_s']:.0f} -> {tok_ratio:.2f}x\n"
-        f"leanrl/TRL tokens per second per seed (min / median / max): {_spread(tok_ratios)}\n"
-        f"reward, mean of the last 5 steps (mean ± s.e. over seeds): leanrl "
-        f"{a['reward_last5']:.3f} ± {a['reward_last5_sem']:.3f}, TRL {b['reward_last5']:.3f} ± "
-        f"{b['reward_last5_sem']:.3f}; first 5 steps: {a['reward_first5']:.3f} / "
-        f"{b['reward_first5']:.3f}\n"
-        f"paired gap TRL - leanrl: {gap:.3f} ± {gap_sem:.3f} (z = "
-        f"{gap / gap_sem if gap_sem else float('nan'):.2f})"
+        f"TRL: step {b['median_step_s'] * 1e3:.1f} ms (median), {b['tokens_per_s']:.0f} "
+        f"completion tokens/s, {b['completion_tokens_per_step'] / args.tasks_per_step / args.group_size:.1f}"
+        f" tokens per completion, reward last 5 {b['reward_last5']:.3f} ± "
+        f"{b['reward_last5_sem']:.3f}"
     )
-    if args.with_async:
-        c = report["leanrl-async"]
+    quotes = []
+    for name in names:
+        a = report[name]
+        steps, toks = _per_seed(runs[name], runs["trl"], args.skip)
+        inverse = [1 / x for x in steps]  # leanrl/TRL: the direction of issue 23's goal
+        gap, gap_sem = _gap(runs[name], runs["trl"])
+        a["per_seed_leanrl_over_trl_step"] = [round(x, 3) for x in inverse]
+        a["reward_gap_trl_minus_this"] = {"mean": gap, "sem": gap_sem}
+        per_completion = a["completion_tokens_per_step"] / args.tasks_per_step / args.group_size
         print(
-            f"leanrl async (generation of step s+1 overlaps training of step s): step "
-            f"{c['median_step_s'] * 1e3:.1f} ms -> TRL/leanrl-async = "
-            f"{b['median_step_s'] / c['median_step_s']:.2f}; reward last 5: "
-            f"{c['reward_last5']:.3f}"
+            f"{name}: step {a['median_step_s'] * 1e3:.1f} ms (median; generate "
+            f"{a['median_generate_s'] * 1e3:.0f} ms, checking {a['median_verify_s'] * 1e3:.0f} "
+            f"ms), {per_completion:.1f} tokens per completion\n"
+            f"  leanrl/TRL step time per seed (min / median / max): {_spread(inverse)}; "
+            f"pooled medians {a['median_step_s'] / b['median_step_s']:.2f}\n"
+            f"  TRL/leanrl step time per seed: {_spread(steps)}; leanrl/TRL tokens per second "
+            f"per seed: {_spread(toks)}\n"
+            f"  reward last 5: {a['reward_last5']:.3f} ± {a['reward_last5_sem']:.3f} (first 5: "
+            f"{a['reward_first5']:.3f} / TRL {b['reward_first5']:.3f}); paired gap TRL - this: "
+            f"{gap:.3f} ± {gap_sem:.3f} (z = {gap / gap_sem if gap_sem else float('nan'):.2f})"
         )
+        # "at equal reward": not behind TRL's by more than two standard errors of the gap
+        equal = gap <= 2 * gap_sem
+        met = "met" if statistics.median(inverse) <= 0.7 and equal else "not met"
+        quotes.append(
+            f"{name} {_spread(inverse)}, reward {a['reward_last5']:.3f} vs TRL "
+            f"{b['reward_last5']:.3f} ({'equal' if equal else 'lower'}; goal {met})"
+        )
+    print(
+        json.dumps(
+            {
+                n: {
+                    k: report[n][k]
+                    for k in ("per_seed_leanrl_over_trl_step", "reward_gap_trl_minus_this")
+                }
+                for n in names
+            }
+        )
+    )
+    print(
+        f"\nSUMMARY: leanrl/TRL GRPO step time per seed (min / median / max; goal <= 0.7), "
+        f"{args.size}, lengths {args.lengths}, Lean {lean}, {args.repeats} seeds x "
+        f"{args.steps} steps: " + "; ".join(quotes)
+    )
 
 
 if __name__ == "__main__":
