@@ -17,13 +17,23 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 
 from leanrl.policies.hf import check_prompt_ids
-from leanrl.policy import Completion, Policy, PolicyConfig, Prompt, SamplingConfig
+from leanrl.policy import (
+    Completion,
+    Policy,
+    PolicyConfig,
+    Prompt,
+    SamplingConfig,
+    StreamCompletion,
+    StreamRequest,
+    closing_stream,
+)
 
 __all__ = ["TrainPolicy"]
 
@@ -84,6 +94,65 @@ class TrainPolicy(Policy):
         encoded = check_prompt_ids(prompt_ids, len(self.tokenizer))
         return await asyncio.to_thread(self.generate_ids_sync, encoded, sampling)
 
+    def stream_replays(self, sampling: SamplingConfig) -> bool:
+        # the stream is the very decode generate runs, handing each row over as it ends
+        return True
+
+    async def stream(self, requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+        """Each completion as soon as its row of the batch ends (EOS or a stop string), while
+        the other rows go on decoding. Requests with the same sampling are decoded as one
+        :meth:`generate` call of their prompts in request order would decode them (the same
+        batches, seeds and call counter), so a stream gives exactly ``generate``'s completions;
+        it only hands them over earlier, so that their checks overlap the rest of the decode."""
+        groups: list[tuple[SamplingConfig, list[StreamRequest]]] = []
+        for r in requests:  # consecutive requests of one sampling: one generate call
+            if groups and groups[-1][0] == r.sampling:
+                groups[-1][1].append(r)
+            else:
+                groups.append((r.sampling, [r]))
+        for sampling, group in groups:
+            async with closing_stream(self._stream_group(sampling, group)) as items:
+                async for item in items:
+                    yield item
+
+    async def _stream_group(
+        self, sampling: SamplingConfig, group: list[StreamRequest]
+    ) -> AsyncIterator[StreamCompletion]:
+        """One generate call's worth of requests, streamed."""
+        encoded = [
+            list(r.prompt_ids) if r.prompt_ids is not None else self.prompt_ids(r.prompt or "")
+            for r in group
+        ]
+        if any(r.prompt_ids is not None for r in group):
+            encoded = check_prompt_ids(encoded, len(self.tokenizer))
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamCompletion | BaseException | None] = asyncio.Queue()
+        t0 = time.perf_counter()
+
+        def emit(i: int, s: int, c: Completion) -> None:
+            sc = StreamCompletion(group[i].key, s, c, time.perf_counter() - t0)
+            loop.call_soon_threadsafe(queue.put_nowait, sc)
+
+        def work() -> None:
+            try:
+                self.generate_ids_sync(encoded, sampling, emit)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            else:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        job = asyncio.ensure_future(asyncio.to_thread(work))
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                self.completed(1)
+                yield item
+        finally:
+            # The decode is not stopped part-way (its generator and call counter must stay
+            # those of a whole generate call): a consumer that stops early waits for its end.
+            await asyncio.shield(job)
+
     def generate_sync(
         self, prompts: Sequence[Prompt], sampling: SamplingConfig
     ) -> list[list[Completion]]:
@@ -91,9 +160,13 @@ class TrainPolicy(Policy):
         return self.generate_ids_sync([self.prompt_ids(p) for p in prompts], sampling)
 
     def generate_ids_sync(
-        self, encoded: Sequence[Sequence[int]], sampling: SamplingConfig
+        self,
+        encoded: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        on_done: Callable[[int, int, Completion], None] | None = None,
     ) -> list[list[Completion]]:
-        """Blocking :meth:`generate_from_ids` (no checks on the ids)."""
+        """Blocking :meth:`generate_from_ids` (no checks on the ids). ``on_done(i, s, c)`` is
+        called as soon as sample s of prompt i is done (see :meth:`_decode`)."""
         with self.lock:
             gen = torch.Generator(device="cpu")
             if sampling.seed is not None:
@@ -108,16 +181,31 @@ class TrainPolicy(Policy):
             bs = self.config.batch_size
             for lo in range(0, len(flat), bs):
                 chunk = flat[lo : lo + bs]
+                done = None
+                if on_done is not None:
+
+                    def done(k: int, c: Completion, lo: int = lo) -> None:
+                        # flat row lo + k is sample (lo + k) % n of prompt (lo + k) // n
+                        on_done((lo + k) // sampling.n, (lo + k) % sampling.n, c)
+
                 for (i, _ids), c in zip(
-                    chunk, self._decode([ids for _, ids in chunk], sampling, gen), strict=True
+                    chunk, self._decode([ids for _, ids in chunk], sampling, gen, done), strict=True
                 ):
                     out[i].append(c)
             return out
 
     @torch.no_grad()
     def _decode(
-        self, prompts: list[list[int]], sampling: SamplingConfig, gen: torch.Generator
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingConfig,
+        gen: torch.Generator,
+        on_done: Callable[[int, Completion], None] | None = None,
     ) -> list[Completion]:
+        """Decode ``prompts`` as one batch. ``on_done(k, completion)`` is called as soon as
+        row k finishes (EOS or a stop string; at the end for rows that reach ``max_tokens``),
+        while the other rows go on decoding: the stream's hand-over. It changes nothing in the
+        decode, so the completions are the same with or without it."""
         model = self.model
         device = next(model.parameters()).device
         pad = self.tokenizer.pad_token_id
@@ -146,6 +234,22 @@ class TrainPolicy(Policy):
         eos_t = torch.tensor(sorted(eos), dtype=torch.long)
         stopped_by_text = [False] * n
         window = stop_window(sampling.stop)
+
+        def row(k: int, finished: bool) -> Completion:
+            toks = out_tok[k, : int(lengths[k])].tolist()
+            lps = out_lp[k, : int(lengths[k])].tolist()
+            body = toks[:-1] if finished and not stopped_by_text[k] else toks
+            text = self.tokenizer.decode(body, skip_special_tokens=True)  # as vLLM does
+            if stopped_by_text[k]:
+                text = _cut_at_stop(text, sampling.stop)
+            return Completion(
+                text=text,
+                token_ids=tuple(toks),
+                logprobs=tuple(lps),
+                prompt_token_ids=tuple(prompts[k]),
+                finish_reason="stop" if finished else "length",
+            )
+
         was_training = model.training
         model.eval()
         cache: Any = None
@@ -173,6 +277,7 @@ class TrainPolicy(Policy):
                 out_tok[:, i] = torch.where(alive, tok_c, out_tok[:, i])
                 out_lp[:, i] = torch.where(alive, lp.cpu(), out_lp[:, i])
                 lengths += alive.long()
+                was_alive = alive.clone() if on_done is not None else alive
                 alive &= ~torch.isin(tok_c, eos_t)
                 if sampling.stop:  # stop strings need text: only then decode, only live rows
                     lo = max(0, i + 1 - window)  # the tail only: O(1) per step, not O(i)
@@ -182,6 +287,9 @@ class TrainPolicy(Policy):
                         ):
                             alive[k] = False
                             stopped_by_text[k] = True
+                if on_done is not None:  # rows that ended at this step: final from here on
+                    for k in (was_alive & ~alive).nonzero().flatten().tolist():
+                        on_done(k, row(k, finished=True))
                 if not bool(alive.any()):
                     break
                 step_ids = tok.unsqueeze(-1)
@@ -191,24 +299,10 @@ class TrainPolicy(Policy):
         finally:
             if was_training:
                 model.train()
-        comps = []
-        for k in range(n):
-            toks = out_tok[k, : int(lengths[k])].tolist()
-            lps = out_lp[k, : int(lengths[k])].tolist()
-            finished = not bool(alive[k])
-            body = toks[:-1] if finished and not stopped_by_text[k] else toks
-            text = self.tokenizer.decode(body, skip_special_tokens=True)  # as vLLM does
-            if stopped_by_text[k]:
-                text = _cut_at_stop(text, sampling.stop)
-            comps.append(
-                Completion(
-                    text=text,
-                    token_ids=tuple(toks),
-                    logprobs=tuple(lps),
-                    prompt_token_ids=tuple(prompts[k]),
-                    finish_reason="stop" if finished else "length",
-                )
-            )
+        comps = [row(k, finished=not bool(alive[k])) for k in range(n)]
+        if on_done is not None:
+            for k in alive.nonzero().flatten().tolist():  # cut off at max_tokens
+                on_done(k, comps[k])
         return comps
 
 
