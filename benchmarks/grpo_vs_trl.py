@@ -30,8 +30,10 @@ Two modes bring the workload closer to proving (issue 23's "Measure"):
   path, so ``rollout_chunks`` and ``async_generation`` can hide it); for TRL the reward function
   blocks the same way.
 
-``--leanrl-modes default,chunks,async`` runs leanrl with its default settings
-(``async_generation = "auto"``, off for ``hf``), with ``rollout_chunks = --chunks`` and with
+``--leanrl-modes default,batched,chunks,async`` runs leanrl with its default settings
+(``async_generation = "auto"``, off for ``hf``; the rollouts stream, each attempt checked as its
+row of the batch ends, as leanrl's harnesses do), with the rollouts generated and then checked
+as one batch (``batched``, how TRL does it), with ``rollout_chunks = --chunks`` and with
 ``async_generation = true``, each against the same seed's TRL run; the summary line gives
 leanrl/TRL step time per seed (issue 23's goal: <= 0.7).
 
@@ -67,7 +69,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 PROMPTS = [f"theorem t{i} : {i} + {i} = {2 * i} := by" for i in range(8)]
 
@@ -75,7 +77,7 @@ PROMPTS = [f"theorem t{i} : {i} + {i} = {2 * i} := by" for i in range(8)]
 SIZES = {"0.1M": (64, 2), "2.4M": (256, 4), "23M": (512, 10)}
 
 #: leanrl configurations ``--leanrl-modes`` can name (fields given to its GRPOConfig)
-MODES = ("default", "chunks", "async")
+MODES = ("default", "batched", "chunks", "async")
 
 
 def digit_share(text: str) -> float:
@@ -226,7 +228,13 @@ def _generating_model(policy: Any) -> Any:
 
 def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> dict[str, Any]:
     from leanrl import Environment, Harness, Rollout, Runtime, Task, Taskset, Turn
-    from leanrl.policy import Policy, PolicyConfig, SamplingConfig
+    from leanrl.policy import (
+        Policy,
+        PolicyConfig,
+        SamplingConfig,
+        StreamRequest,
+        stream_replays_generate,
+    )
     from leanrl.taskset import RawRow
     from leanrl.train.grpo import GRPOConfig, GRPOTrainer
     from leanrl.verdict import Attempt, Reason, Verdict
@@ -263,18 +271,36 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
             taskset: Taskset,
         ) -> list[list[Rollout]]:
             prompts = [t.formal_statement for t in tasks]
-            if lengths is None:
-                comps = await policy.generate(prompts, sampling)
-            else:
+            # As leanrl's own harnesses do: where the policy streams what generate would give,
+            # each attempt goes to Lean as it arrives ("batched" mode: never).
+            streams = mode != "batched" and stream_replays_generate(policy, sampling, native=True)
+            checks: list[Any] = []
+            token = None
+            if lengths is not None:
                 gen_model = _generating_model(policy)
                 if id(gen_model) not in hooked:  # async mode generates on its own copy
                     gen_model.register_forward_hook(_force_hook, with_kwargs=True)
                     hooked.add(id(gen_model))
                 token = _GENERATING.set(_Generating(lengths, eos_id))
-                try:
+            try:
+                if streams:
+                    got: list[list[Any]] = [[None] * sampling.n for _ in prompts]
+                    requests = [
+                        StreamRequest(key=i, prompt=p, sampling=sampling, slot=i)
+                        for i, p in enumerate(prompts)
+                    ]
+                    async for sc in policy.stream(requests):
+                        got[cast(int, sc.key)][sc.sample] = sc.completion
+                        if pool is not None:  # its check starts now, beside the decode
+                            a = Attempt(name="t", header="", formal_statement="t", proof="")
+                            checks.append(asyncio.ensure_future(runtime.check([a])))
+                    comps = got
+                else:
                     comps = await policy.generate(prompts, sampling)
-                finally:
+            finally:
+                if token is not None:
                     _GENERATING.reset(token)
+            await asyncio.gather(*checks)
             out = []
             for task, cs in zip(tasks, comps, strict=True):
                 g = [
@@ -295,7 +321,7 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
                     for j, c in enumerate(cs)
                 ]
                 out.append(g)
-            if pool is not None:  # check every attempt, as a real harness does, then reward
+            if pool is not None and not streams:  # check every attempt, then reward
                 attempts = [
                     Attempt(
                         name=task.name,
