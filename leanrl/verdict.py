@@ -85,6 +85,11 @@ class Reason(str, Enum):
     """The attempt went over its memory limit; the Lean process was killed and replaced."""
     CRASH = "crash"
     """The Lean process died or answered garbage; it was replaced."""
+    JUDGE_LIMIT = "judge_limit"
+    """The trusted check of this attempt went past its own bounds: the judge's heartbeat limit on
+    a restated statement, the judge's wall-clock limit or memory cap, or it killed the judge
+    process (a GMP abort, a panic). The attempt's own terms did it, so it is rejected and never
+    retried; the judge is replaced and the rest of the batch is checked as usual."""
     TOO_LARGE = "too_large"
     """The model's text is longer than the policy's ``max_proof_chars``; nothing ran."""
     INFRA = "infra"
