@@ -76,10 +76,28 @@ def validate(cls: type[M], data: dict[str, Any], origin: str = "config") -> M:
 
 
 def merge(cls: type[M], toml_path: str | Path | None, overrides: dict[str, Any]) -> M:
-    """Defaults < the TOML file < ``overrides`` (the command-line flags), validated as ``cls``."""
+    """Defaults < the TOML file < ``overrides`` (the command-line flags), validated as ``cls``.
+
+    Each side is put in ``cls``'s own names first (``translate_input``, where ``cls`` has one:
+    TRL's ``learning_rate`` is GRPO's ``lr``), so a file that uses another spelling of a field
+    the flags also set is overridden, not refused as giving the field twice."""
     data: dict[str, Any] = load_toml(toml_path) if toml_path else {}
     origin = f"config {toml_path}" if toml_path else "command line"
-    return validate(cls, _deep_merge(data, overrides), origin)
+    merged = _deep_merge(_own_names(cls, data), _own_names(cls, overrides))
+    return validate(cls, merged, origin)
+
+
+def _own_names(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``cls.translate_input`` applied (unchanged when ``cls`` has none, or when
+    the translation refuses it: validation then reports why, naming the file)."""
+    translate = getattr(cls, "translate_input", None)
+    if translate is None:
+        return data
+    try:
+        out = translate(data)
+    except ValueError:
+        return data
+    return out if isinstance(out, dict) else data
 
 
 class ConfigCommand(BaseModel):

@@ -53,10 +53,16 @@ class GRPOConfig(TrainConfig):
     }
     """TRL names and what leanrl calls them (the CLI's "did you mean" reads this)."""
 
+    @classmethod
+    def translate_input(cls, data: Any) -> Any:
+        """``data`` with TRL's names moved to leanrl's (``leanrl.config.merge`` applies it to
+        the TOML file and the flags each, before laying one over the other)."""
+        return translate_trl(data)
+
     @model_validator(mode="before")
     @classmethod
     def _trl_names(cls, data: Any) -> Any:
-        return translate_trl(data)
+        return cls.translate_input(data)
 
     @field_validator("sampling", mode="before")
     @classmethod
