@@ -9,7 +9,9 @@ decoding (temperature 0) reports ``log softmax(logits)``.
 Decoding is a plain KV-cached loop (no ``generate``): prompts are left-padded, position ids come
 from the attention mask (the trainer uses the same convention), and sampling uses a private
 ``torch.Generator`` seeded from ``SamplingConfig.seed`` and a per-seed call counter, so the same
-seed, config and call order give the same samples.
+seed, config and call order give the same samples. A row that ends (EOS or a stop string)
+leaves the batch, KV cache rows included, and nothing new joins mid-decode: later decode steps
+cost what their live rows cost, with the same samples as a decode that keeps every row.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from leanrl.policy import (
     closing_stream,
 )
 
-__all__ = ["TrainPolicy"]
+__all__ = ["MIN_ROWS", "TrainPolicy"]
+
+#: Finished rows leave the decode batch only down to this many rows (finished ones kept as
+#: filler below it). A matrix product's rows come out bit for bit the same whatever the batch
+#: from 4 rows up on the CPU's BLAS (MKL: measured for every model width here), but not with
+#: 1-3 rows, which take another kernel; with the floor a live row's logits, hence its samples
+#: and log-probs, are exactly those of the full-batch decode.
+MIN_ROWS = 4
 
 
 class TrainPolicy(Policy):
@@ -52,8 +61,12 @@ class TrainPolicy(Policy):
         *,
         autocast_dtype: torch.dtype | None = None,
         seed_salt: int = 0,
+        drop_finished: bool = True,
     ) -> None:
         super().__init__(config)
+        # Rows that end leave the decode batch (same samples, fewer rows per step); False keeps
+        # every row to the end, as before (the reference the tests compare with).
+        self.drop_finished = drop_finished
         # Mixed into every generator seed: ranks of a distributed run get the same sampling seed
         # (so a run's seeds do not depend on the number of ranks) but must not draw the same noise.
         self.seed_salt = seed_salt
@@ -221,9 +234,10 @@ class TrainPolicy(Policy):
             attn[k, width - len(p) :] = 1
         ids, attn = ids.to(device), attn.to(device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, width]
-        # The mask only hides left padding. Rows that finished keep attending to what they are
-        # fed (their outputs are discarded; rows never see each other), and without padding no
-        # mask is passed at all, which spares the model building one every step.
+        # The mask only hides left padding. Rows that finished leave the batch (below; where the
+        # cache cannot drop rows they keep attending to what they are fed, their outputs
+        # discarded; rows never see each other), and without padding no mask is passed at all,
+        # which spares the model building one every step.
         mask: torch.Tensor | None = attn if bool((attn == 0).any()) else None
         temp = sampling.temperature
         steps = sampling.max_tokens
@@ -254,6 +268,13 @@ class TrainPolicy(Policy):
         model.eval()
         cache: Any = None
         step_ids, step_pos = ids, pos
+        # Original row of each row of the batch being decoded. Rows that end leave the batch
+        # (their KV cache rows are dropped), so a decode step costs what its live rows cost;
+        # nothing joins mid-decode (the batch is the caller's). Each live row sees exactly what
+        # it saw in the full batch, and the sampling noise is still drawn for all n rows, so the
+        # samples are those of a decode that keeps every row to the end.
+        live = torch.arange(n)
+        compact = self.drop_finished
         try:
             for i in range(steps):
                 with _autocast(device, self.autocast_dtype):
@@ -266,19 +287,21 @@ class TrainPolicy(Policy):
                         **{_cache_kwarg(model): cache},
                     )
                 cache = _cache_of(res)
-                logits = res.logits[:, -1, :].float()  # [n, V]
+                logits = res.logits[:, -1, :].float()  # [m, V], m = len(live)
                 logp_all = torch.log_softmax(logits / temp if temp > 0 else logits, dim=-1)
                 if temp > 0:
-                    tok = _sample(logp_all, sampling.top_p, gen)  # [n]
+                    tok = _sample(logp_all, sampling.top_p, gen, live, n)  # [m]
                 else:
                     tok = logp_all.argmax(-1)
                 lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
                 tok_c = tok.cpu()
-                out_tok[:, i] = torch.where(alive, tok_c, out_tok[:, i])
-                out_lp[:, i] = torch.where(alive, lp.cpu(), out_lp[:, i])
-                lengths += alive.long()
-                was_alive = alive.clone() if on_done is not None else alive
-                alive &= ~torch.isin(tok_c, eos_t)
+                was_alive = alive.clone()
+                on = was_alive[live]  # which rows of the batch still write (all, compacted)
+                rows_on = live[on]
+                out_tok[rows_on, i] = tok_c[on]
+                out_lp[rows_on, i] = lp.cpu()[on]
+                lengths[rows_on] += 1
+                alive[live] &= ~torch.isin(tok_c, eos_t)
                 if sampling.stop:  # stop strings need text: only then decode, only live rows
                     lo = max(0, i + 1 - window)  # the tail only: O(1) per step, not O(i)
                     for k in alive.nonzero().flatten().tolist():
@@ -292,6 +315,19 @@ class TrainPolicy(Policy):
                         on_done(k, row(k, finished=True))
                 if not bool(alive.any()):
                     break
+                keep = alive[live].clone()  # rows of the batch that stay
+                short = min(MIN_ROWS, len(live)) - int(keep.sum())
+                if short > 0:  # finished rows stay as filler (outputs discarded; see MIN_ROWS)
+                    keep[(~keep).nonzero().flatten()[:short]] = True
+                if compact and not bool(keep.all()) and _can_drop_rows(cache):
+                    idx = keep.nonzero().flatten()
+                    idx_d = idx.to(device)
+                    cache.batch_select_indices(idx_d)
+                    tok = tok.index_select(0, idx_d)
+                    step_pos = step_pos.index_select(0, idx_d)
+                    if mask is not None:
+                        mask = mask.index_select(0, idx_d)
+                    live = live.index_select(0, idx)
                 step_ids = tok.unsqueeze(-1)
                 if mask is not None:
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
@@ -306,6 +342,15 @@ class TrainPolicy(Policy):
         return comps
 
 
+def _can_drop_rows(cache: Any) -> bool:
+    """Whether rows can leave ``cache`` (every layer a plain key/value ``DynamicLayer``, sliding
+    windows included); other caches (recurrent states, static ones) keep every row."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(isinstance(la, DynamicLayer) for la in layers)
+
+
 def _cache_kwarg(model: Any) -> str:
     """transformers 5.x renamed ``past_key_values`` to ``cache``; accept both."""
     params = inspect.signature(type(model).forward).parameters
@@ -317,8 +362,17 @@ def _cache_of(res: Any) -> Any:
     return cache if cache is not None else getattr(res, "past_key_values", None)
 
 
-def _sample(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
-    """Sample one token per row from log-probs [n, V], keeping the top-p nucleus."""
+def _sample(
+    logp: torch.Tensor,
+    top_p: float,
+    gen: torch.Generator,
+    rows: torch.Tensor | None = None,
+    n: int | None = None,
+) -> torch.Tensor:
+    """Sample one token per row from log-probs [m, V], keeping the top-p nucleus. With ``rows``:
+    the batch's rows are rows ``rows`` of a batch of ``n``; the noise is drawn for all n (the
+    generator moves as for the full batch) and each row takes its own."""
+    n = logp.shape[0] if n is None else n
     probs = logp.exp()
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -329,7 +383,10 @@ def _sample(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Ten
     # argmax(p / E) with E ~ Exp(1) is an exact categorical sample (the exponential race) and
     # much cheaper than multinomial; the noise comes from the CPU generator, so runs repeat on
     # any device.
-    noise = -torch.log(torch.rand(probs.shape, generator=gen).clamp_(min=1e-20))  # Exp(1)
+    u = torch.rand((n, probs.shape[-1]), generator=gen)
+    if rows is not None and len(rows) < n:
+        u = u.index_select(0, rows)
+    noise = -torch.log(u.clamp_(min=1e-20))  # Exp(1)
     return (probs / noise.to(probs.device)).argmax(-1)
 
 
