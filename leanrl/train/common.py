@@ -554,15 +554,10 @@ class MetricsLogger:
     def start(self) -> None:
         """Open the optional loggers (clear error if the package is missing)."""
         if "wandb" in self.targets:
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError(
-                    "log_to includes 'wandb' but wandb is not installed: pip install wandb"
-                ) from None
-            self._wandb = wandb.init(
-                name=self.name, config=self.config, resume="allow", id=self.name
-            )
+            from leanrl.train.wandb_run import start_wandb
+
+            # The id is the folder's own (stored in it), not its name: see wandb_run.py.
+            self._wandb = start_wandb(self.run.path, self.name, self.config)
         if "tensorboard" in self.targets:
             try:
                 from torch.utils.tensorboard import SummaryWriter
