@@ -347,7 +347,7 @@ def _can_drop_rows(cache: Any) -> bool:
     windows included); other caches (recurrent states, static ones) keep every row."""
     from transformers.cache_utils import DynamicLayer
 
-    layers = getattr(cache, "layers", None)
+    layers: list[Any] = list(getattr(cache, "layers", None) or [])
     return bool(layers) and all(isinstance(la, DynamicLayer) for la in layers)
 
 
