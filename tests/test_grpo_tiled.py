@@ -262,6 +262,61 @@ def test_train_step_with_tiles_reports_the_same_figures(
         assert got_t[key] == pytest.approx(got_f[key], rel=1e-4, abs=1e-6), key
 
 
+class _VocabRows(TorchDispatchMode):
+    """The most rows (numel / V) of any tensor an operation produces whose last dimension is the
+    vocabulary V, the head's weight [H, V] (transposed) aside: logits [n, R, V] have n·R rows,
+    a whole-vocabulary tile at most ``logprob_chunk``."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.vocab, self.hidden, self.most = vocab, hidden, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for x in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[-1] == self.vocab:
+                if tuple(x.shape)[-2:] != (self.hidden, self.vocab):
+                    self.most = max(self.most, x.numel() // self.vocab)
+        return out
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_train_step_with_logprob_chunk_never_builds_the_logits(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int | None
+) -> None:
+    """With ``logprob_chunk`` set, a whole training step (policy and reference log-probs,
+    backward) goes through the head's tiles: tiled_logprobs runs for every micro-batch and no
+    tensor as large as the logits exists. Equal figures alone cannot show this: full logits give
+    the same numbers. Without it (the control), the detector sees the logits."""
+    import leanrl.train.grpo.tiled as tiled_mod
+
+    calls: list[int] = []
+    plain = tiled_mod.tiled_logprobs
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return plain(*args, **kw)
+
+    monkeypatch.setattr(tiled_mod, "tiled_logprobs", counted)
+    kw: dict[str, Any] = {"beta": 0.04}  # the reference model's log-probs too
+    if chunk is not None:
+        kw |= {"logprob_chunk": chunk, "logprob_vocab_tile": 64}
+    engine = _engine(tiny_model_dir, tmp_path / "r", **kw)
+    vocab, hidden = engine.model.get_output_embeddings().weight.shape
+    samples = _samples(engine)
+    engine.train_step(_batch(samples))  # the probes of both heads (policy, reference) run here
+    calls.clear()
+    with _VocabRows(vocab, hidden) as seen:
+        engine.train_step(_batch(samples))
+    n_micro = len(engine._my_micro_batches(samples))
+    assert n_micro == 2  # responses of 2, 5 and 9 tokens, micro-batches of 2
+    if chunk is None:
+        assert not calls and seen.most >= 2 * 9  # [2, R >= 9, V] logits of the second one
+    else:
+        assert len(calls) >= 2 * n_micro  # reference and policy log-probs of each micro-batch
+        assert seen.most <= chunk, seen.most  # one tile of rows, never [n, R, V]
+
+
 def test_untied_head_with_bias_through_the_model() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
