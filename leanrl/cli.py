@@ -320,6 +320,10 @@ def _usage_error(tree: _Tree, args: list[str], message: str) -> str:
         hit = suggest(bad.group(1), node)
         if hit:
             lines.append(f"  did you mean `{where} {hit}`?")
+    if "error parsing value for field" in message and not isinstance(node, dict):
+        section = _section_given_a_value(node, args)
+        if section is not None:
+            lines = [f"{where}: error: {section[0]}", *section[1:]]
     switch = re.search(r"argument --([\w.-]+)/--no-[\w.-]+: ignored explicit argument", message)
     if switch:
         flag = switch.group(1)
@@ -355,6 +359,40 @@ def _usage_error(tree: _Tree, args: list[str], message: str) -> str:
         + (", `--help-all` for every option." if not isinstance(node, dict) else ".")
     )
     return "\n".join(lines)
+
+
+def _section_given_a_value(cls: type[BaseModel], args: Sequence[str]) -> list[str] | None:
+    """What to say when a flag that names a section of settings (``--policy``) was given one
+    plain value (``--policy openai``), which pydantic-settings reports only as "error parsing
+    value for field ...": the section's fields are set one by one, and the command's shortcut
+    flag of the same value is named (``--backend openai``)."""
+    for i, a in enumerate(args):
+        if not a.startswith("--"):
+            continue
+        flag, eq, inline = a[2:].partition("=")
+        value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if value.lstrip().startswith("{"):
+            continue  # JSON for the whole section: parsed (or refused) as such
+        model: Any = cls
+        for part in flag.replace("-", "_").split("."):
+            is_model = isinstance(model, type) and issubclass(model, BaseModel)
+            field = model.model_fields.get(part) if is_model else None
+            model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        lines = [
+            f"--{flag} is a section of settings, not one value (got {value!r}): set its fields "
+            f"with --{flag}.FIELD VALUE, or give it as JSON ('{{\"FIELD\": ...}}')"
+        ]
+        for short, info in cls.model_fields.items():
+            if value in get_args(info.annotation) or any(
+                value in get_args(x) for x in get_args(info.annotation)
+            ):
+                fields = model.model_fields
+                inner = f" (or --{flag}.{short} {value})" if short in fields else ""
+                lines.append(f"  did you mean --{short.replace('_', '-')} {value}{inner}?")
+        return lines
+    return None
 
 
 def _version() -> str:

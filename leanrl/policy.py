@@ -132,6 +132,9 @@ class Completion(BaseModel):
     """The prompt's token ids as the backend tokenized it."""
     finish_reason: Literal["stop", "length"] = "stop"
     """``length`` when the token limit cut it off."""
+    usage_tokens: int | None = None
+    """Generated tokens as the server's ``usage`` counted them, for a backend that returns
+    neither token ids nor log-probs (an OpenAI-compatible server without them); None otherwise."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,15 @@ class Turn(BaseModel):
     """Token ids of ``feedback`` as inserted into the context (environment tokens: masked)."""
     finish_reason: str | None = None
     """``stop`` or ``length`` (truncated)."""
+    usage_tokens: int | None = None
+    """Generated tokens as the server's ``usage`` counted them, where the policy returned no
+    token ids or log-probs (:attr:`Completion.usage_tokens`); None otherwise."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the model generated this turn: its ids, else its log-probs, else the server's
+        count (0 when none of them is known)."""
+        return len(self.completion_ids) or len(self.logprobs or ()) or (self.usage_tokens or 0)
 
     @classmethod
     def from_completion(
@@ -47,6 +56,7 @@ class Turn(BaseModel):
             feedback=feedback,
             feedback_ids=list(feedback_ids),
             finish_reason=c.finish_reason,
+            usage_tokens=c.usage_tokens,
         )
 
 

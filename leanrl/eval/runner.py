@@ -453,7 +453,7 @@ def _record(task: Task, r: Rollout, chunk: int, caps: _Caps | None = None) -> di
         # An HTTP backend may return no token ids; one logprob per generated token still
         # counts them. A prompt whose tokens nobody reported is None, not 0.
         "prompt_tokens": len(r.prompt_ids) if r.prompt_ids else None,
-        "completion_tokens": sum(len(t.completion_ids) or len(t.logprobs or ()) for t in r.turns),
+        "completion_tokens": sum(t.num_tokens for t in r.turns),
         "feedback_tokens": sum(len(t.feedback_ids) for t in r.turns),
         "timings": r.timings,
         "meta": r.meta,

@@ -30,6 +30,7 @@ from typing import Any
 from leanrl.errors import ConfigError, disk_errors
 from leanrl.jsonl import json_text, quarantine, read_log, rewrite_log, scan_log
 from leanrl.runlock import FolderLock
+from leanrl.verdict import Verdict
 
 __all__ = ["ResultStore", "read_results"]
 
@@ -172,17 +173,19 @@ def _read_run_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_results(path: str | Path) -> Iterator[dict[str, Any]]:
+def read_results(path: str | Path, *, typed: bool = False) -> Iterator[dict[str, Any]]:
     """The attempt records of an eval's ``results.jsonl`` (or of its folder), one at a time,
     each as the runner made it: ``proof`` restored where the line stores ``proof_at``. Lines
     that cannot be read are skipped (a resume moves them to ``results.jsonl.quarantined``); a
-    retried ``infra`` attempt may appear twice until the run is resumed.
+    retried ``infra`` attempt may appear twice until the run is resumed. ``verdict`` is the
+    verdict's JSON (a dict, for tables), or with ``typed`` a :class:`~leanrl.Verdict`.
 
     Use this rather than reading the JSON lines yourself::
 
         import pandas as pd
         from leanrl.eval import read_results
         df = pd.DataFrame(read_results("runs/eval-minif2f"))
+        first = next(read_results("runs/eval-minif2f", typed=True))["verdict"].reason
     """
     path = Path(path)
     if path.is_dir():
@@ -193,6 +196,8 @@ def read_results(path: str | Path) -> Iterator[dict[str, Any]]:
             "results.jsonl"
         )
     for _, rec in read_log(path, _full_record):
+        if typed and isinstance(rec.get("verdict"), dict):
+            rec = {**rec, "verdict": Verdict.model_validate(rec["verdict"])}
         yield rec
 
 

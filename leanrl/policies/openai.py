@@ -175,12 +175,12 @@ class OpenAIPolicy(Policy):
             # from now on ask for one sample per request straight away.
             self._one_per_request = True
             rest = await self._singly(path, body, sampling, chat, start=1)
-            return [_completion(choices[0], chat), *rest]
+            return [*_completions(data, choices[:1], chat), *rest]
         if len(choices) != sampling.n:
             raise PolicyError(
                 f"{self.config.base_url}/{path} returned {len(choices)} choices for n={sampling.n}"
             )
-        return [_completion(c, chat) for c in choices]
+        return _completions(data, choices, chat)
 
     async def _singly(
         self,
@@ -203,7 +203,7 @@ class OpenAIPolicy(Policy):
                 raise PolicyError(
                     f"{self.config.base_url}/{path} returned {len(choices)} choices for n=1"
                 )
-            return _completion(choices[0], chat)
+            return _completions(data, choices, chat)[0]
 
         return list(await asyncio.gather(*(one(i) for i in range(start, sampling.n))))
 
@@ -243,6 +243,28 @@ class OpenAIPolicy(Policy):
             f"{self.config.base_url}/{path} failed {self.config.max_retries + 1} times; "
             f"last: {last}"
         )
+
+
+def _completions(
+    data: dict[str, Any], choices: list[dict[str, Any]], chat: bool
+) -> list[Completion]:
+    """The completions of one response. Where the server returned neither token ids nor
+    log-probs, each gets the response's ``usage.completion_tokens``: the count itself for one
+    choice; for several (usage counts them together) split in proportion to their text length,
+    the parts summing to the server's total."""
+    out = [_completion(c, chat) for c in choices]
+    usage = data.get("usage")
+    total = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        return out
+    if any(c.token_ids or c.logprobs for c in out):
+        return out  # the server's own per-token data counts them
+    chars = [len(c.text) for c in out]
+    weights = chars if sum(chars) else [1] * len(out)
+    shares = [total * w // sum(weights) for w in weights]
+    for i in sorted(range(len(out)), key=lambda k: -weights[k])[: total - sum(shares)]:
+        shares[i] += 1
+    return [c.model_copy(update={"usage_tokens": n}) for c, n in zip(out, shares, strict=True)]
 
 
 def _completion(choice: dict[str, Any], chat: bool) -> Completion:
