@@ -108,9 +108,18 @@ def average_checkpoints(
             f"--out {dest} exists and is not an empty folder: give a new folder (nothing is "
             "overwritten)"
         )
+    from leanrl.integrity import CHECKSUMS_FILE, content_problem
+
     for f in folders:
         if not f.is_dir():
             raise ConfigError(f"checkpoint {f} is not a folder: give Hugging Face model folders")
+        # a leanrl checkpoint's checksums (its merged/ too): a flipped bit is structurally whole
+        why = content_problem(f)
+        if why:
+            raise ConfigError(
+                f"{f} is damaged: {why}. Leave it out or use a good copy (to average it as it "
+                f"is anyway, delete {f / CHECKSUMS_FILE})"
+            )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-average-{dest.name}-", dir=dest.parent))
     try:

@@ -6,19 +6,42 @@ deep inside a library with a message about headers or zip directories. These che
 and say, in one line, which file is damaged and how; the trainers use them to skip a damaged
 checkpoint for an older intact one (:meth:`leanrl.train.common.RunDir.resumable_checkpoints`).
 
-They check structure, not content: a safetensors file must be exactly as long as its header
-says, a torch file must be a complete zip archive whose every member matches its CRC, and a JSON
-file must parse. Nothing here unpickles or runs anything from the files.
+The structural checks: a safetensors file must be exactly as long as its header says, a torch
+file must be a complete zip archive whose every member matches its CRC, and a JSON file must
+parse. Nothing here unpickles or runs anything from the files.
+
+The content check: a leanrl checkpoint lists every file with its sha256 in ``checksums.sha256``
+(``sha256sum`` format; written last, so it exists only whole). :func:`checksums_problem` compares
+the files with it: a flipped bit in the weights is structurally whole and loads without
+complaint, so every command that loads a checkpoint checks it (:func:`content_problem`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import zipfile
 from pathlib import Path
 
-__all__ = ["checkpoint_problem", "json_problem", "safetensors_problem", "torch_file_problem"]
+__all__ = [
+    "CHECKSUMS_FILE",
+    "NO_CHECKSUMS",
+    "checkpoint_problem",
+    "checksums_problem",
+    "content_problem",
+    "json_problem",
+    "safetensors_problem",
+    "sha256_file",
+    "torch_file_problem",
+]
+
+CHECKSUMS_FILE = "checksums.sha256"
+"""Every file of a checkpoint with its sha256 (``sha256sum -c checksums.sha256`` checks it)."""
+
+NO_CHECKSUMS = "no checksums"
+""":func:`checksums_problem`'s answer for a folder without ``checksums.sha256`` (a checkpoint
+written before leanrl recorded them, or any model folder not written by leanrl)."""
 
 #: Small JSON files of a Hugging Face model folder or checkpoint that must parse when present.
 _JSON_FILES = (
@@ -119,3 +142,80 @@ def checkpoint_problem(folder: Path, *, torch_files: bool = True) -> str | None:
         if why:
             return why
     return None
+
+
+def sha256_file(path: Path) -> str:
+    """The file's sha256, read in 1 MiB pieces (a model file never sits in memory whole)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checksums_problem(folder: Path) -> str | None:
+    """Why ``folder``'s files do not match ``checksums.sha256`` (None when they all do;
+    :data:`NO_CHECKSUMS` when it has none). Files the list does not name are not checked."""
+    listing = folder / CHECKSUMS_FILE
+    try:
+        text = listing.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return NO_CHECKSUMS
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{CHECKSUMS_FILE} cannot be read ({e})"
+    for n, line in enumerate(text.splitlines(), 1):
+        digest, sep, rel = line.partition("  ")
+        name = Path(rel)
+        if not sep or len(digest) != 64 or name.is_absolute() or ".." in name.parts:
+            return f"{CHECKSUMS_FILE} is damaged (line {n} is not 'SHA256  FILE')"
+        path = folder / name
+        if not path.is_file():
+            return f"{rel} is missing ({CHECKSUMS_FILE} lists it)"
+        try:
+            got = sha256_file(path)
+        except OSError as e:
+            return f"{rel} cannot be read ({e.strerror})"
+        if got != digest:
+            return (
+                f"{rel} is not the file that was written (sha256 {got[:12]}..., recorded "
+                f"{digest[:12]}...): its content changed on disk or in a copy"
+            )
+    return None
+
+
+_VERIFIED: dict[Path, tuple[tuple[str, int, int], ...]] = {}
+"""Folders whose checksums matched in this process, with what their files looked like then."""
+
+
+def _stamp(folder: Path) -> tuple[tuple[str, int, int], ...] | None:
+    """(name, size, mtime) of the listing and every file under ``folder``: what a rewrite
+    changes (None when the folder cannot be listed)."""
+    try:
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        return tuple(
+            (p.relative_to(folder).as_posix(), st.st_size, st.st_mtime_ns)
+            for p in files
+            for st in (p.stat(),)
+        )
+    except OSError:
+        return None
+
+
+def content_problem(folder: Path) -> str | None:
+    """Why the files of ``folder`` are not the ones its ``checksums.sha256`` lists (None when
+    they are, or when it has no such list: a model folder not written by leanrl).
+
+    What every command that loads a model folder runs before loading it, so a checkpoint
+    with a flipped bit is refused instead of loaded. Each folder is hashed once per process
+    (a command checks its model more than once); a folder whose files were rewritten since
+    (another size or mtime) is hashed again."""
+    key = folder.expanduser().resolve()
+    stamp = _stamp(key)
+    if stamp is not None and _VERIFIED.get(key) == stamp:
+        return None
+    why = checksums_problem(key)
+    if why == NO_CHECKSUMS:
+        return None
+    if why is None and stamp is not None:
+        _VERIFIED[key] = stamp
+    return why

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from leanrl._hub import hub_offline, hub_reachable
 from leanrl.errors import ConfigError, PolicyError
-from leanrl.integrity import checkpoint_problem, json_problem
+from leanrl.integrity import CHECKSUMS_FILE, checkpoint_problem, content_problem, json_problem
 from leanrl.policy import Prompt
 
 __all__ = [
@@ -127,6 +127,12 @@ def resolve_model(
                 f"model folder {path} does not exist{_nearby(path)}. Pass {flag} with a local "
                 "folder holding config.json and the weights, or a Hugging Face id such as "
                 f"'AI-MO/Kimina-Prover-Distill-1.7B'.{_catalogue_hint(path)}"
+            )
+        changed = content_problem(path)  # a leanrl checkpoint's checksums (flipped bits)
+        if changed:
+            raise PolicyError(
+                f"cannot load model {path}: {changed}. Use another checkpoint or a good copy "
+                f"(to load it as it is anyway, delete {path / CHECKSUMS_FILE})"
             )
         if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
             if adapters:

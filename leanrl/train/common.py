@@ -8,6 +8,8 @@ A run folder looks the same whichever trainer wrote it::
                                  plus trainer_state.json (step, RNG state, trainer extras) and
                                  checksums.sha256 (every file's sha256, checked on resume)
     RUN_DIR/.lock                held while a run writes the folder (a second run is refused)
+    RUN_DIR/quarantined/         damaged checkpoints moved out of the run (checkpoint-N and
+                                 checkpoint-N.why.txt: what was wrong), never loaded or pruned
     RUN_DIR/in_use.json          ES: the checkpoint the running run rebuilds its weights from
                                  (never pruned while it runs)
     RUN_DIR/reward_curve.png     written at the end (and whenever ``plot`` is called)
@@ -24,7 +26,6 @@ that float, never as ``null`` (which would read as "not measured").
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -41,7 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from leanrl.environment import Environment, EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, disk_errors
-from leanrl.integrity import checkpoint_problem
+from leanrl.integrity import (
+    CHECKSUMS_FILE,
+    NO_CHECKSUMS,
+    checkpoint_problem,
+    checksums_problem,
+    sha256_file,
+)
 from leanrl.jsonl import quarantine, quarantine_path, rewrite_log, scan_log
 from leanrl.launch.config import LauncherConfig
 from leanrl.policy import PolicyConfig, SamplingConfig
@@ -52,8 +59,8 @@ from leanrl.train.inrun_eval_config import InRunEvalConfig
 
 log = logging.getLogger("leanrl.train")
 
-CHECKSUMS_FILE = "checksums.sha256"
-"""Every file of a checkpoint with its sha256 (``sha256sum -c checksums.sha256`` checks it)."""
+QUARANTINE_DIR = "quarantined"
+"""Where damaged checkpoints are moved (``RUN_DIR/quarantined/checkpoint-N``), out of the run."""
 IN_USE_FILE = "in_use.json"
 """The checkpoint a running run still reads (ES rebuilds weights from it): never pruned."""
 
@@ -70,6 +77,7 @@ __all__ = [
     "print_run_summary",
     "resume_line",
     "runtime_metrics",
+    "write_checksums",
 ]
 
 
@@ -300,15 +308,37 @@ class RunDir:
             )
         return [row for _, row in scan.good]
 
-    def truncate_metrics(self, after_step: int) -> None:
+    def truncate_metrics(self, after_step: int) -> list[int]:
         """Drop rows of steps after ``after_step`` (written after the last checkpoint) and a torn
-        last line. Unreadable lines are moved to ``metrics.jsonl.quarantined``, not dropped."""
+        last line. Unreadable lines are moved to ``metrics.jsonl.quarantined``, not dropped.
+
+        A moved row of a step after ``after_step`` is written again when the resume redoes that
+        step. One of a step the checkpoint already holds cannot be: its numbers came from the
+        weights and rollouts of that step, which are gone. Returns those steps (1 to
+        ``after_step`` with no row left), which a warning names, so the gap in the curves is
+        explained rather than silent."""
         scan = scan_log(self.metrics_path, _metrics_row)
         keep = {i for i, row in scan.good if int(row["step"]) <= after_step}
         if len(keep) == len(scan.good) and not scan.bad and not scan.torn:
-            return
-        quarantine(self.metrics_path, scan.bad, "metrics row")
+            return []
+        qpath = quarantine(self.metrics_path, scan.bad, "metrics row")
         rewrite_log(self.metrics_path, keep, "metrics.jsonl")
+        if qpath is None:
+            return []
+        have = {int(row["step"]) for i, row in scan.good if i in keep}
+        lost = [s for s in range(1, after_step + 1) if s not in have]
+        if lost:
+            shown = ", ".join(map(str, lost[:20])) + (", ..." if len(lost) > 20 else "")
+            log.warning(
+                "%s: no row is left for step(s) %s (damaged; the lines are in %s). They are not "
+                "redone: the run resumes after step %d, and their numbers came from the weights "
+                "and rollouts of those steps, which are gone. The curves have a gap there.",
+                self.metrics_path,
+                shown,
+                qpath,
+                after_step,
+            )
+        return lost
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -332,20 +362,85 @@ class RunDir:
         """Complete checkpoints that look whole, newest first, checked one at a time as the
         caller asks for the next. A damaged one (truncated weights or optimizer state, a JSON
         file that does not parse) is skipped with a warning naming the file and what is wrong;
-        its name goes to :attr:`damaged`.
+        its name goes to :attr:`damaged`, and the run holding the folder's lock moves it to
+        ``quarantined/`` (:meth:`quarantine_checkpoint`), where it no longer counts toward
+        ``keep_checkpoints`` and no command takes it for a checkpoint of the run.
 
         The content is checked too: every file against its sha256 in ``checksums.sha256`` (a
         flipped bit in the weights loads without complaint otherwise). A checkpoint written
         before leanrl recorded checksums has none; it is used, with a warning that its content
-        is unverified."""
+        is unverified. Checkpoints quarantined by an earlier run are in :attr:`damaged` too, so
+        a run whose every checkpoint is damaged still says so when it is run again."""
+        self._note_quarantined()
         for step, path in reversed(self.checkpoints()):
             why = checkpoint_problem(path) or self._content_problem(path)
+            if why is None and not path.is_dir():  # moved aside meanwhile (by rank 0)
+                why = "it was moved away while it was checked"
             if why is None:
                 yield step, path
                 continue
-            if (path, why) not in self.damaged:
+            moved = self.quarantine_checkpoint(path, why)
+            if not any(p.name == path.name and w == why for p, w in self.damaged):
+                self.damaged.append((moved or path, why))
+            if moved is not None:
+                log.warning(
+                    "%s is damaged: %s. Moved it to %s (not counted as a checkpoint of the "
+                    "run); skipping it for an older checkpoint.",
+                    path,
+                    why,
+                    moved,
+                )
+            else:
+                log.warning("%s is damaged: %s. Skipping it for an older checkpoint.", path, why)
+
+    def quarantine_checkpoint(self, checkpoint: Path, why: str) -> Path | None:
+        """Move the damaged ``checkpoint`` to ``RUN_DIR/quarantined/`` (``checkpoint-N``, or
+        ``checkpoint-N.2`` ... when that name is taken), with ``why`` beside it in
+        ``checkpoint-N.why.txt``; returns where it went. Only the run holding the folder's lock
+        moves anything (other ranks of a torchrun launch, or a reader such as ES's replay,
+        only skip it), and a problem that may pass (a file that cannot be read now) leaves the
+        folder where it is: None then. Nothing is deleted: a checkpoint wrongly judged
+        damaged is moved back by hand."""
+        if self._lock is None or not self._lock.held or "cannot be read" in why:
+            return None
+        dest_dir = self.path / QUARANTINE_DIR
+        target = dest_dir / checkpoint.name
+        n = 1
+        while target.exists() or target.with_name(f"{target.name}.why.txt").exists():
+            n += 1
+            target = dest_dir / f"{checkpoint.name}.{n}"
+        try:
+            dest_dir.mkdir(exist_ok=True)
+            os.replace(checkpoint, target)
+        except OSError as e:
+            log.warning("%s could not be moved to %s (%s): left in place", checkpoint, target, e)
+            return None
+        try:
+            target.with_name(f"{target.name}.why.txt").write_text(why + "\n", encoding="utf-8")
+        except OSError:
+            pass  # the move is what matters; the reason was logged
+        return target
+
+    def quarantined(self) -> list[tuple[Path, str]]:
+        """Checkpoints moved to ``quarantined/`` by this or an earlier run, with why."""
+        folder = self.path / QUARANTINE_DIR
+        if not folder.is_dir():
+            return []
+        out = []
+        for p in sorted(folder.glob("checkpoint-*")):
+            if not p.is_dir():
+                continue
+            try:
+                why = p.with_name(f"{p.name}.why.txt").read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError):
+                why = ""
+            out.append((p, why or "quarantined by an earlier run"))
+        return out
+
+    def _note_quarantined(self) -> None:
+        for path, why in self.quarantined():
+            if not any(p == path for p, _ in self.damaged):
                 self.damaged.append((path, why))
-            log.warning("%s is damaged: %s. Skipping it for an older checkpoint.", path, why)
 
     def no_checkpoint_line(self, then: str = "starting the run over") -> str:
         """What a resume that found no usable checkpoint logs: that there is none yet, or that
@@ -363,8 +458,8 @@ class RunDir:
             if checkpoint not in self._unverified and _holds_weights(checkpoint):
                 self._unverified.add(checkpoint)
                 log.warning(
-                    "%s has no %s (written by an older leanrl): its content cannot be verified, "
-                    "only its structure",
+                    "%s has no %s (written by an older leanrl, or a kill came between its save "
+                    "and its checksums): its content cannot be verified, only its structure",
                     checkpoint,
                     CHECKSUMS_FILE,
                 )
@@ -619,19 +714,10 @@ def _decode_metric(value: Any) -> Any:
 
 # -- checkpoint checksums -------------------------------------------------------------------------
 
-_NO_CHECKSUMS = "no checksums"
-""":func:`checksums_problem`'s answer for a checkpoint written before checksums existed."""
+_NO_CHECKSUMS = NO_CHECKSUMS  # the name this module used before the check moved to integrity
+_sha256 = sha256_file
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-
-
-def _sha256(path: Path) -> str:
-    """The file's sha256, read in 1 MiB pieces (a model file never sits in memory whole)."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_checksums(folder: Path) -> Path:
@@ -646,36 +732,6 @@ def write_checksums(folder: Path) -> Path:
     target = folder / CHECKSUMS_FILE
     _atomic_write(target, "".join(lines))
     return target
-
-
-def checksums_problem(folder: Path) -> str | None:
-    """Why ``folder``'s files do not match ``checksums.sha256`` (None when they all do;
-    :data:`_NO_CHECKSUMS` when it has none). Files the list does not name are not checked."""
-    listing = folder / CHECKSUMS_FILE
-    try:
-        text = listing.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return _NO_CHECKSUMS
-    except (OSError, UnicodeDecodeError) as e:
-        return f"{CHECKSUMS_FILE} cannot be read ({e})"
-    for n, line in enumerate(text.splitlines(), 1):
-        digest, sep, rel = line.partition("  ")
-        name = Path(rel)
-        if not sep or len(digest) != 64 or name.is_absolute() or ".." in name.parts:
-            return f"{CHECKSUMS_FILE} is damaged (line {n} is not 'SHA256  FILE')"
-        path = folder / name
-        if not path.is_file():
-            return f"{rel} is missing ({CHECKSUMS_FILE} lists it)"
-        try:
-            got = _sha256(path)
-        except OSError as e:
-            return f"{rel} cannot be read ({e.strerror})"
-        if got != digest:
-            return (
-                f"{rel} is not the file that was written (sha256 {got[:12]}..., recorded "
-                f"{digest[:12]}...): its content changed on disk or in a copy"
-            )
-    return None
 
 
 def _holds_weights(folder: Path) -> bool:

@@ -21,6 +21,7 @@ benchmark ``benchmarks/sft_vs_trl.py`` compares the throughput with TRL's ``SFTT
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import math
 import shutil
@@ -43,6 +44,7 @@ from leanrl.train.common import (
     check_model_path,
     check_runtimes,
     resume_line,
+    write_checksums,
 )
 from leanrl.train.lora import LoRAConfig, check_peft
 from leanrl.train.sft.data import Pair, SFTDataConfig
@@ -213,6 +215,11 @@ class SFTTrainer:
         latest = self._resume_point() if resumed else None
         if latest is not None:
             log.info(resume_line(latest, int(latest.name.split("-", 1)[1])))
+            finished = self._finished(latest)
+            if finished is not None:
+                log.info(finished)
+                self._end()
+                return []
         elif resumed:
             log.info(self.run.no_checkpoint_line())  # none yet, or every one damaged (why)
         self._load()
@@ -255,12 +262,16 @@ class SFTTrainer:
             trainer.train(resume_from_checkpoint=str(latest) if latest else None)
         finally:
             logger.close()
-            self.run.plot("loss", f"SFT loss ({self.run.path.name})", "loss_curve.png")
-            from leanrl.train.inrun_eval import plot_eval
-
-            plot_eval(self.run)
-            self.run.unlock()  # after the last write (the plots above)
+            self._end()
         return rows
+
+    def _end(self) -> None:
+        """The plots (again, for a run killed before it drew them), then the lock goes."""
+        self.run.plot("loss", f"SFT loss ({self.run.path.name})", "loss_curve.png")
+        from leanrl.train.inrun_eval import plot_eval
+
+        plot_eval(self.run)
+        self.run.unlock()  # after the last write (the plots above)
 
     async def train(self) -> list[dict[str, Any]]:
         """:meth:`train_sync` off the event loop."""
@@ -271,15 +282,45 @@ class SFTTrainer:
     # -- parts ------------------------------------------------------------------------------------
 
     def _resume_point(self) -> Any:
-        """The newest complete checkpoint; half-written ones (no ``trainer_state.json``, left by
-        a kill mid-save) are removed so the Trainer cannot pick them."""
+        """The newest complete checkpoint whose files are what was written; half-written ones
+        (no ``trainer_state.json``, left by a kill mid-save) are removed so the Trainer cannot
+        pick them, and damaged ones (a checksum or structure that does not match) are moved
+        to ``quarantined/``, out of the Trainer's sight and of ``keep_checkpoints``."""
         complete = {p for _, p in self.run.checkpoints()}
         for p in self.run.path.glob("checkpoint-*"):
             if p.is_dir() and p not in complete:
                 shutil.rmtree(p, ignore_errors=True)
-        latest = self.run.latest_checkpoint()
+        latest = next(self.run.resumable_checkpoints(), None)
         self.run.truncate_metrics(latest[0] if latest else 0)
         return latest[1] if latest else None
+
+    def _finished(self, checkpoint: Any) -> str | None:
+        """The line to log when ``checkpoint`` already ends the run (None when steps remain).
+
+        transformers' Trainer, resumed from the checkpoint of its last step when that step ends
+        mid-epoch, trains one step more (``step 7/6``): a finished run rerun must do nothing.
+        The end is ``steps`` when given (it may be raised to train on), else the number of
+        optimizer steps the run's epochs came to (recorded by the Trainer; ``epochs`` cannot
+        change on resume)."""
+        done = int(checkpoint.name.split("-", 1)[1])
+        end = self.config.steps
+        if end is None:
+            try:
+                state = json.loads((checkpoint / "trainer_state.json").read_text("utf-8"))
+                end = int(state["max_steps"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None  # the Trainer decides (its state file was checked as JSON)
+        if done < end:
+            return None
+        more = (
+            f"raise --steps above {done} and rerun"
+            if self.config.steps is not None
+            else f"start a new run from it (--model {checkpoint} --out NEW_FOLDER)"
+        )
+        return (
+            f"{self.run.path} is finished ({checkpoint.name} is step {done} of {end}): nothing "
+            f"to train. To train on, {more}."
+        )
 
     def _load(self) -> None:
         cfg = self.config
@@ -465,6 +506,11 @@ def _callback(sft: SFTTrainer, logger: Any, counter: _TokenCounter, rows: list) 
                 save_merged(sft.model, sft.tokenizer, tmp, lora.scale)
                 shutil.rmtree(folder / MERGED_DIR, ignore_errors=True)
                 tmp.rename(folder / MERGED_DIR)
+            folder = sft.run.checkpoint_path(state.global_step)
+            if state.is_world_process_zero and folder.is_dir():
+                # last, over every file the Trainer (and the merge above) wrote: what a resume
+                # and every command that loads the checkpoint check its content against
+                write_checksums(folder)
             return control
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
