@@ -17,9 +17,18 @@ the size ratio, 100 for 1M/10k). A call that raises is reported as such (the pre
 raise at all). A shape whose call takes longer than ``--max-seconds`` at one size is not run at
 the larger ones.
 
+Every entry point that reads model text bounds it before scanning: ``judge_prescan`` and
+``prescan_tactic`` refuse text over ``max_proof_chars`` (200k) and the lexer stops after
+``MAX_TOKENS`` (65,536) tokens, which they and extraction report as ``too_large``; extraction
+refuses an output over ``MAX_TEXT_CHARS`` (1M). ``--at-cap`` measures those entry points
+themselves (``judge_prescan``, ``prescan_tactic``, ``extract_proof``) on every shape at the
+largest size each reads (just under the character cap, so the token bound is what stops the
+dense shapes), and prints the slowest call of each: wall and CPU seconds, min/median/max.
+
     python benchmarks/prescan_scaling.py            # 10k, 100k, 1M; 3 repeats
     python benchmarks/prescan_scaling.py --quick    # 10k, 100k; 1 repeat
     python benchmarks/prescan_scaling.py --shapes open_in,calc --sizes 10000,200000
+    python benchmarks/prescan_scaling.py --at-cap   # the entry points at their caps
 """
 
 from __future__ import annotations
@@ -33,10 +42,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from leanrl.harnesses.whole_proof.extract import extract_proof
+from leanrl.lean.tactic_input import prescan_tactic
 from leanrl.lean.trust.lexer import _tokenize
+from leanrl.lean.trust.rules import judge_prescan
 from leanrl.lean.trust.syntax import scan
 from leanrl.task import Task
-from leanrl.verdict import VerificationPolicy
+from leanrl.verdict import Attempt, VerificationPolicy
 
 TASK = Task(id="t", name="t", header="import Mathlib\n", formal_statement="theorem t : True := by")
 THEOREM = "theorem t : True := by\n  trivial\n"
@@ -100,6 +111,9 @@ SHAPES: dict[str, tuple[Callable[[int], str], bool]] = {
         lambda n: _repeat("{x} ", n, 'theorem t : True := by\n  have s := s!"', '"\n  trivial\n'),
         True,
     ),
+    # shapes of issue 35: one token per character, and a block of `end` lines
+    "projections": (lambda n: _repeat("x.1", n, "theorem t : True := by\n  exact "), True),
+    "end_lines": (lambda n: _repeat("end\n", n), True),
 }
 
 
@@ -165,6 +179,48 @@ def measure(shapes: list[str], sizes: list[int], repeats: int, max_seconds: floa
     return rows
 
 
+def at_cap(shapes: list[str], repeats: int) -> str:
+    """Each entry point that reads model text, on every shape at the largest size it reads in
+    full (just under ``max_proof_chars``; extraction gets the shape in a code block): the
+    slowest shape's wall and CPU seconds per call, min/median/max over ``repeats``."""
+    policy = VerificationPolicy()
+    cap = policy.max_proof_chars - 64
+
+    def entries(code: str, fenced: bool) -> dict[str, Callable[[], object]]:
+        attempt = Attempt(name="t", header="", formal_statement="", proof=code)
+        block = f"```lean4\n{code}\n```" if fenced else code
+        return {
+            "judge_prescan": lambda: judge_prescan(attempt),
+            "prescan_tactic": lambda: prescan_tactic(code, policy),
+            "extract_proof": lambda: extract_proof(block, TASK),
+        }
+
+    worst: dict[str, tuple[str, list[float], list[float]]] = {}
+    for name in shapes:
+        build, fenced = SHAPES[name]
+        for what, fn in entries(build(cap), fenced).items():
+            walls: list[float] = []
+            cpus: list[float] = []
+            for _ in range(repeats):
+                _tokenize.cache_clear()
+                c0 = time.process_time()
+                t0 = time.perf_counter()
+                fn()
+                walls.append(time.perf_counter() - t0)
+                cpus.append(time.process_time() - c0)
+            if what not in worst or statistics.median(cpus) > statistics.median(worst[what][2]):
+                worst[what] = (name, walls, cpus)
+    lines = [f"at the cap ({cap:,} characters): the slowest shape per entry point, seconds"]
+    lines.append(
+        f"{'entry point':16} {'shape':14} {'wall min/med/max':>22} {'CPU min/med/max':>22}"
+    )
+    for what, (name, walls, cpus) in worst.items():
+        w = f"{min(walls):.3f}/{statistics.median(walls):.3f}/{max(walls):.3f}"
+        c = f"{min(cpus):.3f}/{statistics.median(cpus):.3f}/{max(cpus):.3f}"
+        lines.append(f"{what:16} {name:14} {w:>22} {c:>22}")
+    return "\n".join(lines)
+
+
 def table(rows: list[Row], sizes: list[int]) -> str:
     """The rows as text: µs/char min/median/max per size, and the time ratio largest/smallest."""
     head = f"{'shape':18} {'fn':8}"
@@ -216,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="10k and 100k characters, one repeat")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="skip larger sizes after")
     ap.add_argument("--json", action="store_true", help="print the measurements as JSON too")
+    ap.add_argument(
+        "--at-cap", action="store_true", help="time the entry points at their size caps only"
+    )
     args = ap.parse_args(argv)
     sizes = [10_000, 100_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     repeats = 1 if args.quick else args.repeats
@@ -223,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    if args.at_cap:
+        print(at_cap(shapes, args.repeats))
+        return 0
     rows = measure(shapes, sorted(sizes), repeats, args.max_seconds)
     print(table(rows, sorted(sizes)))
     if args.json:

@@ -29,7 +29,7 @@ from leanrl.harnesses.whole_proof import WholeProofHarness, extract_proof
 from leanrl.harnesses.whole_proof.extract import Extracted, _atom, _fenced, _unwrap, strip_reasoning
 from leanrl.harnesses.whole_proof.harness import INLINE_CHARS
 from leanrl.lean.tactic_input import prescan_tactic
-from leanrl.lean.trust.lexer import Kind, tokenize
+from leanrl.lean.trust.lexer import Kind, tokenize, too_many_tokens
 from leanrl.lean.trust.rules import judge_prescan
 from leanrl.lean.trust.syntax import MAX_NESTING, Finding, scan
 from leanrl.policy import Completion
@@ -105,7 +105,12 @@ async def test_deep_nesting_is_judged_never_raised(kind: str, depth: int) -> Non
     worker = _Worker()
     session = LocalTacticSession(worker, TASK.header, 5.0, POLICY)  # type: ignore[arg-type]
     state = await session.apply(0, text)
-    if depth <= 16 or not refused:
+    if too_many_tokens(tokenize(text)):
+        # past the lexer's token bound the size answers first, before any nesting is read
+        assert verdict is not None and verdict.reason is Reason.TOO_LARGE, verdict
+        assert state.error is not None and state.error.startswith("pre-scan (too_large)")
+        assert worker.applied == []
+    elif depth <= 16 or not refused:
         assert verdict is None, verdict
         assert state.error is None and worker.applied == [text]
     else:

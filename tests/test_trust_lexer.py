@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from leanrl.lean.trust.lexer import Kind, Token, code_only, mask_comments, tokenize
+from leanrl.lean.trust.lexer import (
+    MAX_TOKENS,
+    Kind,
+    Token,
+    code_only,
+    mask_comments,
+    tokenize,
+    too_many_tokens,
+)
 
 
 def kinds(text: str) -> list[tuple[str, str]]:
@@ -304,6 +312,8 @@ def test_hostile_nesting_is_an_error_not_a_crash() -> None:
     # (a Python recursion error here would crash the caller instead of rejecting the text).
     assert "nested too deeply" in error('s!"{' * 5000).error
     assert error('"{' * 20000 + '"').kind is Kind.ERROR
-    # deep brackets and comments are plain loops
-    assert len(tokenize("(" * 50000)) == 50000
+    # deep brackets and comments are plain loops (and a text is read up to the token bound)
+    assert len(tokenize("(" * 30000)) == 30000
+    deep = tokenize("(" * 50000)
+    assert len(deep) == MAX_TOKENS + 1 and too_many_tokens(deep)
     assert tokenize("/-" * 20000 + "-/" * 20000) == []

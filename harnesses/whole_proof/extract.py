@@ -23,11 +23,25 @@ import textwrap
 
 from pydantic import BaseModel, ConfigDict
 
-from leanrl.lean.trust.lexer import Kind, Token, bracket_delta, code_only, tokenize
+from leanrl.lean.trust.lexer import (
+    MAX_TOKENS,
+    Kind,
+    Token,
+    bracket_delta,
+    code_only,
+    tokenize,
+    too_many_tokens,
+)
 from leanrl.task import Task
 from leanrl.verdict import Reason
 
-__all__ = ["Extracted", "extract_proof", "normalize_statement", "strip_reasoning"]
+__all__ = [
+    "MAX_TEXT_CHARS",
+    "Extracted",
+    "extract_proof",
+    "normalize_statement",
+    "strip_reasoning",
+]
 
 # The kinds as plain names: on Python 3.11 each `Kind.IDENT` is a slow attribute look-up, and
 # these are read for every token.
@@ -79,6 +93,11 @@ _SAME = {
     "forall": "∀",
     "lemma": "theorem",
 }
+MAX_TEXT_CHARS = 1_000_000
+"""The longest model output extraction reads; a longer one is ``too_large`` before anything is
+scanned. A reasoning model's 32k-token answer is ~130k characters, so this leaves it room. The
+code block extraction then lexes is bounded in tokens as well (the lexer's ``MAX_TOKENS``), which
+bounds the time of the worst shape whatever the characters (``benchmarks/prescan_scaling.py``)."""
 # Bounds on work that grows faster than the text (hostile text can be ~200k characters).
 _MAX_UNWRAP = 4000  # statement tokens to drop redundant parentheses from
 _MAX_ATTRIBUTE = 200  # tokens in an attribute list in front of a declaration
@@ -572,6 +591,12 @@ def extract_proof(
     statement, so the output *is* the proof until the closing fence.
     """
     truncated = finish_reason == "length"
+    if len(text) > MAX_TEXT_CHARS:
+        return Extracted(
+            reason=Reason.TOO_LARGE,
+            detail=f"the output is {len(text):,} characters, over the {MAX_TEXT_CHARS:,} that "
+            "extraction reads",
+        )
     body, think_problem = strip_reasoning(text)
     if think_problem is not None:
         if truncated:
@@ -583,6 +608,8 @@ def extract_proof(
         if idx < 0 and truncated:
             return Extracted(reason=Reason.TRUNCATED, detail="cut off before the code block closed")
         code = body if idx < 0 else body[:idx]
+        if (big := _too_many_tokens(code)) is not None:
+            return big
         # The text up to the first new command is the continuation of the statement the prompt
         # ended with: the proof. Only when the model starts over with its own declarations
         # (a restated header/theorem) is the code searched for the theorem.
@@ -609,8 +636,21 @@ def extract_proof(
                 return Extracted(reason=Reason.NO_PROOF, detail="no Lean code block in the output")
             found = body
         code = found
+        if (big := _too_many_tokens(code)) is not None:
+            return big
 
     return _from_code(code, task)
+
+
+def _too_many_tokens(code: str) -> Extracted | None:
+    """``too_large`` when ``code`` is past the lexer's token bound: every later step reads its
+    tokens, so it is refused before any of them (the tokens are cached for the steps that run)."""
+    if too_many_tokens(tokenize(code)):
+        return Extracted(
+            reason=Reason.TOO_LARGE,
+            detail=f"the code has more than {MAX_TOKENS:,} Lean tokens; no proof is that long",
+        )
+    return None
 
 
 def _split_reference(task: Task) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import textwrap
 
+from leanrl.lean.trust.lexer import MAX_TOKENS, tokenize, too_many_tokens
 from leanrl.lean.trust.syntax import Finding, scan
 from leanrl.verdict import Reason, VerificationPolicy
 
@@ -63,10 +64,23 @@ def prescan_tactic(text: str, policy: VerificationPolicy) -> str | None:
     ``#eval`` and friends run arbitrary code inside the process, which tactic mode would otherwise
     hand them. ``policy.forbid_tokens = False`` switches it off, as for whole proofs.
     """
+    # Sizes first, before anything reads the text token by token (a hostile megabyte of `x.1`
+    # is a million tokens): the same bounds as a whole proof's.
+    if len(text) > policy.max_proof_chars:
+        return (
+            f"pre-scan (too_large): the tactic text is {len(text):,} characters, over the limit "
+            f"of {policy.max_proof_chars:,} (VerificationPolicy.max_proof_chars)"
+        )
+    sent = "\n".join(_lines(text))
+    if too_many_tokens(tokenize(sent)):
+        return (
+            f"pre-scan (too_large): the tactic text has more than {MAX_TOKENS:,} Lean tokens "
+            "(leanrl.lean.trust.lexer.MAX_TOKENS)"
+        )
     if not policy.forbid_tokens:
         return None
     # Scan what the REPL will be sent: `as_one_tactic` turns tabs into spaces and CRLF into LF.
-    findings: list[Finding] = scan("\n".join(_lines(text)), policy)
+    findings: list[Finding] = scan(sent, policy)
     if not findings:
         return None
     f = min(findings, key=lambda f: _PRIORITY.index(f.reason))

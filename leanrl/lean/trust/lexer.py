@@ -45,6 +45,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 __all__ = [
+    "MAX_TOKENS",
+    "TOO_MANY_TOKENS",
     "Kind",
     "Token",
     "bracket_delta",
@@ -53,6 +55,7 @@ __all__ = [
     "is_id_rest",
     "mask_comments",
     "tokenize",
+    "too_many_tokens",
 ]
 
 
@@ -210,6 +213,19 @@ _ASCII_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_'!?]*(?:\.[A-Za-z_][A-Za-z0-9_'!?
 _SINGLE = frozenset("()[]{},;~?|&!#$%*+-.:<=>@^\\⟨⟩⦃⦄⟦⟧")
 _MAX_DEPTH = 16  # interpolated strings inside interpolated strings, as far as the lexer follows
 
+MAX_TOKENS = 32_768
+"""The most tokens any tokenization of a text produces; past it the stream ends with an
+``ERROR`` token whose ``error`` is :data:`TOO_MANY_TOKENS`, and the pre-scan, tactic pre-scan and
+extraction answer ``too_large``. Lexing costs time per token (a few microseconds each in Python;
+extraction lexes parts of its text more than once), and text like ``x.1x.1...`` is one token per
+character, so without a bound one megabyte of model text held the pre-scan or the extractor for
+tens of seconds. At the bound the slowest shape costs ~0.3 s of CPU in extraction and ~0.2 s in
+the pre-scan (``benchmarks/prescan_scaling.py --at-cap``). The largest published prover proof we
+know of (DeepSeek-Prover-V2's 438 miniF2F solutions) has 11,694 tokens in 46,804 characters:
+the bound leaves it almost three times the room (about 130,000 characters of ordinary Lean)."""
+TOO_MANY_TOKENS = f"token bound: more than {MAX_TOKENS:,} tokens, the lexer reads no further"
+"""The ``error`` of the last token when a text is past a token bound (see :func:`too_many_tokens`)."""
+
 
 @dataclass
 class _Lexer:
@@ -227,6 +243,7 @@ class _Lexer:
     spaced: bool = True  # whether whitespace came before the token being lexed
     n: int = 0  # where the text ends for this lexer (a probe reads only up to a bound)
     depth: int = 0  # interpolated strings being read inside each other
+    max_tokens: int = MAX_TOKENS  # see MAX_TOKENS; checked once per token in `run`
 
     def __post_init__(self) -> None:
         self.n = len(self.text)
@@ -376,6 +393,9 @@ class _Lexer:
             if stop_at_brace and c == "}" and depth == 0:
                 return i
             before = len(self.tokens)
+            if before >= self.max_tokens:
+                self.emit(_ERROR, i, n, nested, error=_too_many(self.max_tokens))
+                return n
             self.spaced = spaced or before == 0
             i = self.token(i, nested)
             self.spaced = True
@@ -792,18 +812,37 @@ _DELTAS: dict[str, int] = {}
 
 
 def tokenize(
-    text: str, *, extra_symbols: Iterable[str] = (), keep_comments: bool = False
+    text: str,
+    *,
+    extra_symbols: Iterable[str] = (),
+    keep_comments: bool = False,
+    max_tokens: int = MAX_TOKENS,
 ) -> list[Token]:
     """The tokens of ``text`` in order (code inside interpolated strings included, marked
     ``nested``). Comments are whitespace unless ``keep_comments``. Lexing stops at the first
-    error, which is the last token (kind ``ERROR``)."""
-    return list(_tokenize(text, frozenset(extra_symbols), keep_comments))
+    error, which is the last token (kind ``ERROR``), and after ``max_tokens`` tokens (the last
+    token is then an ``ERROR`` whose ``error`` says so: :func:`too_many_tokens`)."""
+    return list(_tokenize(text, frozenset(extra_symbols), keep_comments, max_tokens))
+
+
+def _too_many(bound: int) -> str:
+    return f"token bound: more than {bound:,} tokens, the lexer reads no further"
+
+
+def too_many_tokens(tokens: Sequence[Token]) -> bool:
+    """Whether ``tokens`` ended because the text is past the token bound (not a Lean error)."""
+    return (
+        bool(tokens) and tokens[-1].kind is _ERROR and tokens[-1].error.startswith("token bound:")
+    )
 
 
 @lru_cache(maxsize=32)
-def _tokenize(text: str, extra: frozenset[str], keep_comments: bool) -> tuple[Token, ...]:
+def _tokenize(
+    text: str, extra: frozenset[str], keep_comments: bool, max_tokens: int = MAX_TOKENS
+) -> tuple[Token, ...]:
     # Cached: extraction and the pre-scan read the same texts several times. Tokens are frozen.
     lx = _Lexer(text, SYMBOLS | extra if extra else SYMBOLS, keep_comments)
+    lx.max_tokens = max_tokens
     lx.run(0)
     return tuple(lx.tokens)
 
