@@ -114,3 +114,82 @@ def test_streamed_rows_are_the_same_when_rows_leave(loaded: tuple[Any, Any]) -> 
     ref = _policy(loaded, drop=False).generate_ids_sync(ids, sampling)
     assert handed == {(i, s): c for i, g in enumerate(out) for s, c in enumerate(g)}
     assert out == ref
+
+
+# -- AdamW ---------------------------------------------------------------------------------------
+
+
+def _grads(params: list[Any], seed: int) -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * 1e-2
+
+
+def test_fused_adamw_makes_the_loops_updates(loaded: tuple[Any, Any]) -> None:
+    """The fused kernel the trainer uses and torch's per-tensor loop: the same weights after
+    several steps with weight decay, to float rounding (they differ in the last bits only)."""
+    import copy
+
+    import torch
+
+    from leanrl.train.optim import adamw
+
+    a = copy.deepcopy(loaded[0])
+    b = copy.deepcopy(loaded[0])
+    pa, pb = list(a.parameters()), list(b.parameters())
+    fused = adamw(pa, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
+    loop = torch.optim.AdamW(pb, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, foreach=False)
+    assert fused.param_groups[0]["fused"] is True
+    for step in range(4):
+        for ps, opt in ((pa, fused), (pb, loop)):
+            _grads(ps, step)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    base = list(loaded[0].parameters())
+    with torch.no_grad():
+        moved = max(float((x - y).abs().max()) for x, y in zip(pa, base, strict=True))
+    assert moved > 1e-3  # the updates did something
+    for x, y in zip(pa, pb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_an_old_loop_state_resumes_fused(loaded: tuple[Any, Any]) -> None:
+    """An optimizer state saved by the per-tensor loop (checkpoints before issue 38) loads into
+    the fused optimizer, which stays fused and continues as the loop would."""
+    import copy
+
+    import torch
+
+    from leanrl.train.optim import adamw, kernel_of, set_kernel
+
+    a = copy.deepcopy(loaded[0])
+    pa = list(a.parameters())
+    loop = torch.optim.AdamW(pa, lr=1e-2, weight_decay=0.1)  # the old engine's optimizer
+    _grads(pa, 0)
+    loop.step()
+    saved = copy.deepcopy(loop.state_dict())
+    b = copy.deepcopy(a)
+    pb = list(b.parameters())
+    fused = adamw(pb, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.1)
+    fused.load_state_dict(saved)
+    assert not fused.param_groups[0].get("fused")  # the loaded groups say "loop"
+    set_kernel(fused, kernel_of(pb, sharded=False))
+    assert fused.param_groups[0]["fused"] is True
+    for ps, opt in ((pa, loop), (pb, fused)):
+        _grads(ps, 1)
+        opt.step()
+    for x, y in zip(pa, pb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_the_grpo_engine_builds_fused_adamw(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from leanrl.train.common import RunDir
+    from leanrl.train.grpo import GRPOConfig
+    from leanrl.train.grpo.engine import GRPOEngine
+
+    cfg = GRPOConfig(policy=PolicyConfig(model=str(tiny_model_dir)), out=tmp_path / "run")
+    engine = GRPOEngine(cfg, RunDir(cfg.out))
+    engine.load(resumed=False)
+    assert all(g["fused"] is True for g in engine.optimizer.param_groups)

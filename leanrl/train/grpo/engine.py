@@ -62,6 +62,7 @@ from leanrl.train.grpo.model_io import (
 )
 from leanrl.train.grpo.tiled import HeadTiles, full_entropy
 from leanrl.train.hf_policy import TrainPolicy
+from leanrl.train.optim import adamw, kernel_of, set_kernel
 
 if TYPE_CHECKING:
     from leanrl.train.grpo.config import GRPOConfig
@@ -162,11 +163,14 @@ class GRPOEngine:
         param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
         self.module = shard_model(model, self.strategy, world, param_dtype=param_dtype)
 
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.module.parameters() if p.requires_grad],
+        trained = [p for p in self.module.parameters() if p.requires_grad]
+        kernel = kernel_of(trained, sharded=self.strategy == "fsdp")
+        self.optimizer = adamw(
+            trained,
             lr=cfg.lr,
             betas=cfg.adam_betas,
             weight_decay=cfg.weight_decay,
+            sharded=self.strategy == "fsdp",
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         if ckpt is not None:
@@ -181,6 +185,7 @@ class GRPOEngine:
                 )
             else:
                 self.optimizer.load_state_dict(blob["optimizer"])
+            set_kernel(self.optimizer, kernel)  # not the saving optimizer's (an older loop's)
             self.scheduler.load_state_dict(blob["scheduler"])
             torch.set_rng_state(blob["torch_rng"])
             random.setstate(_python_rng_state(blob["python_rng"]))
