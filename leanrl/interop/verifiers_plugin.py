@@ -5,16 +5,21 @@ module but verifiers (through its plugin id ``leanrl-verifiers``: the top-level 
 ``leanrl_verifiers`` re-exports it; docs/interop.md) and code that asks for it: ``import
 leanrl`` stays free of verifiers.
 
-* :class:`LeanrlTaskset` yields one task per theorem of a leanrl environment (``env``, ``split``,
-  ``path`` in its config), prompted in one of leanrl's chat formats (``prompt_format``).
-* :class:`LeanrlTask`'s reward ``leanrl`` reads the model's last reply, pulls the proof out of it
-  the way leanrl's whole-proof harness does, and has leanrl's checker judge it under the
-  taskset's reference statement and policy: through ``leanrl serve`` (``service_url``, one
-  service per node, with ``service_token`` or over a unix socket ``service_uds``) or in-process
-  (the ``runtime`` named in the config, started in this process on first use). The reward is
-  the leanrl taskset's own (1.0 accepted, 0.0 otherwise); the whole verdict goes into the
-  trace's ``info["leanrl_verdict"]``.
-* An ``infra`` verdict (the checker could not run: not the proof's fault) raises
+* :class:`LeanrlTaskset` yields one task per task of a leanrl environment (``env``, ``split``,
+  ``path``, ``limit`` in its config), prompted by **that environment's own harness**: the
+  whole-proof harness in one of leanrl's chat formats (``prompt_format``, default ``chat``) for
+  the Lean environments, Countdown's own prompt for ``countdown``, a third party's one-turn
+  harness for its environment (``harness_options`` are the harness's options).
+* :class:`LeanrlTask`'s reward ``leanrl`` runs that same harness on the model's last reply
+  (:mod:`leanrl.interop.replay`): its extraction (Lean block, ``<answer>`` tags, ...), its
+  stop strings, the finish reason verifiers recorded (a reply cut by the token limit is
+  ``truncated``, as in ``leanrl eval``), its check and the taskset's own reward. Lean
+  environments are checked through ``leanrl serve`` (``service_url``, one service per node,
+  with ``service_token`` or over a unix socket ``service_uds``) or in-process (the ``runtime``
+  named in the config, started in this process on first use); Countdown's checker is Python.
+  The whole verdict goes into the trace's ``info["leanrl_verdict"]``.
+* An ``infra`` verdict (the checker could not run: not the proof's fault), a service that
+  cannot be reached, or a runtime that cannot start (no Lean here) raises
   :class:`LeanrlInfraError` instead of scoring 0, so the trace is an errored rollout that
   verifiers can retry (``--env.agent.retries.rules '[{"type": "LeanrlInfraError",
   "max_retries": 3}]'``), never a wrong 0 a trainer learns from.
@@ -29,19 +34,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import verifiers.v1 as vf
 from pydantic import ConfigDict, Field, SerializeAsAny
 
 from leanrl.environment import Environment, load_environment
-from leanrl.errors import ConfigError, RuntimeUnavailable
+from leanrl.errors import ConfigError, LeanNotFoundError, RuntimeUnavailable
 from leanrl.harness import HarnessConfig
-from leanrl.harnesses.whole_proof.extract import extract_proof
-from leanrl.harnesses.whole_proof.prompts import build_prompt, is_completion_style
+from leanrl.harnesses.whole_proof.harness import WholeProofHarness
+from leanrl.harnesses.whole_proof.prompts import is_completion_style
+from leanrl.interop.replay import ReplyPolicy, chat_parts, one_turn_harness, replay_run
 from leanrl.runtime import Runtime, RuntimeConfig
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Reason, Verdict
@@ -57,6 +63,10 @@ __all__ = [
     "LeanrlTaskset",
     "LeanrlTasksetConfig",
 ]
+
+_INFRA = (LeanNotFoundError, RuntimeUnavailable, OSError)
+"""What a runtime raises when the checker cannot run here (no Lean, a lost service): the
+rollout is retried, never scored."""
 
 
 class LeanrlInfraError(vf.TaskError):
@@ -77,17 +87,22 @@ class LeanrlTasksetConfig(vf.TasksetConfig):
     """The taskset id verifiers resolved this taskset by (``leanrl-verifiers``)."""
 
     env: str = "core"
-    """leanrl environment id (``leanrl envs``), e.g. ``core`` (ships with leanrl) or ``minif2f``."""
+    """leanrl environment id (``leanrl envs``), e.g. ``core`` (ships with leanrl), ``minif2f``
+    or ``countdown``."""
     split: str | None = None
     """Its split (default: the taskset's default split)."""
     path: str | None = None
     """A local copy of its data (default: the taskset's own source)."""
     limit: int | None = Field(default=None, ge=1)
-    """At most this many theorems."""
-    prompt_format: str = "chat"
-    """leanrl's prompt format (docs/harnesses.md): a chat one, ``chat``, ``kimina``,
-    ``kimina-preview`` or ``goedel`` (the DeepSeek completion formats need a completion model,
-    not a chat harness)."""
+    """At most this many tasks."""
+    prompt_format: str | None = None
+    """leanrl's prompt format for an environment on the whole-proof harness (docs/harnesses.md):
+    a chat one, ``chat`` (the default), ``kimina``, ``kimina-preview`` or ``goedel`` (the
+    DeepSeek completion formats need a completion model, not a chat harness). Environments with
+    a harness of their own (``countdown``) write their own prompt: leave it unset."""
+    harness_options: dict[str, Any] = Field(default_factory=dict)
+    """The environment's harness options (``--env.harness.options`` of ``leanrl eval``), e.g.
+    ``{"style": "direct"}`` for ``countdown``."""
     service_url: str | None = None
     """``leanrl serve`` to check through (``http://host:port``); unset: check in-process."""
     service_uds: str | None = None
@@ -95,22 +110,52 @@ class LeanrlTasksetConfig(vf.TasksetConfig):
     service_token: str | None = None
     """The service's bearer token (default: ``LEANRL_SERVICE_TOKEN``)."""
     runtime: str = "local"
-    """In-process runtime (``leanrl envs`` lists them, or ``module:Class``), when no service."""
+    """In-process runtime (``leanrl envs`` lists them, or ``module:Class``), when no service.
+    Environments that check without Lean (``countdown``) use their own."""
     runtime_options: dict[str, Any] = Field(default_factory=dict)
     """That runtime's ``options``."""
 
 
 class LeanrlTaskData(vf.TaskData):
-    """A leanrl theorem as verifiers task data (rides on ``trace.task.data``)."""
+    """A leanrl task as verifiers task data (rides on ``trace.task.data``)."""
 
     leanrl_task: dict[str, Any]
     """The leanrl :class:`~leanrl.Task` (name, header, formal_statement, ...) as JSON."""
     checker: str
     """Which checker scores it (a digest of the taskset config; see :func:`_checker`)."""
+    env: str = ""
+    """The leanrl environment the task is of (``core``, ``countdown``, ...; empty in traces
+    written before it was recorded: a Lean environment)."""
+    harness: dict[str, Any] = Field(default_factory=dict)
+    """The leanrl harness config (its fields that were set) that prompts the task and pulls the
+    answer out of a reply: the trace converters rebuild the harness from it."""
+
+
+def _configured_harness(env: Environment) -> bool:
+    """Whether ``env`` works with the harness its config names (every Lean environment: the
+    whole-proof harness by default) rather than one of its own (``countdown``)."""
+    return type(env).make_harness is Environment.make_harness
+
+
+class _ServiceRuntime(Runtime):
+    """``leanrl serve`` as the runtime the harness checks on (one client per batch)."""
+
+    name = "leanrl-serve"
+
+    def __init__(self, url: str, token: str | None, uds: str | None) -> None:
+        super().__init__(RuntimeConfig(name="local"))
+        self.url, self.token, self.uds = url, token, uds
+
+    async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
+        from leanrl.service.client import ServiceClient
+
+        async with ServiceClient(self.url, token=self.token, uds=self.uds) as client:
+            return list(await client.check(list(attempts)))
 
 
 class _Checker:
-    """One per taskset config per process: the leanrl environment and its way to Lean."""
+    """One per taskset config per process: the leanrl environment, its harness and its way to
+    a checker."""
 
     def __init__(self, config: LeanrlTasksetConfig) -> None:
         self.config = config
@@ -120,35 +165,44 @@ class _Checker:
         if config.limit is not None:
             kw["limit"] = config.limit
         rt = RuntimeConfig(name=config.runtime, options=dict(config.runtime_options))
-        self.env: Environment = load_environment(config.env, runtime=rt, **kw)
-        self.harness = HarnessConfig(prompt_format=config.prompt_format)
-        if is_completion_style(self.harness):
+        fields: dict[str, Any] = {"options": dict(config.harness_options)}
+        if config.prompt_format is not None:
+            fields["prompt_format"] = config.prompt_format
+        env = load_environment(config.env, runtime=rt, harness=HarnessConfig(**fields), **kw)
+        if config.prompt_format is None and _configured_harness(env):
+            fields["prompt_format"] = "chat"  # the whole-proof harness, as a chat model sees it
+            env = load_environment(config.env, runtime=rt, harness=HarnessConfig(**fields), **kw)
+        self.env: Environment = env
+        self.harness_fields = fields
+        harness = one_turn_harness(env)
+        if isinstance(harness, WholeProofHarness) and is_completion_style(harness.config):
             raise ConfigError(
-                f"prompt_format {config.prompt_format!r} is a completion format; a verifiers "
-                "chat harness needs a chat one: chat, kimina, kimina-preview or goedel"
+                f"prompt_format {harness.config.prompt_format!r} is a completion format; a "
+                "verifiers chat harness needs a chat one: chat, kimina, kimina-preview or goedel"
+            )
+        if (config.service_url or config.service_uds) and not env.needs_lean:
+            raise ConfigError(
+                f"environment {config.env!r} is checked without Lean, in this process; leave "
+                "service_url and service_uds out (they are for Lean environments)"
             )
         self._runtime: Runtime | None = None
         self._lock: asyncio.Lock | None = None
 
-    async def check(self, attempt: Attempt) -> Verdict:
+    async def runtime(self) -> Runtime:
+        """Where attempts are checked: the service, or the environment's runtime (started
+        once, however many rollouts score at once)."""
         c = self.config
         if c.service_url or c.service_uds:
-            from leanrl.service.client import ServiceClient
-
             token = c.service_token or os.environ.get("LEANRL_SERVICE_TOKEN") or None
-            url = c.service_url or "http://leanrl"
-            async with ServiceClient(url, token=token, uds=c.service_uds) as client:
-                (v,) = await client.check([attempt])
-            return v
+            return _ServiceRuntime(c.service_url or "http://leanrl", token, c.service_uds)
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:  # one start, however many rollouts score at once
+        async with self._lock:
             if self._runtime is None:
                 runtime = self.env.runtime
                 await runtime.start()
                 self._runtime = runtime
-        (v,) = await self._runtime.check([attempt])
-        return v
+        return self._runtime
 
 
 _CHECKERS: dict[str, _Checker] = {}
@@ -163,8 +217,30 @@ def _checker(config: LeanrlTasksetConfig) -> tuple[str, _Checker]:
     return key, _CHECKERS[key]
 
 
+def _reply_of(trace: vf.Trace) -> tuple[str, Literal["stop", "length"], int | None]:
+    """The model's last reply as it sent it (not stripped), why it ended, and its tokens as
+    the provider counted them: from the last model call verifiers recorded, else the trace's
+    ``last_reply`` (a trace scored offline carries only that)."""
+    text: str | None = None
+    msgs = trace.assistant_messages
+    if msgs:
+        content: Any = msgs[-1].content
+        if isinstance(content, list):  # content parts: their text
+            content = "".join(str(getattr(p, "text", "") or "") for p in content)
+        text = content if isinstance(content, str) else None
+    if text is None:
+        text = trace.root_reply if trace.root_reply is not None else trace.last_reply
+    call = next((c for c in reversed(trace.calls) if c.error is None), None)
+    finish: Literal["stop", "length"] = (
+        "length" if call is not None and call.finish_reason == "length" else "stop"
+    )
+    used = call.usage.completion_tokens if call is not None and call.usage else None
+    return text, finish, used
+
+
 class LeanrlTask(vf.Task[LeanrlTaskData, vf.State, vf.TaskConfig]):
-    """A leanrl theorem; its reward is leanrl's verdict on the model's last reply."""
+    """A leanrl task; its reward is leanrl's verdict on the model's last reply, reached by the
+    environment's own harness."""
 
     @property
     def key(self) -> str:
@@ -172,7 +248,8 @@ class LeanrlTask(vf.Task[LeanrlTaskData, vf.State, vf.TaskConfig]):
 
     @vf.reward
     async def leanrl(self, task: LeanrlTaskData, trace: vf.Trace) -> float:
-        """1.0 when leanrl accepts the proof in the last reply, else 0.0 (``infra`` raises)."""
+        """The environment's reward for the last reply (Lean: 1.0 when leanrl accepts the proof,
+        else 0.0); a checker that cannot run raises :class:`LeanrlInfraError`."""
         checker = _CHECKERS.get(task.checker)
         if checker is None:
             raise ConfigError(
@@ -180,43 +257,34 @@ class LeanrlTask(vf.Task[LeanrlTaskData, vf.State, vf.TaskConfig]):
                 "(LeanrlTaskset) before scoring its tasks"
             )
         lt = Task.model_validate(task.leanrl_task)
-        ex = extract_proof(trace.last_reply, lt)
-        if ex.proof is None:
-            verdict = Verdict.reject(ex.reason or Reason.NO_PROOF, ex.detail)
-        else:
-            attempt = Attempt(
-                name=lt.name,
-                header=lt.header,
-                formal_statement=lt.formal_statement,
-                proof=ex.proof,
-                preamble=ex.preamble,
-                restated_statement=ex.restated_statement,
-                policy=checker.env.taskset.config.policy,
-                id=f"{lt.id}/{trace.id}",
-            )
-            try:
-                verdict = await checker.check(attempt)
-            except RuntimeUnavailable as e:  # the service is unreachable: the checker's fault
-                verdict = Verdict.reject(Reason.INFRA, f"{type(e).__name__}: {e}")
+        reply, finish, used = _reply_of(trace)
+        reward: float | None = None
+        try:
+            runtime = await checker.runtime()
+            rollout = await replay_run(checker.env, lt, ReplyPolicy(reply, finish, used), runtime)
+            verdict = rollout.verdict or Verdict.reject(Reason.INFRA, "the harness gave no verdict")
+            reward = rollout.reward
+        except _INFRA as e:  # no Lean here, the service unreachable: the checker's fault
+            verdict = Verdict.reject(Reason.INFRA, f"{type(e).__name__}: {e}")
         trace.info["leanrl_verdict"] = verdict.model_dump(mode="json")
-        if verdict.reason is Reason.INFRA:
+        if verdict.reason is Reason.INFRA or reward is None:
             raise LeanrlInfraError(f"leanrl infra: {verdict.detail}")
-        return checker.env.taskset.reward(lt, verdict)
+        return float(reward)
 
 
 class LeanrlTaskset(vf.Taskset[LeanrlTask, LeanrlTasksetConfig]):
-    """The theorems of a leanrl environment as verifiers tasks."""
+    """The tasks of a leanrl environment as verifiers tasks."""
 
     def __init__(self, config: LeanrlTasksetConfig) -> None:
         super().__init__(config)
         self.checker_key, self.checker = _checker(config)
 
     def load(self) -> Iterator[LeanrlTask]:
-        for t in self.checker.env.tasks():
-            prompt = build_prompt(t, self.checker.harness)
-            assert not isinstance(prompt, str)  # a chat format (checked in _Checker)
-            system = next((m.content for m in prompt if m.role == "system"), None)
-            user = "\n\n".join(m.content for m in prompt if m.role == "user")
+        harness = self.checker.harness_fields
+        env = self.checker.env
+        prompt_of = one_turn_harness(env).prompt  # type: ignore[attr-defined]
+        for t in env.tasks():
+            system, user = chat_parts(prompt_of(t))
             data = LeanrlTaskData(
                 id=t.id,
                 name=t.name,
@@ -224,6 +292,8 @@ class LeanrlTaskset(vf.Taskset[LeanrlTask, LeanrlTasksetConfig]):
                 system_prompt=system,
                 leanrl_task=t.model_dump(mode="json"),
                 checker=self.checker_key,
+                env=env.config.id,
+                harness=harness,
             )
             yield LeanrlTask(data, self.config.task)
 
