@@ -30,6 +30,11 @@ Behaviour is chosen by directive lines inside a command's text::
                                          every trusted check with a forged "ok" report
     -- fake: {"steal": "/some/file"}     overwrite the pickle file this process writes next
                                          with the contents of another file (a proof theft)
+    -- fake: {"judge": {...}}            process-level directives ("crash", "hang", "oom",
+                                         "leak_mb", "delay") the JUDGE applies while it checks
+                                         this attempt (the elaborating process ignores them):
+                                         a restated term that aborts, stalls or fills the
+                                         trusted checker
 
 Without directives a command succeeds; ``sorry`` in it yields a ``sorries`` entry and the
 "declaration uses `sorry`" warning, like real Lean. ``pickleTo`` writes the environment's text
@@ -46,8 +51,11 @@ Options: ``--load-time S`` seconds to sleep on the first (import) command, model
 ``import Mathlib``; ``--check-time S`` seconds a trusted check takes, and ``--replay-time S``
 more when it replays through the kernel;
 ``--pid-file F`` appends this process's pid to F; ``--fail-starts N --starts-file F``: the
-first N processes sharing F exit at once (killed during start-up); ``--log F`` appends one JSON line per request
-(pid, kind, text) to F, so tests can see which process was asked what.
+first N processes sharing F exit at once (killed during start-up); ``--hang-starts N``: the next
+N processes sharing F (all of them without ``--starts-file``) never answer their first command
+(a REPL that hangs while it loads its imports); ``--check-leak-mb N``: every trusted check keeps
+N MiB more (a judge whose memory grows with each pickle it reads); ``--log F`` appends one JSON
+line per request (pid, kind, text) to F, so tests can see which process was asked what.
 """
 
 from __future__ import annotations
@@ -192,10 +200,17 @@ def probe(path: str) -> dict:
 
 
 class Fake:
-    def __init__(self, load_time: float, check_time: float = 0.0, replay_time: float = 0.0) -> None:
+    def __init__(
+        self,
+        load_time: float,
+        check_time: float = 0.0,
+        replay_time: float = 0.0,
+        check_leak_mb: int = 0,
+    ) -> None:
         self.load_time = load_time
         self.check_time = check_time
         self.replay_time = replay_time
+        self.check_leak_mb = check_leak_mb
         self.envs: list[str] = []
         self.states = 0
         self.compromised = False
@@ -278,6 +293,10 @@ class Fake:
         with open(path, encoding="utf-8") as f:
             attempt = json.load(f)["text"]
         d = directives(attempt)
+        if self.check_leak_mb:  # what a real judge keeps of every pickle it reads
+            behave({"leak_mb": self.check_leak_mb})
+        if isinstance(d.get("judge"), dict):
+            behave(d["judge"])  # the attempt's terms abort, stall or fill the judge
         found = re.search(rf"\btheorem\s+{re.escape(name)}\b", attempt)
         report = {
             "nonce": nonce,
@@ -388,8 +407,16 @@ def main() -> None:
         "anything (a REPL killed during start-up)",
     )
     ap.add_argument("--starts-file", default=None)
+    ap.add_argument(
+        "--hang-starts",
+        type=int,
+        default=0,
+        help="the N processes after the --fail-starts ones (every process without "
+        "--starts-file) never answer their first command (a REPL hung while it starts)",
+    )
+    ap.add_argument("--check-leak-mb", type=int, default=0)
     args = ap.parse_args()
-    if args.fail_starts and args.starts_file:
+    if (args.fail_starts or args.hang_starts) and args.starts_file:
         # One byte per start, appended atomically: the file's size numbers this start.
         fd = os.open(args.starts_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.write(fd, b".")
@@ -397,10 +424,14 @@ def main() -> None:
         os.close(fd)
         if number <= args.fail_starts:
             sys.exit(3)
+        if number <= args.fail_starts + args.hang_starts:
+            hang_forever()
+    elif args.hang_starts:
+        hang_forever()
     if args.pid_file:
         with open(args.pid_file, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")
-    fake = Fake(args.load_time, args.check_time, args.replay_time)
+    fake = Fake(args.load_time, args.check_time, args.replay_time, args.check_leak_mb)
     while True:
         q = read_query()
         if q is None:
@@ -422,6 +453,12 @@ def main() -> None:
             if "cmd" in req and directives(req["cmd"]).get("duplicate"):
                 sys.stdout.write(out)
         sys.stdout.flush()
+
+
+def hang_forever() -> None:
+    """Never answer (the process is alive, reads nothing, says nothing) until killed."""
+    while True:
+        time.sleep(3600)
 
 
 def log_request(path: str, req: dict) -> None:

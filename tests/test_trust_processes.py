@@ -482,7 +482,8 @@ async def test_a_judge_that_hangs_costs_one_attempt() -> None:
         (v,) = await p.check([att()])
     finally:
         await p.close()
-    assert v.reason is Reason.TIMEOUT and "trusted check" in v.detail
+    # The judge runs only trusted text: a check that stalls it is the attempt's `judge_limit`.
+    assert v.reason is Reason.JUDGE_LIMIT and "wall-clock limit" in v.detail, v.detail
 
 
 def test_isolation_problem_names_the_fix_when_bwrap_is_missing(

@@ -25,28 +25,39 @@ Every attempt gets exactly one verdict: a dead, hung, flooding or memory-hungry 
 attempt it was working on (``crash``/``timeout``/``memory``), never the others, and is replaced.
 A process that died under an attempt may have been killed from outside, so the attempt is first
 run again on a fresh process (``crash_retries``); only a death that repeats is its ``crash``.
+A judge is different: it only ever runs trusted text, so a judge that dies, hangs or fills its
+memory while it checks an attempt was brought down by that attempt's terms (a restated statement
+the judge evaluates): ``judge_limit``, never retried, and the judge is replaced.
+
+Starts that keep failing (a REPL that dies or hangs while it loads) never hold attempts hostage:
+while a key's starts fail, one start is tried at a time, and after ``start_retries`` failures in
+a row the next waits out the back-off; an attempt that finds no process waits for at most the
+start under way, and gets ``infra`` otherwise -- however many workers wait.
+
+Tactic sessions pin processes of the same cap as elaboration, but never the last
+``check_reserve`` of them: sessions held open (or abandoned) cannot starve checks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import os
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from leanrl.lean.pool_config import PoolConfig, PoolStats, tactic_capacity
+from leanrl.lean.pool_keys import KeyState, PoolError, Role, group_of
 from leanrl.lean.protocol import ProtocolError
-from leanrl.lean.repl import ReplDied, ReplMemory, ReplProcess, ReplTimeout
+from leanrl.lean.repl import ReplDied, ReplGone, ReplMemory, ReplProcess, ReplTimeout
 from leanrl.lean.source import split_header
 from leanrl.lean.trust.containment import ScratchRoot, bwrap_argv, minimal_env, process_needs
 from leanrl.lean.trust.judge import (
     CHECK_FLOOR_S,
+    JudgeLimit,
     JudgeStartError,
     JudgeWorker,
     ReferenceProblem,
@@ -56,144 +67,11 @@ from leanrl.lean.trust.rules import judge_prescan, judge_report
 from leanrl.lean.worker import ReplWorker, WorkerStartError
 from leanrl.verdict import Attempt, Reason, Verdict
 
-__all__ = ["PoolConfig", "PoolError", "PoolStats", "ReplPool"]
+__all__ = ["PoolConfig", "PoolError", "PoolStats", "ReplPool", "tactic_capacity"]
 
-Role = Literal["elab", "judge", "tactic"]
-
-
-class PoolConfig(BaseModel):
-    """How the pool runs its REPL processes (built by the local runtime from RuntimeConfig)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    command: list[str]
-    """The REPL command line (for example ``["/path/to/repl"]`` with ``env`` from ``lake env``)."""
-    cwd: Path | None = None
-    """Folder to run it in (the Lean project)."""
-    env: dict[str, str] | None = None
-    """Where the processes' environment comes from (None: this process's). Only the variables
-    in :data:`~leanrl.lean.trust.containment.ENV_KEYS` are passed on; ``HOME`` and ``TMPDIR``
-    point at each process's private folder."""
-    workers: int = Field(default=1, ge=1)
-    """Attempts in elaboration at once."""
-    spares: int = Field(default=1, ge=0)
-    """Warm processes kept beside the busy ones, so a kill does not stall the queue."""
-    judges: int | None = Field(default=None, ge=1)
-    """Trusted checker processes per set of imports (None: one per four workers, at least one)."""
-    timeout_s: float = Field(default=60.0, gt=0)
-    """Per-attempt wall-clock limit for elaboration and the trusted check together (the check
-    gets at least :data:`CHECK_FLOOR_S`); waiting for a free process is not counted."""
-    memory_mb: int | None = Field(default=8192, ge=16)
-    """Per-process memory cap in MiB (None: no cap)."""
-    recycle_after: int = Field(default=200, ge=1)
-    """Replace a process after this many attempts (1: a fresh process for every attempt)."""
-    recycle_memory_mb: int = Field(default=6144, ge=16)
-    """Replace a process once its resident memory passes this many MiB."""
-    isolate: bool = False
-    """Run each process under bubblewrap: read-only file system, no network, only its own
-    private folder visible."""
-    startup_timeout_s: float = Field(default=600.0, gt=0)
-    """How long a process may take to load its imports (and, for a judge, the checker)."""
-    start_retries: int = Field(default=2, ge=1)
-    """Failed starts in a row (not caused by the header) before a key's attempts get ``infra``
-    instead of waiting. The key is not given up: starts go on after a back-off, and the first
-    one that succeeds heals it."""
-    start_backoff_s: float = Field(default=1.0, ge=0)
-    """Wait before the next start once ``start_retries`` starts in a row have failed; doubled
-    for each further failure, up to ``max_start_backoff_s``."""
-    max_start_backoff_s: float = Field(default=60.0, ge=0)
-    """Longest wait between two starts of a key whose starts keep failing."""
-    crash_retries: int = Field(default=1, ge=0)
-    """Times an attempt whose process died under it (exited or closed its output) is run again
-    on a fresh process before it gets ``crash``. A process can die of
-    something outside the attempt (killed by an operator or another program's memory pressure,
-    or dead while idle before the attempt reached it); only a death that repeats on a fresh
-    process is the attempt's own doing. Timeouts and memory overruns are never retried."""
-    max_output_mb: float = Field(default=64.0, gt=0)
-    """Most output one request may produce before the process is killed (``memory``)."""
-    max_pickle_mb: int = Field(default=512, ge=1)
-    """Largest compiled environment handed from an elaborating process to a judge."""
-    scratch_parent: Path | None = None
-    """Where the pool's scratch root is made (None: the system's temporary folder)."""
-
-    @property
-    def judge_count(self) -> int:
-        """``judges``, or its default for ``workers``."""
-        return self.judges or max(1, math.ceil(self.workers / 4))
-
-
-class PoolStats(BaseModel):
-    """Counters, for tests, logs and the benchmark."""
-
-    started: int = 0
-    """Processes started successfully (all roles)."""
-    start_failures: int = 0
-    """Processes that failed to start."""
-    killed: int = 0
-    """Processes killed after a timeout, memory overrun, flood, crash or protocol error."""
-    recycled: int = 0
-    """Processes retired after ``recycle_after`` attempts or above the memory threshold."""
-    evicted: int = 0
-    """Idle processes closed to make room for another header's imports."""
-    checked: int = 0
-    """Attempts that reached an elaborating process."""
-    judged: int = 0
-    """Attempts that reached a judge."""
-    strays_killed: int = 0
-    """Processes an attempt's code started inside an elaborating or tactic process, killed when
-    the attempt (or session) ended."""
-    start_seconds: float = 0.0
-    """Total time spent starting processes."""
-    healed: int = 0
-    """Keys whose starts had failed ``start_retries`` times in a row and then started again."""
-    crash_retried: int = 0
-    """Attempts run again on a fresh process after theirs died under them (``crash_retries``)."""
-    max_busy: int = 0
-    """Most attempts that were in elaborating processes at the same time."""
-
-
-class _Key:
-    """Processes of one role and set of imports, and whether they can be started.
-
-    Two kinds of start failure are told apart, by Lean's answer and nothing else:
-
-    * ``header_error``: Lean answered that the imports (or, for a judge, the checker's
-      preconditions) do not elaborate. Starting again cannot help: every attempt of the key gets
-      ``error``, the taskset's fault, for as long as the pool lives.
-    * ``fails``/``infra_error``: the process died, hung, or answered garbage while starting (a
-      kill during start-up, a full disk, a sandbox going away). These are infrastructure: after
-      ``start_retries`` in a row, waiting attempts get ``infra`` (redone on resume, never a
-      reward), further starts wait ``retry_at`` (exponential back-off), and the first start that
-      succeeds clears the streak. Such a failure never turns into ``error``.
-    """
-
-    def __init__(self, role: Role) -> None:
-        self.role = role
-        self.ready: deque[Any] = deque()
-        self.starting = 0
-        self.waiting = 0
-        self.fails = 0
-        self.infra_error: str | None = None
-        self.header_error: str | None = None
-        self.retry_at = 0.0
-        self.last_used = 0.0
-
-    def failing(self, retries: int) -> bool:
-        """Starts of this key have failed ``retries`` times in a row (infra, not the header)."""
-        return self.fails >= retries
-
-
-class PoolError(RuntimeError):
-    """No process can be started for these imports (the detail says why)."""
-
-    def __init__(self, detail: str, *, header_fault: bool) -> None:
-        super().__init__(detail)
-        self.header_fault = header_fault
-
-
-def _group(role: Role) -> str:
-    """Elaborating and tactic processes share one cap; judges have their own."""
-    return "judge" if role == "judge" else "work"
+_GONE_RETRIES = 3
+"""Times an attempt moves on to another process that was found dead before the attempt was
+sent to it (:class:`ReplGone`), beside ``crash_retries``: such a death was not the attempt's."""
 
 
 class ReplPool:
@@ -202,13 +80,16 @@ class ReplPool:
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
         self.stats = PoolStats()
-        self._keys: dict[tuple[str, ...], _Key] = {}
+        self._keys: dict[tuple[str, ...], KeyState] = {}
         self._cond: asyncio.Condition | None = None
         self._sem: asyncio.Semaphore | None = None
+        self._tactic_sem: asyncio.Semaphore | None = None
         self._live: dict[str, int] = {"work": 0, "judge": 0}
+        self._role_live: dict[Role, int] = {"elab": 0, "judge": 0, "tactic": 0}
         self._tasks: set[asyncio.Task[None]] = set()
         self._starts: set[asyncio.Task[None]] = set()
         self._busy: set[Any] = set()
+        self._pinned: set[Any] = set()
         self._root: ScratchRoot | None = None
         self._handoff: Path | None = None
         self._closed = False
@@ -223,6 +104,7 @@ class ReplPool:
         if self._cond is None:
             self._cond = asyncio.Condition()
             self._sem = asyncio.Semaphore(self.config.workers)
+            self._tactic_sem = asyncio.Semaphore(self.config.tactic_cap)
             self._root = ScratchRoot("pool", self.config.scratch_parent)
             await asyncio.to_thread(self._root.create)
             self._handoff = self._root.folder("handoff")
@@ -232,9 +114,10 @@ class ReplPool:
         """Start ``n`` elaborating processes for ``header`` now (default: workers), the spares
         and the judges, and wait until they are all ready."""
         await self.start()
-        n = n or self.config.workers
+        cfg = self.config
+        n = n or cfg.workers
         targets = {
-            self._key_of(header, "elab"): (n, min(n + self.config.spares, self._cap("elab"))),
+            self._key_of(header, "elab"): (n, min(n + cfg.spares, cfg.workers + cfg.spares)),
             self._key_of(header, "judge"): (self._cap("judge"), self._cap("judge")),
         }
         for key, (count, _) in targets.items():
@@ -350,6 +233,14 @@ class ReplPool:
                     replay=attempt.policy.kernel_replay,
                     timeout=timeout,
                 )
+            except JudgeLimit as e:
+                # The judge runs only trusted text: what killed, stalled or filled it while it
+                # checked this attempt was the attempt's own terms. Never retried (a retry would
+                # stall a second judge), never charged to anyone else: the judge is replaced.
+                spent[0] += time.monotonic() - t0
+                self.stats.judge_limits += 1
+                await self._discard(key, judge)
+                return Verdict.reject(Reason.JUDGE_LIMIT, e.detail, messages=messages)
             except BaseException as e:
                 spent[0] += time.monotonic() - t0
                 failed = await self._failure(key, judge, e, "the trusted check", tries)
@@ -372,11 +263,12 @@ class ReplPool:
         on a fresh process: a death can come from outside (see ``PoolConfig.crash_retries``).
         An answer out of protocol is not retried: only what the process printed causes it (the
         attempt's output, or a forged answer), never a kill."""
-        if (
-            failed.reason is not Reason.CRASH
-            or isinstance(e, ProtocolError)
-            or tries > self.config.crash_retries
-        ):
+        if failed.reason is not Reason.CRASH or isinstance(e, ProtocolError):
+            return False
+        # Found dead before the request was sent: it never saw the attempt. Free (bounded, in
+        # case every fresh process dies at once).
+        gone = isinstance(e, ReplGone) and tries <= _GONE_RETRIES
+        if not gone and tries > self.config.crash_retries:
             return False
         self.stats.crash_retried += 1
         return True
@@ -411,14 +303,29 @@ class ReplPool:
     async def acquire(self, header: str) -> ReplWorker:
         """Take a warm tactic-mode process for ``header`` for exclusive use (raises
         :class:`PoolError`). It comes from the tactic sub-pool and goes back there: it never
-        elaborates whole attempts or checks proofs."""
+        elaborates whole attempts or checks proofs. At most :attr:`PoolConfig.tactic_cap` are
+        held at once; more wait for one to be released (the service answers 429 before)."""
         await self.start()
-        w: ReplWorker = await self._acquire(self._key_of(header, "tactic"))
+        sem = self._tactic_sem
+        assert sem is not None
+        await sem.acquire()
+        try:
+            w: ReplWorker = await self._acquire(self._key_of(header, "tactic"))
+        except BaseException:
+            sem.release()
+            raise
+        self._pinned.add(w)
         return w
 
     async def release(self, header: str, worker: ReplWorker, *, broken: bool = False) -> None:
         """Give a process from :meth:`acquire` back; a ``broken`` one is killed and replaced."""
         key = self._key_of(header, "tactic")
+        if worker in self._pinned:
+            self._pinned.discard(worker)
+            if self._tactic_sem is not None:
+                self._tactic_sem.release()
+        if self._cond is None:  # the pool was closed meanwhile: the process is gone already
+            return
         if broken:
             await self._discard(key, worker)
         else:
@@ -438,9 +345,21 @@ class ReplPool:
     # -- the process book-keeping ---------------------------------------------------------------
 
     def _cap(self, role: Role) -> int:
-        if _group(role) == "judge":
+        if group_of(role) == "judge":
             return self.config.judge_count
-        return self.config.workers + self.config.spares
+        return self.config.work_cap
+
+    def _count(self, role: Role, n: int) -> None:
+        self._live[group_of(role)] += n
+        self._role_live[role] += n
+
+    def _room(self, role: Role) -> bool:
+        """Whether one more process of ``role`` may live: its group's cap, and for elaborating
+        processes ``workers + spares`` (the group's cap is one higher only to leave a session
+        a process beside ``check_reserve``)."""
+        if self._live[group_of(role)] >= self._cap(role):
+            return False
+        return role != "elab" or self._role_live["elab"] < self.config.workers + self.config.spares
 
     def _spares(self, role: Role) -> int:
         return 0 if role == "judge" else self.config.spares
@@ -448,7 +367,7 @@ class ReplPool:
     async def _acquire(self, key: tuple[str, ...]) -> Any:
         assert self._cond is not None
         async with self._cond:
-            k = self._keys.setdefault(key, _Key(key[0]))  # type: ignore[arg-type]
+            k = self._keys.setdefault(key, KeyState(key[0]))  # type: ignore[arg-type]
             k.waiting += 1
             try:
                 while True:
@@ -457,8 +376,13 @@ class ReplPool:
                     if k.ready:
                         w = k.ready.popleft()
                         if not w.proc.alive:  # died while idle: forget it
-                            self._live[_group(k.role)] -= 1
+                            self._count(k.role, -1)
                             self._background(w.close())
+                            continue
+                        if w.proc.rss_mb() > self.config.recycle_mb:
+                            # Grown while idle (or past the threshold before it was measured):
+                            # no attempt is handed a process with too little memory left.
+                            self._retire(key, k, w, recycled=True)
                             continue
                         self._busy.add(w)
                         if k.role == "elab":
@@ -480,43 +404,60 @@ class ReplPool:
                                 header_fault=False,
                             )
                     if k.starting < k.waiting:
-                        self._spawn_for(key, k)  # no room: wait for a release
+                        # Gated (``may_start``): while starts fail, one at a time, after the
+                        # back-off. No room: wait for a release.
+                        self._spawn_for(key, k)
+                    # Woken by a start that ends (each is bounded by ``startup_timeout_s``), a
+                    # release or a kill: an attempt waits for at most the start under way.
                     await self._cond.wait()
             finally:
                 k.waiting -= 1
 
-    def _top_up(self, key: tuple[str, ...], k: _Key) -> None:
+    def _top_up(self, key: tuple[str, ...], k: KeyState) -> None:
         """Keep the role's spare warm processes ready (or starting) for a key in use."""
-        group = _group(k.role)
-        while len(k.ready) + k.starting < self._spares(k.role) and self._live[group] < self._cap(
-            k.role
+        retries = self.config.start_retries
+        while (
+            len(k.ready) + k.starting < self._spares(k.role)
+            and self._room(k.role)
+            and k.may_start(retries)
         ):
             self._spawn(key, k)
 
-    def _spawn_for(self, key: tuple[str, ...], k: _Key) -> bool:
-        if self._live[_group(k.role)] >= self._cap(k.role) and not self._evict(key, k.role):
+    def _spawn_for(self, key: tuple[str, ...], k: KeyState) -> bool:
+        """Start a process for a waiting attempt, if the key's start policy allows one now
+        (:meth:`KeyState.may_start`) and there is room (or an idle process to evict)."""
+        if not k.may_start(self.config.start_retries):
+            return False
+        if not self._room(k.role) and not self._evict(key, k.role):
             return False
         self._spawn(key, k)
         return True
 
     def _evict(self, key: tuple[str, ...], role: Role) -> bool:
-        """Close the least recently used idle process of another key of the same cap group."""
+        """Close the least recently used idle process of another key of the same cap group
+        (of the same role, where the role's own cap is what is full) if that makes room."""
+        group_full = self._live[group_of(role)] >= self._cap(role)
         others = [
             (kk, k)
             for kk, k in self._keys.items()
-            if kk != key and k.ready and _group(k.role) == _group(role)
+            if kk != key
+            and k.ready
+            and group_of(k.role) == group_of(role)
+            and (group_full or k.role == role)
         ]
         if not others:
             return False
         _, victim = min(others, key=lambda p: p[1].last_used)
         w = victim.ready.pop()
-        self._live[_group(victim.role)] -= 1
+        self._count(victim.role, -1)
         self.stats.evicted += 1
         self._background(w.close())
+        if not self._room(role):  # the group had room but the role had none, or vice versa
+            return self._evict(key, role)
         return True
 
-    def _spawn(self, key: tuple[str, ...], k: _Key) -> None:
-        self._live[_group(k.role)] += 1
+    def _spawn(self, key: tuple[str, ...], k: KeyState) -> None:
+        self._count(k.role, 1)
         k.starting += 1
         task = asyncio.ensure_future(self._start_worker(key, k))
         self._starts.add(task)
@@ -559,7 +500,7 @@ class ReplPool:
 
         return on_spawn
 
-    async def _start_worker(self, key: tuple[str, ...], k: _Key) -> None:
+    async def _start_worker(self, key: tuple[str, ...], k: KeyState) -> None:
         cfg = self.config
         assert self._cond is not None
         w = self._new_worker(k.role, key[1:])
@@ -581,11 +522,11 @@ class ReplPool:
                 self.stats.start_seconds += time.monotonic() - t0
                 if k.failing(cfg.start_retries):
                     self.stats.healed += 1
-                k.fails, k.infra_error, k.retry_at = 0, None, 0.0  # healed
+                k.fails, k.infra_error, k.retry_at, k.level = 0, None, 0.0, 0  # healed
                 k.ready.append(w)
                 self._event("ready", w)
             else:
-                self._live[_group(k.role)] -= 1
+                self._count(k.role, -1)
                 if error is not None:
                     self.stats.start_failures += 1
                     if error.header_fault:  # Lean's own answer: the header does not elaborate
@@ -594,19 +535,24 @@ class ReplPool:
                         k.fails += 1
                         k.infra_error = error.detail
                         if k.failing(cfg.start_retries):
-                            extra = k.fails - cfg.start_retries
                             k.retry_at = time.monotonic() + min(
-                                cfg.max_start_backoff_s, cfg.start_backoff_s * 2.0 ** min(extra, 30)
+                                cfg.max_start_backoff_s,
+                                cfg.start_backoff_s * 2.0 ** min(k.level, 30),
                             )
+                            # Starts that ran together (the first wave of a key) fail together:
+                            # the back-off doubles once per wave, not once per process.
+                            if not k.starting:
+                                k.level += 1
             self._cond.notify_all()
         if error is not None or self._closed:
             await w.close()
 
     async def _release(self, key: tuple[str, ...], w: Any) -> None:
         assert self._cond is not None
+        # Measured after every attempt, judges included: a judge keeps what it read of every
+        # pickle, and the next attempt must not pay for what earlier ones left.
         recycle = (
-            w.attempts >= self.config.recycle_after
-            or w.proc.rss_mb() > self.config.recycle_memory_mb
+            w.attempts >= self.config.recycle_after or w.proc.rss_mb() > self.config.recycle_mb
         )
         async with self._cond:
             self._busy.discard(w)
@@ -614,16 +560,21 @@ class ReplPool:
             if not recycle and not self._closed and w.proc.alive:
                 k.ready.append(w)
             else:
-                self._live[_group(k.role)] -= 1
-                self._event("retire", w)
-                if recycle:
-                    self.stats.recycled += 1
-                self._background(w.close())
-                if not self._closed:
-                    self._top_up(key, k)
-                    if k.waiting > k.starting:
-                        self._spawn_for(key, k)
+                self._retire(key, k, w, recycled=recycle)
             self._cond.notify_all()
+
+    def _retire(self, key: tuple[str, ...], k: KeyState, w: Any, *, recycled: bool) -> None:
+        """Close a process that is not busy (under the condition's lock); start what the key
+        needs in its place."""
+        self._count(k.role, -1)
+        self._event("retire", w)
+        if recycled:
+            self.stats.recycled += 1
+        self._background(w.close())
+        if not self._closed:
+            self._top_up(key, k)
+            if k.waiting > k.starting:
+                self._spawn_for(key, k)
 
     async def _discard(self, key: tuple[str, ...], w: Any) -> None:
         """Kill a process that failed an attempt; a replacement starts at once."""
@@ -635,7 +586,7 @@ class ReplPool:
         async with self._cond:
             self._busy.discard(w)
             k = self._keys[key]
-            self._live[_group(k.role)] -= 1
+            self._count(k.role, -1)
             if not self._closed:
                 self._top_up(key, k)
                 if k.waiting > k.starting:
@@ -689,6 +640,9 @@ class ReplPool:
         # Closing processes: let them finish (each is bounded by a kill after a short wait).
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._live = {"work": 0, "judge": 0}
+        self._role_live = {"elab": 0, "judge": 0, "tactic": 0}
+        self._pinned.clear()
+        self._tactic_sem = None
         if self._root is not None:
             await asyncio.to_thread(self._root.remove)
         self._root = None

@@ -49,7 +49,15 @@ from leanrl.lean.protocol import (
 )
 from leanrl.lean.trust.containment import child_setup, kill_group
 
-__all__ = ["ProtocolError", "ReplDied", "ReplFlood", "ReplMemory", "ReplProcess", "ReplTimeout"]
+__all__ = [
+    "ProtocolError",
+    "ReplDied",
+    "ReplFlood",
+    "ReplGone",
+    "ReplMemory",
+    "ReplProcess",
+    "ReplTimeout",
+]
 
 _LINE_LIMIT = 1 << 26  # longest line the stream reader buffers (64 MiB; goals can be long)
 _OOM = re.compile(r"out of memory|MemoryError|bad_alloc|Cannot allocate memory", re.IGNORECASE)
@@ -59,6 +67,11 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 class ReplDied(RuntimeError):
     """The process exited or closed its output while we waited for an answer."""
+
+
+class ReplGone(ReplDied):
+    """The process was already dead (or had closed its input) when a request was to be sent:
+    it never saw the request, so whatever killed it was not that request."""
 
 
 class ReplTimeout(RuntimeError):
@@ -183,7 +196,9 @@ class ReplProcess:
     async def request(self, req: Request, timeout: float) -> Response:
         """Send one request and wait for its answer, watching time, memory and output."""
         if not self.alive or self.proc is None or self.proc.stdin is None:
-            raise ReplDied("the REPL process is not running")
+            raise ReplGone("the REPL process is not running")
+        if _zombie(self.proc.pid):  # dead, and not reaped yet: the request would find it dead
+            raise ReplGone("the REPL process has exited")
         assert self._answers is not None
         if not self._answers.empty():
             stray = self._answers.get_nowait()
@@ -197,7 +212,7 @@ class ReplProcess:
             self.proc.stdin.write(encode_request(req))
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as e:
-            raise ReplDied(f"the REPL process closed its input: {e}") from e
+            raise ReplGone(f"the REPL process closed its input: {e}") from e
         answer = asyncio.ensure_future(self._answers.get())
         watcher = asyncio.ensure_future(self._watch())
         try:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from leanrl.lean.protocol import CommandRequest, CommandResponse, ProtocolError, ReplError
-from leanrl.lean.repl import ReplProcess
+from leanrl.lean.repl import ReplDied, ReplGone, ReplMemory, ReplProcess, ReplTimeout
 from leanrl.lean.source import split_header
 from leanrl.lean.trust.report import (
     CheckReport,
@@ -38,7 +38,14 @@ from leanrl.lean.trust.report import (
     reference_command,
 )
 
-__all__ = ["CHECK_FLOOR_S", "JudgeStartError", "JudgeWorker", "ReferenceProblem", "take_pickle"]
+__all__ = [
+    "CHECK_FLOOR_S",
+    "JudgeLimit",
+    "JudgeStartError",
+    "JudgeWorker",
+    "ReferenceProblem",
+    "take_pickle",
+]
 
 CHECK_FLOOR_S = 5.0
 """The trusted check gets what is left of the attempt's time limit, but at least this long, so a
@@ -53,6 +60,20 @@ class JudgeStartError(RuntimeError):
         super().__init__(detail)
         self.detail = detail
         self.header_fault = header_fault
+
+
+class JudgeLimit(RuntimeError):
+    """The judge died, ran out of time or went over its memory cap while it ran the check of
+    one attempt's constants (the judge has been killed). The judge elaborates only trusted
+    text, so it was the attempt's terms that did it: the attempt's ``judge_limit``.
+
+    ``kind`` is ``"time"``, ``"memory"`` or ``"died"``; ``detail`` is the verdict's detail.
+    """
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
 
 
 class ReferenceProblem(str):
@@ -199,8 +220,10 @@ class JudgeWorker:
         """Run the trusted check of the constants in ``pickle``.
 
         Returns the report, a :class:`ReferenceProblem` when the taskset's statement does not
-        elaborate, or another string when the check did not run as intended. Process failures
-        (timeout, memory, crash) propagate as exceptions.
+        elaborate, or another string when the check did not run as intended. A process failure
+        while the check command runs (the judge dies, or goes past ``timeout`` or its memory
+        cap) raises :class:`JudgeLimit`; one before it (loading the header or the reference
+        statement, both trusted text) propagates as the process's own exception.
         """
         deadline = time.monotonic() + timeout
         self.attempts += 1
@@ -212,7 +235,30 @@ class JudgeWorker:
             return env_ref
         nonce = secrets.token_hex(16)  # made now: nothing the attempt ran could have seen it
         cmd = check_command(str(pickle), name, nonce, olean=olean, replay=replay)
-        rep = await self.proc.request(CommandRequest(cmd=cmd, env=env_ref), _left(deadline))
+        limit = _left(deadline)
+        try:
+            rep = await self.proc.request(CommandRequest(cmd=cmd, env=env_ref), limit)
+        except ReplGone:
+            raise  # dead before the check reached it: not this attempt's doing
+        except ReplTimeout as e:
+            raise JudgeLimit(
+                "time",
+                f"the judge's wall-clock limit of {limit:.3g} s (what was left of the attempt's "
+                f"time limit) ran out while it checked this attempt ({e}); the judge was "
+                "replaced",
+            ) from e
+        except ReplMemory as e:
+            raise JudgeLimit(
+                "memory",
+                f"the judge went over its memory cap while it checked this attempt ({e}); the "
+                "judge was replaced",
+            ) from e
+        except ReplDied as e:
+            raise JudgeLimit(
+                "died",
+                f"the judge process died while it checked this attempt ({e}); the judge was "
+                "replaced and the attempt is not retried",
+            ) from e
         if isinstance(rep, ReplError):
             return f"the trusted check failed: {rep.message}"
         if not isinstance(rep, CommandResponse):
