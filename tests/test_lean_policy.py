@@ -567,20 +567,28 @@ def test_header_split() -> None:
 def test_check_command_matches_the_checker_signature() -> None:
     import re
 
-    from leanrl.lean.trust.report import check_command, checker_source
+    from leanrl.lean.trust.report import (
+        CHECKER_FILES,
+        RESTATE_HEARTBEATS,
+        check_command,
+        checker_source,
+    )
 
     src = checker_source()
-    assert src.count("namespace LeanrlCheck") == 1 and src.rstrip().endswith("end LeanrlCheck")
-    sig = re.search(r"^def run \((.*?)\) : CoreM Unit", src, re.MULTILINE)
+    # one namespace block per file, the files in order, nothing outside them
+    assert src.count("namespace LeanrlCheck") == len(CHECKER_FILES) == 2
+    assert src.count("end LeanrlCheck") == 2 and src.rstrip().endswith("end LeanrlCheck")
+    sig = re.search(r"^def run ((?:\([^)]*\)\s*)+): CoreM Unit", src, re.MULTILINE)
     assert sig is not None
     arity = sum(
-        len(group.split(":")[0].split()) for group in re.findall(r"\(([^)]*)\)", sig.group(0))
+        len(group.split(":")[0].split()) for group in re.findall(r"\(([^)]*)\)", sig.group(1))
     )
     cmd = check_command('/tmp/a "b".olean', "t", "ab12", olean=True, replay=False)
     assert cmd.startswith("#eval LeanrlCheck.run ")
-    args = re.findall(r'"(?:[^"\\]|\\.)*"|\btrue\b|\bfalse\b', cmd)
-    assert len(args) == arity == 5
+    args = re.findall(r'"(?:[^"\\]|\\.)*"|\btrue\b|\bfalse\b|\b\d+\b(?= )', cmd)
+    assert len(args) == arity == 6
     assert args[0] == '"/tmp/a \\"b\\".olean"'
+    assert args[-1] == str(RESTATE_HEARTBEATS)
 
 
 def test_every_benchmark_row_splits_and_assembles(data_roots: list[Path]) -> None:

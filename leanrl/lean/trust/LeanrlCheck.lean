@@ -1,5 +1,6 @@
 /-
-leanrl's trusted checker (see docs/verification.md).
+leanrl's trusted checker, part 2 of 2 (see docs/verification.md; part 1, `LeanrlRestate.lean`,
+decides restated statements and is elaborated first, in the same text).
 
 It is elaborated once per judge process, a Lean process that never elaborates model text (only
 the header's imports, this file, the header's options and the taskset's reference statements).
@@ -334,13 +335,13 @@ attempt's file (`lookNew`, rebuilt). The choice, name by name:
 
 /-- The target as the kernel must check it: the attempt's own value (never the clean
 environment's, which is the reference's `sorry`), with the attempt's universe names renamed to
-the reference's, declared with the reference's statement, kind and universes. -/
+the reference's (`levelMap`), declared with the reference's statement, kind and universes. -/
 def targetDecl (attempt ref : ConstantInfo) (fresh : Name) (ren : Expr → Expr) :
     Except String Declaration := do
   if attempt.levelParams.length != ref.levelParams.length then
     throw (s!"the attempt's {attempt.name} has {attempt.levelParams.length} universe " ++
       s!"parameters, the reference {ref.levelParams.length}")
-  let us := ref.levelParams.map Level.param
+  let us := levelMap attempt ref
   let inst (e : Expr) : Expr := ren (e.instantiateLevelParams attempt.levelParams us)
   match attempt, ref with
   | .thmInfo a, .thmInfo _ =>
@@ -355,41 +356,27 @@ def targetDecl (attempt ref : ConstantInfo) (fresh : Name) (ren : Expr → Expr)
                          value := inst a.value, isUnsafe := r.isUnsafe, all := [fresh] }
   | _, _ => throw s!"{attempt.name} is a {kindOf attempt}, which the check cannot replay"
 
-/-- The attempt's stated type of the target, in the reference's universe names. -/
+/-- The attempt's stated type of the target, in the reference's universe names (`levelMap`). -/
 def statedType (attempt ref : ConstantInfo) (ren : Expr → Expr) : Expr :=
-  ren (attempt.type.instantiateLevelParams attempt.levelParams (ref.levelParams.map Level.param))
-
-/-- Ask the kernel whether a restated target's type is definitionally equal to the reference's:
-it checks `@Eq.refl Prop ref : @Eq Prop ref stated` as a throwaway theorem. Only `addDecl` is
-used (the kernel's own `isDefEq` changed its signature across versions), and only for
-propositions: the target of a proof task is a theorem. -/
-def sameStatement (refType stated : Expr) (lps : List Name) (name : Name) : CoreM (Option String) := do
-  let one := Level.succ .zero
-  let ty := mkApp3 (.const ``Eq [one]) (.sort .zero) refType stated
-  let val := mkApp2 (.const ``Eq.refl [one]) (.sort .zero) refType
-  try
-    addDecl (.thmDecl { name := name, levelParams := lps, type := ty, value := val, all := [name] })
-    return none
-  catch e => return some (← e.toMessageData.toString)
+  ren (attempt.type.instantiateLevelParams attempt.levelParams (levelMap attempt ref))
 
 /-- Re-add the attempt's own constants through the kernel, dependencies first, then the target
 (`tgtDecl`, under a fresh name because the reference owns the target's name here). `look` must
 not resolve the target (it is `lookW` in `run`): the target's copy is `tgtDecl`, built from the
 attempt's constant. Every reference to the target is renamed to the fresh name (`retarget`).
-When the attempt restated the statement (`restated`), the kernel first decides whether the two
-statements are definitionally equal. Returns `(status, detail)`; `("", "")` when all passed. -/
+When the attempt restated the statement (`restated`), `sameStatement` first decides, by two
+bounded checks, whether it is the reference statement. Returns `(status, detail)`; `("", "")` when all passed. -/
 def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order : Array Name)
-    (target fresh : Name) (tgtDecl : Declaration) (restated : Option (Expr × Expr × List Name)) :
-    CoreM (String × String) := do
+    (target fresh : Name) (tgtDecl : Declaration) (restated : Option (Expr × Expr × List Name))
+    (heartbeats : Nat) : CoreM (String × String) := do
   let ren := retarget target fresh
   let mut added : NameSet := {}
   for n in order do
     if n == target then
       if let some (refType, stated, lps) := restated then
-        let differs ← sameStatement refType stated lps (Name.mkStr fresh "_statement")
-        if let some why := differs then
-          return ("type_mismatch", s!"the restated type of {target} is not definitionally " ++
-            s!"equal to the reference statement's: {why}")
+        let differs ← sameStatement refType stated lps (Name.mkStr fresh "_statement") heartbeats
+        if let some (st, why) := differs then
+          return (st, s!"the restated statement of {target} was refused: {why}")
       try addDecl tgtDecl
       catch e =>
         let why ← e.toMessageData.toString
@@ -514,13 +501,16 @@ def isNativeAxiom : ConstantInfo → Bool
 
 /-- The check. `path`: the attempt's constants (REPL pickle, or `.olean` when `olean`);
 `target`: the theorem name; `nonce`: echoed back; `kernelReplay`: also replay through the
-kernel. The reference declaration `target` must already exist in the current environment.
+kernel; `restateHeartbeats`: the bound (thousands of heartbeats) on each of the two checks of a
+restated statement (`sameStatement`). The reference declaration `target` must already exist in
+the current environment.
 
 Run it as `#eval LeanrlCheck.run ... |> Lean.Elab.Command.liftCoreM`: before Lean's `#eval`
 rewrite (lean4#5627, after v4.9), `#eval` of a `CoreM` action ran it through
 `MetaEval (CoreM α)` on a fresh `Core.State` and dropped the messages it logged, so the report
 would be lost; a `CommandElabM` action logs into the command's own messages in every version. -/
-def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit := do
+def run (path target nonce : String) (olean kernelReplay : Bool)
+    (restateHeartbeats : Nat := 20000) : CoreM Unit := do
   let tgt := target.toName
   let env ← getEnv
   -- Nothing of the file is looked at before it is rebuilt (see `rebuild`).
@@ -542,6 +532,13 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
   if let some why := limit then
     status := "too_deep"
     detail := s!"the attempt's file holds {why}"
+  -- The checker's own names are not the attempt's to declare: a constant under `LeanrlCheck`
+  -- would be compared with (or shadow a lookup of) this file's declarations. Refused, whatever
+  -- it is, with its own status.
+  for (n, _) in consts do
+    if n.getRoot == `LeanrlCheck && status == "ok" then
+      status := "reserved_name"
+      detail := s!"{n} is under `LeanrlCheck`, the namespace of leanrl's trusted checker"
   let mut trusted : NameSet := {}
   -- A hand-built constant map could file a constant under another name than its own.
   for (n, ci) in consts do
@@ -591,8 +588,9 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
       w := walk lookW (fun n => placeholders.contains n) (depsOf ci true)
       w := { w with order := w.order.push tgt }
       let sameLevels := ci.levelParams.length == ref.levelParams.length
-      -- Equal up to the names of universes: the fast answer. A restatement that differs is
-      -- sent to the kernel, which decides definitional equality (`sameStatement`).
+      -- Equal up to the names of universes (matched by what they bind: `levelMap`): the fast
+      -- answer. A restatement that differs goes to `sameStatement`: the elaborator's reducible
+      -- isDefEq and the kernel must both accept it.
       restated := sameLevels && !(statedType ci ref id == ref.type)
       if status == "ok" then
         if kind != refKind then
@@ -605,7 +603,7 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
         else if restated && !(kernelReplay && kind == "theorem") then
           status := "type_mismatch"
           detail := s!"the type of {tgt} differs from the reference statement's (only the " ++
-            "kernel replay can accept a restatement as definitionally equal)"
+            "two checks of the kernel replay can accept a restatement)"
         else if !w.missing.isEmpty then
           status := "missing_dependency"
           detail := s!"depends on unknown constants {w.missing}"
@@ -642,7 +640,7 @@ def run (path target nonce : String) (olean kernelReplay : Bool) : CoreM Unit :=
               `maxHeartbeats (DataValue.ofNat 0)).insert `maxRecDepth (DataValue.ofNat 16384)
           let (st, msg) ← withoutModifyingEnv <| withTheReader Core.Context
             (fun c => { c with options := opts c.options, maxHeartbeats := 0 })
-            (replay lookW isNew w.order tgt fresh tgtDecl stated)
+            (replay lookW isNew w.order tgt fresh tgtDecl stated restateHeartbeats)
           if st != "" then
             status := st
             detail := msg

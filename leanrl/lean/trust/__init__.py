@@ -8,8 +8,10 @@ them:
 - ``containment``: what a Lean process can see, inherit and outlive;
 - ``judge``: the trusted checker processes, which never run model text, and the hand-off of an
   attempt's compiled constants to them;
-- ``LeanrlCheck.lean`` and ``report``: the checker itself and how its report is read;
-- ``rules``: the verification policy as pure functions, Lean's facts in, a Verdict out.
+- ``LeanrlRestate.lean``, ``LeanrlCheck.lean`` and ``report``: the checker itself (the first file
+  decides restated statements; a judge elaborates both as one text) and how its report is read;
+- ``rules``: the verification policy as pure functions, Lean's facts in, a Verdict out;
+- ``kernel_bugs``: the kernel bugs known for the pinned toolchains and the rule that stops each.
 """
 
 from __future__ import annotations

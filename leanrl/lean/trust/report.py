@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from leanrl.lean.protocol import ReplMessage
 
 __all__ = [
+    "CHECKER_FILES",
     "CHECK_TAG",
+    "RESTATE_HEARTBEATS",
     "CheckReport",
     "check_command",
     "checker_source",
@@ -32,11 +34,16 @@ CHECK_TAG = "LEANRL-CHECK "
 """Prefix of the checker's one info message."""
 
 
+CHECKER_FILES = ("LeanrlRestate.lean", "LeanrlCheck.lean")
+"""The trusted checker's Lean files, in the order a judge elaborates them (one text)."""
+
+
 @cache
 def checker_source() -> str:
-    """The trusted Lean checker (``LeanrlCheck.lean``, shipped with the package)."""
+    """The trusted Lean checker (``LeanrlRestate.lean`` then ``LeanrlCheck.lean``, shipped with
+    the package), as the one text a judge elaborates."""
     here = resources.files("leanrl.lean.trust")
-    return here.joinpath("LeanrlCheck.lean").read_text(encoding="utf-8")
+    return "\n".join(here.joinpath(f).read_text(encoding="utf-8") for f in CHECKER_FILES)
 
 
 def lean_string(s: str) -> str:
@@ -50,7 +57,22 @@ def reference_command(formal_statement: str) -> str:
     return formal_statement.rstrip() + "\n  sorry\n"
 
 
-def check_command(path: str, name: str, nonce: str, *, olean: bool, replay: bool) -> str:
+RESTATE_HEARTBEATS = 20_000
+"""The bound, in thousands of heartbeats as ``maxHeartbeats`` counts them, on each of the two
+checks of a restated statement in the judge (the elaborator's reducible ``isDefEq``, then the
+kernel's): a tenth of the 200,000 Lean gives a whole command by default. Deciding that
+``x > 0`` is ``0 < x`` costs a few; past the bound the attempt is ``judge_limit``."""
+
+
+def check_command(
+    path: str,
+    name: str,
+    nonce: str,
+    *,
+    olean: bool,
+    replay: bool,
+    restate_heartbeats: int = RESTATE_HEARTBEATS,
+) -> str:
     """The ``#eval`` that runs the trusted check (in the judge's clean environment).
 
     ``LeanrlCheck.run`` is a ``CoreM`` action; it is lifted to ``CommandElabM`` because before
@@ -61,7 +83,7 @@ def check_command(path: str, name: str, nonce: str, *, olean: bool, replay: bool
     flag = {True: "true", False: "false"}
     return (
         f"#eval LeanrlCheck.run {lean_string(path)} {lean_string(name)} {lean_string(nonce)} "
-        f"{flag[olean]} {flag[replay]} |> Lean.Elab.Command.liftCoreM\n"
+        f"{flag[olean]} {flag[replay]} {int(restate_heartbeats)} |> Lean.Elab.Command.liftCoreM\n"
     )
 
 
@@ -74,7 +96,10 @@ class CheckReport(BaseModel):
     """Echo of the per-check nonce."""
     status: str
     """``ok``, ``missing``, ``wrong_kind``, ``type_mismatch``, ``helper_mismatch``,
-    ``missing_dependency``, ``no_reference``, ``replay_failed``, or one of the shapes refused
+    ``missing_dependency``, ``no_reference``, ``replay_failed``, ``reserved_name`` (a constant
+    under ``LeanrlCheck``, the checker's own namespace), ``judge_limit`` (a restated statement
+    past the judge's bounds: literal arithmetic too big to evaluate, or a check past its
+    heartbeats), or one of the shapes refused
     before the kernel sees them (:data:`~leanrl.lean.trust.rules.KERNEL_BUG_SHAPES`:
     ``free_variable``, ``metavariable``, ``loose_bvar``, ``bad_projection``, ``not_safe``,
     ``kernel_internal_name``, ``too_deep``)."""

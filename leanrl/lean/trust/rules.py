@@ -19,6 +19,7 @@ from __future__ import annotations
 from leanrl.lean.messages import from_repl
 from leanrl.lean.protocol import CommandResponse, ReplError
 from leanrl.lean.source import Assembled, model_text
+from leanrl.lean.trust.lexer import MAX_TOKENS, tokenize, too_many_tokens
 from leanrl.lean.trust.report import CheckReport
 from leanrl.lean.trust.syntax import scan
 from leanrl.verdict import Attempt, Message, Reason, Verdict
@@ -85,6 +86,14 @@ def judge_prescan(attempt: Attempt) -> Verdict | None:
             "(VerificationPolicy.max_proof_chars)",
             id=attempt.id,
         )
+    if too_many_tokens(tokenize(text)):
+        return Verdict.reject(
+            Reason.TOO_LARGE,
+            f"the model's text has more than {MAX_TOKENS:,} Lean tokens; the pre-scan reads no "
+            "more (leanrl.lean.trust.lexer.MAX_TOKENS; the longest published proof we know has "
+            "11,694)",
+            id=attempt.id,
+        )
     if not attempt.policy.forbid_tokens:
         return None
     findings = scan(text, attempt.policy)
@@ -136,6 +145,19 @@ def judge_report(
         return Verdict.reject(Reason.INFRA, report, messages=messages)
     axioms = tuple(report.axioms)
     kw: dict[str, object] = {"messages": messages, "axioms": axioms}
+    if report.status == "judge_limit":
+        return Verdict.reject(
+            Reason.JUDGE_LIMIT,
+            f"the trusted check went past its bounds: {report.detail}",
+            **kw,
+        )
+    if report.status == "reserved_name":
+        return Verdict.reject(
+            Reason.FORBIDDEN,
+            f"refused by the checker (reserved_name): {report.detail}; names under "
+            "`LeanrlCheck` belong to the checker, and a proof never needs one",
+            **kw,
+        )
     if report.status in _STATEMENT:
         return Verdict.reject(
             Reason.STATEMENT_CHANGED,
