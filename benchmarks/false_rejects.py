@@ -28,8 +28,16 @@ Inputs (any number, each a path):
 
 The task each file answers is the row of ``--statements`` (a benchmark JSONL with ``name``,
 ``header``, ``formal_statement``) with the same name, else it is read from the file itself (its
-theorem named like the file, or its last theorem). Nothing is downloaded; no third-party file is
-kept.
+theorem named like the file, or its last theorem), or from ``--statements-env`` (an environment's
+tasks, loaded as leanrl loads them). Nothing else is downloaded; no third-party file is kept.
+
+With ``--judge``, a restatement the checker refuses as ``statement_changed`` is listed as such,
+not counted as a false reject: the published proof proves the model's own statement, and the
+checker's two checks (the elaborator's reducible ``isDefEq`` and the kernel) found it is not the
+reference's. Every restatement is listed with its verdict; ``--show-restated`` lists the
+statements themselves. ``--fail-on-false-rejects`` exits 1 on any false reject of the default
+policy (``.github/workflows/lean.yml`` runs it through the real judge on DeepSeek-Prover-V2's
+published miniF2F solutions).
 
     python benchmarks/false_rejects.py \\
       /work/shared/data/raw/deepseek-prover-v1.5/minif2f_valid_few_shot.jsonl \\
@@ -220,7 +228,11 @@ def judge_with_lean(
     all_cases: list[Case], policy: VerificationPolicy, workers: int
 ) -> tuple[int, int, list[str]]:
     """Check every case the pre-scan passes with the local runtime: (false rejects, restatements
-    the kernel accepted, listed lines)."""
+    accepted, listed lines). A restatement the checker refuses as ``statement_changed`` is not a
+    false reject: the published proof proves the model's own statement, which the trusted
+    checker found is not the reference's (both its checks must agree, docs/verification.md); it
+    is listed as ``restatement refused`` with the check that refused it. Every restatement is
+    listed with its verdict."""
     from leanrl.runtime import RuntimeConfig
     from leanrl.runtimes.local import LocalRuntime
 
@@ -235,9 +247,14 @@ def judge_with_lean(
     false = restated = 0
     lines: list[str] = []
     for (c, a), v in zip(passed, verdicts, strict=True):
+        if a.restated_statement:
+            verdict = "accepted" if v.accepted else f"{v.reason.value}: {v.detail[:150]}"
+            lines.append(f"  restatement   {c.source}/{c.name}: {verdict}")
         if v.accepted:
             restated += bool(a.restated_statement)
             continue
+        if a.restated_statement and v.reason is Reason.STATEMENT_CHANGED:
+            continue  # listed above: the model's statement is not the reference's
         false += 1
         lines.append(
             f"  FALSE REJECT  {c.source}/{c.name}: judge:{v.reason.value}: {v.detail[:150]}"
@@ -261,22 +278,48 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--statements", action="append", default=[], help="benchmark JSONL(s)")
     ap.add_argument(
+        "--statements-env",
+        action="append",
+        default=[],
+        help="an environment whose tasks (every split) are the statements, e.g. minif2f-deepseek "
+        "(loaded as leanrl loads it: from the hub unless HF_HUB_OFFLINE, or --env path)",
+    )
+    ap.add_argument(
         "--judge",
         action="store_true",
         help="also check what the pre-scan passes with real Lean (local runtime, default policy)",
     )
     ap.add_argument("--workers", type=int, default=0, help="Lean processes for --judge (0: cores)")
+    ap.add_argument(
+        "--show-restated",
+        action="store_true",
+        help="list each proof that restates its theorem, the reference and the model's statement",
+    )
+    ap.add_argument(
+        "--fail-on-false-rejects",
+        action="store_true",
+        help="exit 1 when the default policy has a false reject (what CI runs)",
+    )
     args = ap.parse_args(argv)
     statements: dict[str, dict] = {}
     for path in args.statements:
         for line in Path(path).read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             statements.setdefault(row["name"], row)
+    for env_id in args.statements_env:
+        from leanrl import load_environment
+
+        for t in load_environment(env_id, split=None).tasks():
+            statements.setdefault(
+                t.name,
+                {"name": t.name, "header": t.header, "formal_statement": t.formal_statement},
+            )
     policies = {
         "default": VerificationPolicy(),
         "native allowed": VerificationPolicy(allow_native_decide=True),
     }
     all_cases = [c for spec in args.inputs for c in cases(spec, statements)]
+    failed = False
     sources = sorted({c.source for c in all_cases}, key=[c.source for c in all_cases].index)
     for label, policy in policies.items():
         print(f"\n== policy: {label} ==")
@@ -296,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
                 stage, detail = got
                 if stage == "restated":  # passed, with the model's own statement for the checker
                     restated += 1
+                    if args.show_restated and label == "default":
+                        ref = " ".join(c.task.formal_statement.split())
+                        listed.append(
+                            f"  restated      {source}/{c.name}:\n      reference: {ref}\n"
+                            f"      model:     {' '.join(detail.split())}"
+                        )
                     continue
                 if by_design(stage, detail, policy):
                     design += 1
@@ -317,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'all':44} {total:>6} {false_total:>14} {design_total:>19} {restated_total:>9}")
         print(f"false-reject rate: {false_total}/{total} = {rate:.2f}%")
         print("\n".join(listed))
-    return 0
+        failed = failed or (label == "default" and false_total > 0)
+    return 1 if failed and args.fail_on_false_rejects else 0
 
 
 if __name__ == "__main__":
