@@ -49,6 +49,9 @@ RewardMode = Literal["paper", "dense"]
 _UNSET_HARNESS: str = HarnessConfig.model_fields["name"].default
 _UNSET_RUNTIME: str = RuntimeConfig.model_fields["name"].default
 """What ``env.harness.name`` / ``env.runtime.name`` hold when nobody set them."""
+_TOOL_HARNESS = "tool-use"
+"""The tool-calling harness, which runs Countdown with a calculator tool (the learning check
+of ``benchmarks/tool_use.py``)."""
 
 _STATEMENT = re.compile(r"^countdown: numbers ((?:-?\d+ )+)target (-?\d+)$")
 
@@ -336,12 +339,12 @@ class Countdown(Environment):
         field holds (``whole-proof``, ``local``) pass: configs are copied whole between
         commands (``compare``, Modal jobs), so an unset name cannot be told from a given one."""
         harness, runtime = self.config.harness.name, self.config.runtime.name
-        if harness not in (CountdownHarness.name, _UNSET_HARNESS):
+        if harness not in (CountdownHarness.name, _UNSET_HARNESS, _TOOL_HARNESS):
             raise ConfigError(
                 f"environment 'countdown' has its own harness, and harness {harness!r} cannot "
                 "work on it: leave --harness (--env.harness.name) out, or give --harness "
                 "countdown; its settings are --env.harness.options style (think, direct) and "
-                "reward (paper, dense)"
+                "reward (paper, dense). (--harness tool-use runs it with a calc tool.)"
             )
         if runtime not in (CountdownChecker.name, _UNSET_RUNTIME):
             raise ConfigError(
@@ -357,6 +360,8 @@ class Countdown(Environment):
         return CountdownTaskset(self.config.taskset, reward=mode)
 
     def make_harness(self) -> Harness:
+        if self.config.harness.name == _TOOL_HARNESS:
+            return super().make_harness()  # the calc and submit tools (harnesses/tool_use)
         return CountdownHarness(self.config.harness)
 
     def make_runtime(self) -> Runtime:
