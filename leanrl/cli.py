@@ -92,6 +92,7 @@ _COMMANDS: dict[str, str] = {
     "models get": "leanrl.models_cli:ModelsGetCommand",
     "models list": "leanrl.models_cli:ModelsListCommand",
     "interop traces": "leanrl.interop.traces_cli:TracesCommand",
+    "mcp": "leanrl.interop.mcp_cli:McpCommand",
 }
 # -------------------------------------------------------------------------------------------------
 
