@@ -122,6 +122,7 @@ from leanrl.train.grpo.clock import GenClock, clock_for
 from leanrl.train.grpo.config import GRPOConfig, resolve_async_generation, torchrun_ranks
 from leanrl.train.grpo.data import _Batch, ends_truncated
 from leanrl.train.grpo.overlap import chunked_rollout
+from leanrl.train.grpo.pipeline import Pipeline
 from leanrl.train.grpo.replay import REPLAY_FOLDER, Replayer, check_replay, is_replay
 from leanrl.train.grpo.report import (
     _CUT_OFF,
@@ -390,41 +391,18 @@ class GRPOTrainer:
             row0 = {"step": 0, **await self._evaluate(engine, 0)}
             logger.log(row0)
             rows.append(row0)
-        version = asyncio.Condition()
 
-        async def produce(step: int) -> _Batch:
-            async with version:  # bounded staleness: batch s waits for weights >= s - k
-                await version.wait_for(lambda: engine.step >= step - cfg.max_staleness)
-            await asyncio.to_thread(engine.sync_generation_weights)
+        async def collect(step: int) -> _Batch:
             return await self._collect(engine, env, tasks, clock, step)
 
-        queue: asyncio.Queue[_Batch | BaseException] = asyncio.Queue(maxsize=cfg.max_staleness)
-        producer: asyncio.Task[None] | None = None
-        if cfg.async_mode:
-
-            async def run_producer() -> None:
-                try:
-                    for s in range(start, cfg.steps):
-                        await queue.put(await produce(s))
-                except Exception as e:  # noqa: BLE001 - the consumer re-raises it
-                    await queue.put(e)
-
-            producer = asyncio.create_task(run_producer())
-        try:
+        lag = cfg.max_staleness if cfg.async_mode else None
+        async with Pipeline(engine, collect, start, cfg.steps, lag) as pipeline:
             for step in range(start, cfg.steps):
                 t0 = time.perf_counter()
-                if producer is not None:
-                    got = await queue.get()
-                    if isinstance(got, BaseException):
-                        raise got
-                    batch = got
-                else:
-                    batch = await produce(step)
+                batch = await pipeline.batch(step)
                 t1 = time.perf_counter()
-                train_stats = await asyncio.to_thread(engine.train_step, batch)
+                train_stats = await pipeline.train(batch)
                 t2 = time.perf_counter()
-                async with version:
-                    version.notify_all()
                 row = self._metrics_row(engine, batch, train_stats, t0, t1, t2)
                 if self._curriculum is not None:  # pool sizes the step's tasks came from
                     row.update(self._curriculum.metrics(batch.step))
@@ -450,10 +428,6 @@ class GRPOTrainer:
                     if self._is_main():
                         log.info(self._budget.spent_line(done))
                     break
-        finally:
-            if producer is not None:
-                producer.cancel()
-                await asyncio.gather(producer, return_exceptions=True)
 
     async def _collect(
         self,
