@@ -19,8 +19,9 @@ Two modes bring the workload closer to proving (issue 23's "Measure"):
   only on (seed, prompt, k), so both trainers see the same lengths. TRL gets the processor as
   ``generate(logits_processor=...)`` (its ``GRPOConfig.generation_kwargs`` go into a
   ``GenerationConfig``, which cannot carry one); leanrl's sampler takes no logits processor, so
-  a forward hook on the generating model feeds the same processor the ids HF's ``generate``
-  would, only while the benchmark's harness is generating (a context variable), never in the
+  a forward hook on the generating model feeds the same processor the prompts and token count
+  HF's ``generate`` would (and, as rows that ended leave leanrl's decode batch, which rows are
+  left), only while the benchmark's harness is generating (a context variable), never in the
   loss forward. A forced EOS is certain to the sampler, so leanrl's sampler log-prob for it is
   0 while TRL's ratio is 1 by construction: one token per sequence is trained slightly
   differently (it is not in the text, so the reward cannot see it).
@@ -34,8 +35,19 @@ Two modes bring the workload closer to proving (issue 23's "Measure"):
 (``async_generation = "auto"``, off for ``hf``; the rollouts stream, each attempt checked as its
 row of the batch ends, as leanrl's harnesses do), with the rollouts generated and then checked
 as one batch (``batched``, how TRL does it), with ``rollout_chunks = --chunks`` and with
-``async_generation = true``, each against the same seed's TRL run; the summary line gives
-leanrl/TRL step time per seed (issue 23's goal: <= 0.7).
+``async_generation = true`` (the one-step pipeline: step t+1 generated and checked on a copy of
+the weights while step t trains), each against the same seed's TRL run.
+
+Wall time and CPU time, both (issue 38's goal: a leanrl step at <= 0.7x TRL's wall time at equal
+reward, and <= 1.0x its CPU time). Wall time is each step's (median per seed, warm-up left out).
+CPU time is the process's (every thread) between consecutive step ends, so it is what a step
+costs whatever overlaps, and it is far less sensitive than wall time to other work on a shared
+machine; it is split into phases, each timed where it runs: leanrl's decode (the sampler's
+thread) and update (the trainer's ``train_step``), the rest being the event loop, harness,
+checks and bookkeeping; TRL's ``_generate``, its reward call (the simulated checks) and the rest
+of generate-and-score, training being the rest of the step. The report gives the load average
+during the runs. The summary line gives, per seed (min / median / max), leanrl/TRL wall step
+time and CPU per step, and whether each goal is met.
 
 TRL runs in its own virtual environment (it pins its own dependencies)::
 
@@ -165,8 +177,15 @@ class ForceEOS:
         if self.targets is None:
             self.width = int(input_ids.shape[1])
             self.targets = torch.tensor(self.lengths.assign(input_ids.tolist()))
-        generated = int(input_ids.shape[1]) - self.width
-        force = (self.targets - 1 <= generated).to(scores.device)
+        return self.force(scores, int(input_ids.shape[1]) - self.width)
+
+    def force(self, scores: Any, generated: int, rows: Any = None) -> Any:
+        """``scores`` [m, V] after ``generated`` tokens; with ``rows``: the rows of the first
+        call's batch they are (leanrl's sampler drops finished rows)."""
+        import torch
+
+        targets = self.targets if rows is None else self.targets[rows]
+        force = (targets - 1 <= generated).to(scores.device)
         if not bool(force.any()):
             return scores
         forced = torch.full_like(scores, float("-inf"))
@@ -177,10 +196,10 @@ class ForceEOS:
 class _Generating:
     """leanrl side: the state of one harness generate call, seen by the model's forward hook."""
 
-    def __init__(self, lengths: DrawnLengths, eos_id: int) -> None:
-        self.lengths, self.eos_id = lengths, eos_id
+    def __init__(self, lengths: DrawnLengths, eos_id: int, sampler: Any) -> None:
+        self.lengths, self.eos_id, self.sampler = lengths, eos_id, sampler
         self.proc: ForceEOS | None = None
-        self.ids: Any = None
+        self.generated = 0
 
 
 _GENERATING: contextvars.ContextVar[_Generating | None] = contextvars.ContextVar(
@@ -190,37 +209,86 @@ _GENERATING: contextvars.ContextVar[_Generating | None] = contextvars.ContextVar
 
 def _force_hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
     """Forward hook on leanrl's generating model. The sampler calls the model once with the
-    (left-padded) prompts, then once per token with the last token; this rebuilds the
-    ``input_ids`` HF's ``generate`` would hand a processor and applies :class:`ForceEOS` to the
-    last position's logits. Off (returns at once) outside the harness's generate call: the
-    context variable is set there and copied into the sampler's worker thread."""
+    (left-padded) prompts, then once per token with the last token of each live row (rows that
+    ended leave the batch; the sampler's ``decode_rows`` says which rows are left); this hands
+    :class:`ForceEOS` the prompts on the first call, then the token count and rows, and applies
+    it to the last position's logits. Off (returns at once) outside the harness's generate call:
+    the context variable is set there and copied into the sampler's worker thread."""
     state = _GENERATING.get()
     if state is None:
         return None
-    import torch
 
     step: Any = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
-    if step.shape[1] > 1 or state.ids is None:  # the prompts: a new decode begins
-        state.proc = ForceEOS(state.lengths, state.eos_id)
-        state.ids = step.cpu()
-    else:
-        state.ids = torch.cat([state.ids, step.cpu()], dim=1)
-    assert state.proc is not None
     last = output.logits[:, -1, :]
-    output.logits[:, -1, :] = state.proc(state.ids, last)
+    if step.shape[1] > 1 or state.proc is None:  # the prompts: a new decode begins
+        state.proc = ForceEOS(state.lengths, state.eos_id)
+        output.logits[:, -1, :] = state.proc(step.cpu(), last)
+        state.generated = 0
+        return output
+    # One token per live row; the sampler says which rows of the batch they are (rows that
+    # ended have left it).
+    state.generated += 1
+    rows = state.sampler.decode_rows
+    assert rows is not None and len(rows) == step.shape[0]
+    output.logits[:, -1, :] = state.proc.force(last, state.generated, rows)
     return output
 
 
-def _generating_model(policy: Any) -> Any:
-    """The torch model behind the trainer's generation policy (it wraps the sampler)."""
+def _sampler(policy: Any) -> Any:
+    """leanrl's hf sampler behind the trainer's generation policy (its clock wraps it)."""
     seen = policy
     while not hasattr(seen, "model") and hasattr(seen, "inner"):
         seen = seen.inner
-    if not hasattr(seen, "model"):
-        raise TypeError(
-            f"variable lengths need leanrl's hf sampler (a policy with .model); got {policy!r}"
-        )
-    return seen.model
+    if not hasattr(seen, "decode_rows"):
+        raise TypeError(f"variable lengths need leanrl's hf sampler (TrainPolicy); got {policy!r}")
+    return seen
+
+
+# -- CPU time per phase ----------------------------------------------------------------------------
+
+
+class CpuMeter:
+    """CPU seconds per phase of a trainer's steps. ``add(phase, s)`` counts a phase's CPU (each
+    phase is timed in the thread that runs it, with ``time.thread_time``, or with the process
+    clock where the trainer is one thread); ``mark()`` at the end of every step records the
+    process's CPU so far (every thread: the event loop, the sampler's and the trainer's) and the
+    phases' running totals. Per step = the difference between consecutive marks, so an
+    asynchronous step (step t+1 generating while step t trains) counts what ran between two
+    step ends."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self.marks: list[dict[str, float]] = []
+        self._lock = threading.Lock()
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.totals[phase] = self.totals.get(phase, 0.0) + seconds
+
+    def mark(self) -> None:
+        with self._lock:
+            self.marks.append({"process": time.process_time(), **self.totals})
+
+    def per_step(self, skip: int) -> dict[str, list[float]]:
+        """Each phase's CPU seconds in each step from ``skip`` on (``process``: all of it)."""
+        keys = sorted({k for m in self.marks for k in m})
+        out: dict[str, list[float]] = {k: [] for k in keys}
+        first = max(skip, 1)
+        for a, b in zip(self.marks[first - 1 : -1], self.marks[first:], strict=True):
+            for k in keys:
+                out[k].append(b.get(k, 0.0) - a.get(k, 0.0))
+        return out
+
+
+def _timed(meter: CpuMeter, phase: str, fn: Any, clock: Any = time.thread_time) -> Any:
+    def wrapper(*a: Any, **k: Any) -> Any:
+        t = clock()
+        try:
+            return fn(*a, **k)
+        finally:
+            meter.add(phase, clock() - t)
+
+    return wrapper
 
 
 # -- leanrl ---------------------------------------------------------------------------------------
@@ -277,11 +345,11 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
             checks: list[Any] = []
             token = None
             if lengths is not None:
-                gen_model = _generating_model(policy)
-                if id(gen_model) not in hooked:  # async mode generates on its own copy
-                    gen_model.register_forward_hook(_force_hook, with_kwargs=True)
-                    hooked.add(id(gen_model))
-                token = _GENERATING.set(_Generating(lengths, eos_id))
+                sampler = _sampler(policy)
+                if id(sampler.model) not in hooked:  # async mode generates on its own copy
+                    sampler.model.register_forward_hook(_force_hook, with_kwargs=True)
+                    hooked.add(id(sampler.model))
+                token = _GENERATING.set(_Generating(lengths, eos_id, sampler))
             try:
                 if streams:
                     got: list[list[Any]] = [[None] * sampling.n for _ in prompts]
@@ -387,11 +455,29 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
         seed=args.seed,
         **extra,
     )
+    from leanrl.train.grpo.engine import GRPOEngine
+    from leanrl.train.hf_policy import TrainPolicy
+
+    # CPU per phase: the sampler's decode and the trainer's update, each in its own thread
+    meter = CpuMeter()
+    plain = TrainPolicy.generate_ids_sync, GRPOEngine.train_step
+    timed_train = _timed(meter, "train", plain[1])
+
+    def train_step(self: Any, batch: Any) -> Any:
+        try:
+            return timed_train(self, batch)
+        finally:
+            meter.mark()
+
+    TrainPolicy.generate_ids_sync = _timed(meter, "generate", plain[0])  # type: ignore[method-assign]
+    GRPOEngine.train_step = train_step  # type: ignore[method-assign]
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
         trainer = GRPOTrainer(cfg, env=Env())
         trainer.train_sync()
     finally:
+        TrainPolicy.generate_ids_sync, GRPOEngine.train_step = plain  # type: ignore[method-assign]
         if pool is not None:
             pool.shutdown()
     wall = time.perf_counter() - t0
@@ -399,6 +485,8 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
         lengths.check_keys(tok, PROMPTS)
     rows = trainer.run.metrics()
     return {
+        "cpu": meter.per_step(args.skip),
+        "load": (load0 + os.getloadavg()[0]) / 2,
         "step_times": [r["time_step"] for r in rows],
         "rewards": [r["reward_mean"] for r in rows],
         "tokens": [r["completion_len"] * args.tasks_per_step * args.group_size for r in rows],
@@ -420,6 +508,7 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     rewards: list[float] = []
     tokens: list[float] = []
     n = args.tasks_per_step * args.group_size
+    meter = CpuMeter()
     pool = ThreadPoolExecutor(args.lean_workers) if args.lean == "simulated" else None
 
     class Clock(TrainerCallback):  # type: ignore[misc]
@@ -430,6 +519,7 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             step_times.append(time.perf_counter() - self.t)
+            meter.mark()
 
         def on_log(self, *a: Any, logs: dict[str, Any] | None = None, **k: Any) -> None:
             if logs and "reward" in logs:
@@ -500,6 +590,17 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
             return plain_generate(*a, logits_processor=procs, **k)
 
         gen_model.generate = generate
+    # CPU per phase. TRL's step runs in one thread (the simulated checks sleep in the pool), so
+    # the process clock times its phases: generation (`_generate`), the rewards (the checks),
+    # and everything else of generate-and-score (advantages, log-prob bookkeeping); training is
+    # the rest of the step.
+    proc = time.process_time
+    trainer._generate = _timed(meter, "generate", trainer._generate, proc)
+    trainer._calculate_rewards = _timed(meter, "reward", trainer._calculate_rewards, proc)
+    trainer._generate_and_score_completions = _timed(
+        meter, "generate_and_score", trainer._generate_and_score_completions, proc
+    )
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
         trainer.train()
@@ -510,7 +611,15 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
     if lengths is not None:
         lengths.check_keys(tok, PROMPTS)
+    cpu = meter.per_step(args.skip)
+    score = cpu.pop("generate_and_score", [0.0] * len(cpu["process"]))
+    cpu["train"] = [p - g for p, g in zip(cpu["process"], score, strict=True)]
+    cpu["score_other"] = [
+        g - a - b for g, a, b in zip(score, cpu["generate"], cpu["reward"], strict=True)
+    ]
     return {
+        "cpu": cpu,
+        "load": (load0 + os.getloadavg()[0]) / 2,
         "step_times": step_times,
         "rewards": rewards,
         "tokens": tokens,
@@ -551,6 +660,11 @@ def summary(name: str, runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
     }
     if runs[0].get("mean_target") is not None:
         out["mean_target_length"] = statistics.fmean(r["mean_target"] for r in runs)
+    # CPU seconds per step, each phase's mean over every seed's steps (``process``: the total)
+    out["cpu_per_step_s"] = {
+        k: statistics.fmean(x for r in runs for x in r["cpu"][k]) for k in runs[0]["cpu"]
+    }
+    out["load_average"] = statistics.fmean(r["load"] for r in runs)
     if "parts" in runs[0]:  # leanrl's own split of a step (generation, then checking)
         for part in runs[0]["parts"]:
             out[f"median_{part}_s"] = statistics.median(
@@ -666,7 +780,7 @@ def _trl_run(model: Path, args: argparse.Namespace, work: Path, seed: int) -> di
     cmd += ["--lengths", args.lengths, "--mean-length", str(args.mean_length)]
     cmd += ["--length-sigma", str(args.length_sigma), "--lean", args.lean]
     cmd += ["--lean-s-per-attempt", str(args.lean_s_per_attempt)]
-    cmd += ["--lean-workers", str(args.lean_workers)]
+    cmd += ["--lean-workers", str(args.lean_workers), "--skip", str(args.skip)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(result.read_text())  # type: ignore[no-any-return]
@@ -691,6 +805,19 @@ def _per_seed(
         for le, t in zip(a, b, strict=True)
     ]
     return steps, toks
+
+
+def _cpu_ratio(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[float]:
+    """Seed by seed: a's mean CPU seconds per step over b's (whole process, every thread)."""
+    return [
+        statistics.fmean(x["cpu"]["process"]) / statistics.fmean(y["cpu"]["process"])
+        for x, y in zip(a, b, strict=True)
+    ]
+
+
+def _cpu_line(c: dict[str, float]) -> str:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c.items()) if k != "process")
+    return f"{c['process']:.2f} s ({parts})"
 
 
 def _gap(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[float, float]:
@@ -726,7 +853,10 @@ def _report(
         f"{args.max_tokens} tokens, lengths {lengths}, Lean {lean}, {args.steps} steps "
         f"({args.skip} warm-up left out), seeds {args.seed - args.repeats + 1}..{args.seed}, "
         f"{args.threads} thread(s), TRL gradient checkpointing "
-        f"{'on' if runs['trl'][0].get('gradient_checkpointing') else 'off'}\n"
+        f"{'on' if runs['trl'][0].get('gradient_checkpointing') else 'off'}, load average "
+        f"during the runs {statistics.fmean(r['load'] for rs in runs.values() for r in rs):.1f} "
+        f"on {os.cpu_count()} cores\n"
+        f"TRL: CPU per step {_cpu_line(b['cpu_per_step_s'])}\n"
         f"TRL: step {b['median_step_s'] * 1e3:.1f} ms (median), {b['tokens_per_s']:.0f} "
         f"completion tokens/s, {b['completion_tokens_per_step'] / args.tasks_per_step / args.group_size:.1f}"
         f" tokens per completion, reward last 5 {b['reward_last5']:.3f} ± "
@@ -738,6 +868,8 @@ def _report(
         steps, toks = _per_seed(runs[name], runs["trl"], args.skip)
         inverse = [1 / x for x in steps]  # leanrl/TRL: the direction of issue 23's goal
         gap, gap_sem = _gap(runs[name], runs["trl"])
+        cpu = _cpu_ratio(runs[name], runs["trl"])
+        a["per_seed_leanrl_over_trl_cpu"] = [round(x, 3) for x in cpu]
         a["per_seed_leanrl_over_trl_step"] = [round(x, 3) for x in inverse]
         a["reward_gap_trl_minus_this"] = {"mean": gap, "sem": gap_sem}
         per_completion = a["completion_tokens_per_step"] / args.tasks_per_step / args.group_size
@@ -749,30 +881,40 @@ def _report(
             f"pooled medians {a['median_step_s'] / b['median_step_s']:.2f}\n"
             f"  TRL/leanrl step time per seed: {_spread(steps)}; leanrl/TRL tokens per second "
             f"per seed: {_spread(toks)}\n"
+            f"  CPU per step {_cpu_line(a['cpu_per_step_s'])}; leanrl/TRL CPU per step per "
+            f"seed: {_spread(cpu)}\n"
             f"  reward last 5: {a['reward_last5']:.3f} ± {a['reward_last5_sem']:.3f} (first 5: "
             f"{a['reward_first5']:.3f} / TRL {b['reward_first5']:.3f}); paired gap TRL - this: "
             f"{gap:.3f} ± {gap_sem:.3f} (z = {gap / gap_sem if gap_sem else float('nan'):.2f})"
         )
         # "at equal reward": not behind TRL's by more than two standard errors of the gap
         equal = gap <= 2 * gap_sem
-        met = "met" if statistics.median(inverse) <= 0.7 and equal else "not met"
+        wall_met = statistics.median(inverse) <= 0.7 and equal
+        cpu_met = statistics.median(cpu) <= 1.0
         quotes.append(
-            f"{name} {_spread(inverse)}, reward {a['reward_last5']:.3f} vs TRL "
-            f"{b['reward_last5']:.3f} ({'equal' if equal else 'lower'}; goal {met})"
+            f"{name} wall {_spread(inverse)} ({'met' if wall_met else 'not met'}), CPU "
+            f"{_spread(cpu)} ({'met' if cpu_met else 'not met'}), reward "
+            f"{a['reward_last5']:.3f} vs TRL {b['reward_last5']:.3f} "
+            f"({'equal' if equal else 'lower'})"
         )
     print(
         json.dumps(
             {
                 n: {
                     k: report[n][k]
-                    for k in ("per_seed_leanrl_over_trl_step", "reward_gap_trl_minus_this")
+                    for k in (
+                        "per_seed_leanrl_over_trl_step",
+                        "per_seed_leanrl_over_trl_cpu",
+                        "reward_gap_trl_minus_this",
+                    )
                 }
                 for n in names
             }
         )
     )
     print(
-        f"\nSUMMARY: leanrl/TRL GRPO step time per seed (min / median / max; goal <= 0.7), "
+        f"\nSUMMARY: leanrl/TRL GRPO per seed (min / median / max), wall step time (goal <= 0.7 "
+        f"at equal reward) and CPU per step (goal <= 1.0), "
         f"{args.size}, lengths {args.lengths}, Lean {lean}, {args.repeats} seeds x "
         f"{args.steps} steps: " + "; ".join(quotes)
     )

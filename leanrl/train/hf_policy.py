@@ -67,6 +67,10 @@ class TrainPolicy(Policy):
         # Rows that end leave the decode batch (same samples, fewer rows per step); False keeps
         # every row to the end, as before (the reference the tests compare with).
         self.drop_finished = drop_finished
+        #: While a decode runs: the row of the decode's batch (prompt i's sample s is row
+        #: i * n + s of its ``batch_size`` chunk) that each row of the model's input is, for
+        #: forward hooks that follow rows (a benchmark's logits processor).
+        self.decode_rows: torch.Tensor | None = None
         # Mixed into every generator seed: ranks of a distributed run get the same sampling seed
         # (so a run's seeds do not depend on the number of ranks) but must not draw the same noise.
         self.seed_salt = seed_salt
@@ -275,6 +279,7 @@ class TrainPolicy(Policy):
         # samples are those of a decode that keeps every row to the end.
         live = torch.arange(n)
         compact = self.drop_finished
+        self.decode_rows = live
         try:
             for i in range(steps):
                 with _autocast(device, self.autocast_dtype):
@@ -328,6 +333,7 @@ class TrainPolicy(Policy):
                     if mask is not None:
                         mask = mask.index_select(0, idx_d)
                     live = live.index_select(0, idx)
+                    self.decode_rows = live
                 step_ids = tok.unsqueeze(-1)
                 if mask is not None:
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
