@@ -87,9 +87,16 @@ class ServiceLimits(_Config):
     backlog: int = Field(default=2048, ge=16)
     """Connections the kernel queues before the service accepts them (``listen`` backlog)."""
     max_sessions: int = Field(default=64, ge=1)
-    """Tactic sessions open at once; more get 429 until one is closed."""
+    """Tactic sessions open at once; more get 429 until one is closed. Lowered to what the
+    runtime can hold beside the checks (``local``: all of its ``workers + spares`` processes but
+    one, which only checks use)."""
     session_idle_s: float = Field(default=600.0, gt=0)
     """A tactic session unused this long is closed by the service."""
+    session_orphan_s: float = Field(default=60.0, ge=0)
+    """A tactic session whose client closed the connection that carried its last request (a
+    client that died or went away) is closed once it has gone this long without a request,
+    instead of after ``session_idle_s``. Connections the service closes itself (keep-alive,
+    header deadline) do not count. ``leanrl serve`` only (its HTTP layer sees the closes)."""
     idempotency_ttl_s: float = Field(default=600.0, gt=0)
     """How long results are kept by idempotency key, so a retried request gets the first
     answer instead of a second check."""

@@ -39,7 +39,7 @@ from leanrl._sandbox_config import ServiceLimits
 from leanrl.errors import ConfigError, LeanrlError
 from leanrl.runtime import Runtime, TacticSession, TacticState
 from leanrl.service import trust
-from leanrl.service.connections import ConnectionStats
+from leanrl.service.connections import CONNECTION_KEY, ConnectionStats
 from leanrl.service.guard import Guard, error
 from leanrl.service.kimina import KiminaConfig, kimina_router
 from leanrl.service.protocol import (
@@ -62,7 +62,7 @@ log = logging.getLogger("leanrl.service")
 T = TypeVar("T")
 
 
-_RESTART_REASONS = {Reason.TIMEOUT, Reason.MEMORY, Reason.CRASH}
+_RESTART_REASONS = {Reason.TIMEOUT, Reason.MEMORY, Reason.CRASH, Reason.JUDGE_LIMIT}
 
 
 def is_loopback(host: str) -> bool:
@@ -142,6 +142,10 @@ class _Session:
     session: TacticSession
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
+    conn: int | None = None
+    """The connection that carried its last request (None: not known)."""
+    orphaned: float | None = None
+    """When the client closed that connection (None: it is open, or not known)."""
 
 
 class _HTTPError(Exception):
@@ -187,6 +191,10 @@ class VerificationService:
         self.reasons: Counter[str] = Counter()
         self.connections = ConnectionStats()
         """Connections the HTTP layer closed on its own (:mod:`leanrl.service.connections`)."""
+        self.connections.on_client_closed = self._client_closed
+        self._gone: OrderedDict[int, float] = OrderedDict()
+        """Connections their clients closed lately (number -> when), for sessions whose open
+        finishes after their client went away."""
 
     async def start(self) -> None:
         """Start the runtime and the idle-session reaper. Idempotent."""
@@ -318,8 +326,21 @@ class VerificationService:
 
     # -- tactic sessions --------------------------------------------------------------------
 
-    async def open_session(self, header: str, policy: VerificationPolicy | None = None) -> str:
-        """Open a tactic session under ``header`` (tactics judged by ``policy``); returns its id."""
+    def session_limit(self) -> int:
+        """Sessions that may be open at once: ``max_sessions``, lowered to what the runtime can
+        hold (``max_tactic_sessions``: for ``local``, all its processes but the one kept for
+        checks), so that the 429 comes before sessions would take every process."""
+        cap = getattr(self.runtime, "max_tactic_sessions", None)
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+            return min(self.limits.max_sessions, cap)
+        return self.limits.max_sessions
+
+    async def open_session(
+        self, header: str, policy: VerificationPolicy | None = None, conn: int | None = None
+    ) -> str:
+        """Open a tactic session under ``header`` (tactics judged by ``policy``); returns its id.
+        ``conn``: the connection the request came on (its client closing it ends the session
+        after ``session_orphan_s``)."""
         if not self.trusted:
             rules = policy or VerificationPolicy()
             why = trust.policy_problem(rules) or await _cpu(
@@ -328,12 +349,18 @@ class VerificationService:
             if why is not None:
                 raise _HTTPError(403, f"session: {why}. {trust.FIX}")
         # Sessions being opened count too: concurrent opens must not overshoot the limit.
-        if len(self._sessions) + self._opening >= self.limits.max_sessions:
+        limit = self.session_limit()
+        if len(self._sessions) + self._opening >= limit:
+            why = (
+                f"max_sessions {self.limits.max_sessions}"
+                if limit == self.limits.max_sessions
+                else f"what the runtime holds beside the checks; max_sessions is "
+                f"{self.limits.max_sessions}"
+            )
             raise _HTTPError(
                 429,
                 f"{len(self._sessions) + self._opening} tactic sessions are open or opening "
-                f"(the limit is {self.limits.max_sessions}); close one with "
-                "DELETE /sessions/{id} first",
+                f"(the limit is {limit}: {why}); close one with DELETE /sessions/{{id}} first",
             )
         self._opening += 1
         stack = contextlib.AsyncExitStack()
@@ -355,19 +382,23 @@ class VerificationService:
         finally:
             self._opening -= 1
         sid = uuid.uuid4().hex
-        self._sessions[sid] = _Session(stack, session)
+        s = self._sessions[sid] = _Session(stack, session, conn=conn)
+        if conn is not None and conn in self._gone:  # its client left while it opened
+            self._orphan(sid, s, self._gone[conn])
         return sid
 
-    def _session(self, sid: str) -> _Session:
+    def _session(self, sid: str, conn: int | None = None) -> _Session:
         s = self._sessions.get(sid)
         if s is None:
             why = self._closed_why.get(sid, "closed, expired after idling, or never opened")
             raise _HTTPError(404, f"no tactic session {sid!r} ({why}); open a new one")
         s.last_used = time.monotonic()
+        if conn is not None and conn != s.conn:  # its client is back, on another connection
+            s.conn, s.orphaned = conn, None
         return s
 
-    async def start_proof(self, sid: str, req: StartProof) -> TacticState:
-        """Start a proof in session ``sid``."""
+    async def start_proof(self, sid: str, req: StartProof, conn: int | None = None) -> TacticState:
+        """Start a proof in session ``sid`` (``conn``: the connection the request came on)."""
         if not self.trusted:
             rules = VerificationPolicy()
             why = await _cpu(
@@ -379,19 +410,22 @@ class VerificationService:
             )
             if why is not None:
                 raise _HTTPError(403, f"{why}. {trust.FIX}")
-        return await self._step(sid, lambda s: s.start(req.formal_statement, req.preamble))
+        return await self._step(sid, lambda s: s.start(req.formal_statement, req.preamble), conn)
 
-    async def apply(self, sid: str, req: ApplyTactic) -> TacticState:
-        """Apply a tactic in session ``sid``."""
-        return await self._step(sid, lambda s: s.apply(req.proof_state, req.tactic))
+    async def apply(self, sid: str, req: ApplyTactic, conn: int | None = None) -> TacticState:
+        """Apply a tactic in session ``sid`` (``conn``: the connection the request came on)."""
+        return await self._step(sid, lambda s: s.apply(req.proof_state, req.tactic), conn)
 
     async def _step(
-        self, sid: str, op: Callable[[TacticSession], Awaitable[TacticState]]
+        self,
+        sid: str,
+        op: Callable[[TacticSession], Awaitable[TacticState]],
+        conn: int | None = None,
     ) -> TacticState:
         # A step that was cancelled (request timeout, client gone) or raised leaves the Lean
         # process in an unknown state, possibly still writing the old answer: the session is
         # closed rather than reused, and later requests are told why.
-        s = self._session(sid)
+        s = self._session(sid, conn)
         async with s.lock:
             if self._sessions.get(sid) is not s:  # closed while this step waited for its turn
                 self._session(sid)  # raises the 404 saying why
@@ -437,6 +471,9 @@ class VerificationService:
         await self._close_stack(sid, s)
         return True
 
+    async def _close_quietly(self, sid: str) -> None:
+        await self.close_session(sid)
+
     async def _close_stack(self, sid: str, s: _Session) -> None:
         # Wait for a step in progress, so its process is not released under it.
         async with s.lock:
@@ -446,15 +483,60 @@ class VerificationService:
                 log.exception("closing tactic session %s failed", sid)
 
     async def _reap_loop(self) -> None:
+        lim = self.limits
         while True:
-            await asyncio.sleep(min(5.0, self.limits.session_idle_s / 2))
-            cutoff = time.monotonic() - self.limits.session_idle_s
+            await asyncio.sleep(min(5.0, lim.session_idle_s / 2, max(lim.session_orphan_s, 0.1)))
+            cutoff = time.monotonic() - lim.session_idle_s
             for sid, s in list(self._sessions.items()):
                 if s.last_used < cutoff and not s.lock.locked():
-                    self._remember_closed(
-                        sid, f"expired after idling {self.limits.session_idle_s:g} s"
-                    )
+                    self._remember_closed(sid, f"expired after idling {lim.session_idle_s:g} s")
                     await self.close_session(sid)
+                elif self._abandoned(s):
+                    self._remember_closed(sid, self._abandoned_why())
+                    await self.close_session(sid)
+
+    # -- clients that go away -----------------------------------------------------------------
+
+    def _client_closed(self, conn: int) -> None:
+        """The client closed connection ``conn`` (from the HTTP layer): the sessions whose last
+        request came on it are closed unless used again within ``session_orphan_s``."""
+        now = time.monotonic()
+        self._gone[conn] = now
+        while len(self._gone) > 4096:
+            self._gone.popitem(last=False)
+        for sid, s in list(self._sessions.items()):
+            if s.conn == conn:
+                self._orphan(sid, s, now)
+
+    def _orphan(self, sid: str, s: _Session, since: float) -> None:
+        s.orphaned = since
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the reaper sees it
+        loop.call_later(self.limits.session_orphan_s, self._close_if_abandoned, sid, s)
+
+    def _abandoned(self, s: _Session) -> bool:
+        """Its client closed the connection of its last request, and nothing has used it for
+        ``session_orphan_s`` since (a step in progress keeps it)."""
+        if s.orphaned is None or s.lock.locked():
+            return False
+        quiet = time.monotonic() - max(s.orphaned, s.last_used)
+        return quiet >= self.limits.session_orphan_s
+
+    def _abandoned_why(self) -> str:
+        return (
+            "closed: its client closed the connection of its last request and did not come "
+            f"back within {self.limits.session_orphan_s:g} s (session_orphan_s)"
+        )
+
+    def _close_if_abandoned(self, sid: str, s: _Session) -> None:
+        if self._sessions.get(sid) is not s or not self._abandoned(s):
+            return  # used again, closed already, or a step is running (the reaper follows up)
+        self._remember_closed(sid, self._abandoned_why())
+        task = asyncio.ensure_future(self._close_quietly(sid))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     # -- health and metrics -----------------------------------------------------------------
 
@@ -659,16 +741,17 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
         return await service.check(req.attempts, key)
 
     @app.post("/sessions", response_model=SessionOpened)
-    async def open_session(req: OpenSession) -> SessionOpened:
-        return SessionOpened(session_id=await service.open_session(req.header, req.policy))
+    async def open_session(req: OpenSession, request: Request) -> SessionOpened:
+        conn = request.scope.get(CONNECTION_KEY)
+        return SessionOpened(session_id=await service.open_session(req.header, req.policy, conn))
 
     @app.post("/sessions/{sid}/start", response_model=TacticState)
-    async def start_proof(sid: str, req: StartProof) -> TacticState:
-        return await service.start_proof(sid, req)
+    async def start_proof(sid: str, req: StartProof, request: Request) -> TacticState:
+        return await service.start_proof(sid, req, request.scope.get(CONNECTION_KEY))
 
     @app.post("/sessions/{sid}/tactic", response_model=TacticState)
-    async def apply(sid: str, req: ApplyTactic) -> TacticState:
-        return await service.apply(sid, req)
+    async def apply(sid: str, req: ApplyTactic, request: Request) -> TacticState:
+        return await service.apply(sid, req, request.scope.get(CONNECTION_KEY))
 
     @app.delete("/sessions/{sid}", status_code=204)
     async def close_session(sid: str) -> Response:

@@ -20,6 +20,11 @@ here, on its own h11 protocol class:
   so a 20-70 KB head arriving in one read was accepted whole.
 * **TCP_NODELAY** on every accepted TCP socket: an answer is written in pieces (head, body), and
   with Nagle's algorithm the second piece waits for the client's delayed ACK, ~40 ms per request.
+* **which connection a request came on, and which ones the client closed**: every request's
+  scope carries its connection's number (:data:`CONNECTION_KEY`), and a connection closed by
+  the client (end of stream or reset, not a close of the service's own) is reported to
+  :attr:`ConnectionStats.on_client_closed`: the service closes the tactic sessions of a client
+  that went away (``ServiceLimits.session_orphan_s``).
 
 The body of a request is bounded by the app itself (:mod:`leanrl.service.guard`):
 its size, the time it may take to arrive (``body_timeout_s``), and, with a token, only after the
@@ -30,15 +35,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from leanrl._sandbox_config import ServiceLimits
 
-__all__ = ["ConnectionStats", "guarded_protocol", "set_nodelay", "uvicorn_settings"]
+__all__ = [
+    "CONNECTION_KEY",
+    "ConnectionStats",
+    "guarded_protocol",
+    "set_nodelay",
+    "uvicorn_settings",
+]
 
 log = logging.getLogger("leanrl.service")
+
+CONNECTION_KEY = "leanrl.connection"
+"""The ASGI scope key holding the number of the connection a request came on (numbers are never
+reused in one process). Absent where the service runs under another HTTP layer."""
+
+_numbers = itertools.count(1)
 
 
 def set_nodelay(sock: socket.socket | None) -> None:
@@ -58,6 +77,11 @@ class ConnectionStats:
         """Idle connections closed to make room for a new one at the cap."""
         self.oversized_heads = 0
         """Requests answered 431 for a head over ``max_header_bytes``."""
+        self.client_closed = 0
+        """Connections the client closed (end of stream or reset)."""
+        self.on_client_closed: Callable[[int], None] | None = None
+        """Called with a connection's number (:data:`CONNECTION_KEY`) when its client closes it:
+        not for connections the service closes itself (keep-alive, header deadline, eviction)."""
 
 
 def head_bytes(request: Any) -> int:
@@ -94,9 +118,21 @@ def guarded_protocol(limits: ServiceLimits, stats: ConnectionStats) -> type[asyn
     class GuardedH11Protocol(H11Protocol):
         _idle_since = 0.0
         _deadline: asyncio.TimerHandle | None = None
+        _number = 0
+        _client_eof = False
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)  # type: ignore[arg-type]
+            # Every request on this connection carries its number, so the service can tell which
+            # client a tactic session belongs to and close it when that client goes away.
+            self._number = number = next(_numbers)
+            app = self.app
+
+            async def numbered(scope: Any, receive: Any, send: Any) -> None:
+                scope[CONNECTION_KEY] = number
+                await app(scope, receive, send)
+
+            self.app = numbered
             # Every event uvicorn reads goes through here, pipelined requests included, so each
             # request head is measured, however the bytes arrived.
             self._h11_next_event = self.conn.next_event
@@ -107,11 +143,24 @@ def guarded_protocol(limits: ServiceLimits, stats: ConnectionStats) -> type[asyn
             if len(self.connections) >= cap:
                 self._make_room()
 
+        def eof_received(self) -> None:
+            self._client_eof = True  # the client closed its end (a FIN), not us
+            super().eof_received()
+
         def connection_lost(self, exc: Exception | None) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
             super().connection_lost(exc)
+            # Ours are plain closes (exc None, no end of stream first); the client's are its end
+            # of stream, or a reset/error on the socket.
+            if self._client_eof or exc is not None:
+                stats.client_closed += 1
+                if stats.on_client_closed is not None:
+                    try:
+                        stats.on_client_closed(self._number)
+                    except Exception:  # a listener must not break the server
+                        log.exception("the connection-closed listener failed")
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
