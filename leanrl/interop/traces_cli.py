@@ -35,8 +35,13 @@ class TracesCommand(ConfigCommand):
     solved_at: float = Field(default=1.0)
     """``--to proofs``: a trace of a taskset other than leanrl's is kept when its reward
     reaches this (leanrl's own tasks are kept when leanrl's verdict accepted them)."""
-    env_id: str = "leanrl-verifiers"
-    """``--to verifiers``: the env id the episodes are written under."""
+    env_id: str | None = None
+    """``--to verifiers``: the verifiers env id the episodes are written under (default: a
+    verifiers task's own taskset, ``leanrl-verifiers`` for a leanrl task)."""
+    leanrl_env: str | None = None
+    """``--to verifiers``: the leanrl environment the proofs are of, whose harness writes the
+    prompt (default: what the run folder's config says, else Countdown for Countdown puzzles
+    and the Lean whole-proof chat prompt for the rest)."""
 
     def cli_cmd(self) -> None:
         from leanrl.interop.traces import proofs_to_vf, vf_to_proofs
@@ -45,5 +50,5 @@ class TracesCommand(ConfigCommand):
         if cmd.to == "proofs":
             report = vf_to_proofs(cmd.src, cmd.out, solved_at=cmd.solved_at)
         else:
-            report = proofs_to_vf(cmd.src, cmd.out, env_id=cmd.env_id)
+            report = proofs_to_vf(cmd.src, cmd.out, env_id=cmd.env_id, env=cmd.leanrl_env)
         print(f"{report.summary()} -> {cmd.out}")
