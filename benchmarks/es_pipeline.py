@@ -1,10 +1,14 @@
 """ES iteration wall time and GPU-idle fraction: members pipelined on one engine vs serial.
 
-A simulated iteration of ``--members`` members (30, the reference population) on one engine:
-every member's generation holds the engine for G seconds (fake generation: the engine is busy,
-nothing else may use its weights) and its checking takes V seconds (fake Lean: a sandbox batch
-that needs no weights). The real :class:`~leanrl.train.es.pipeline.PipelinedScorer`, the real
+A scheduler simulation, not a training run: an iteration of ``--members`` members (30, the
+reference population) on one engine, every member's generation holding the engine for G seconds
+(fake generation, a sleep: the engine is busy, nothing else may use its weights) and its
+checking taking V seconds (fake Lean, a sleep: a sandbox batch that needs no weights), with
+unlimited checking capacity (every member's check sleeps at once; no Lean pool or sandbox
+limits how many run). The real :class:`~leanrl.train.es.pipeline.PipelinedScorer`, the real
 environment rollout path and a real weights gate run; only generation and checking are sleeps.
+Quote its idle fractions as those of this simulation: a real run's also depend on its checker's
+capacity (which caps the depth) and on real generation and checking times.
 
 - serial (``scorer.pipeline = 1``): generate, check, next member: the engine idles V/(G+V).
 - depth 2 (``scorer.pipeline = 2``, the old default): member i+1 generates while member i is

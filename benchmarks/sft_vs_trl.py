@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -112,7 +113,7 @@ def run_leanrl(
     rows = SFTTrainer(cfg, pairs=pairs).train_sync()
     wall = time.perf_counter() - t0
     steps = [(int(r["tokens"]), r["tokens"] / r["tokens_per_s"]) for r in rows]
-    return {"steps": steps, "wall_s": wall, "loss_last": rows[-1]["loss"]}
+    return {"steps": steps, "wall_s": wall, "losses": [float(r["loss"]) for r in rows]}
 
 
 # -- TRL (in the TRL venv, as a child process) ---------------------------------------------------
@@ -124,6 +125,7 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer
 
     steps: list[tuple[int, float]] = []
+    losses: list[float] = []
 
     class Clock(TrainerCallback):  # type: ignore[misc]
         """Tokens and seconds from one logged step to the next (as leanrl's rows measure)."""
@@ -136,6 +138,7 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
             if logs and "loss" in logs:
                 now = time.perf_counter()
                 steps.append((int(logs["num_tokens"] - self.tokens), now - self.t))
+                losses.append(float(logs["loss"]))  # this step's, as leanrl's rows log it
                 self.t, self.tokens = now, float(logs["num_tokens"])
 
     pairs = json.loads(args.data.read_text())  # leanrl is not importable in the TRL venv
@@ -167,12 +170,22 @@ def run_trl(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         callbacks=[Clock()],
     )
     t0 = time.perf_counter()
-    result = trainer.train()
+    trainer.train()
     wall = time.perf_counter() - t0
-    return {"steps": steps, "wall_s": wall, "loss_last": result.training_loss}
+    return {"steps": steps, "wall_s": wall, "losses": losses}
 
 
 # -- driver ---------------------------------------------------------------------------------------
+
+
+def last_epoch_loss(losses: list[float], args: argparse.Namespace) -> float:
+    """The mean of the per-step losses (each a step's token-mean loss, as both trainers log it)
+    over the last epoch's steps: the same measure on both sides, over every example once. (The
+    run's average, TRL's ``training_loss``, would weigh the first steps in; one last step
+    would be one batch, which differs between the trainers.) The batches themselves still
+    differ (order, length grouping), so it checks that both learn alike, no more."""
+    per_epoch = max(1, math.ceil(args.examples / args.batch))
+    return statistics.fmean(losses[-per_epoch:])
 
 
 def main() -> None:
@@ -229,7 +242,7 @@ def main() -> None:
                     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
                     res = json.loads(result.read_text())
                 rates[who].append(rate([tuple(x) for x in res["steps"]], args.skip))
-                losses[who].append(float(res["loss_last"]))
+                losses[who].append(last_epoch_loss(res["losses"], args))
                 totals[who].append(sum(int(t) for t, _ in res["steps"]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -239,7 +252,7 @@ def main() -> None:
 
     ratio = statistics.median(rates["leanrl"]) / statistics.median(rates["trl"])
     plain = statistics.median(rates["leanrl-random-order"]) / statistics.median(rates["trl"])
-    report = {"tokens_per_s": rates, "tokens_trained": totals, "final_loss": losses}
+    report = {"tokens_per_s": rates, "tokens_trained": totals, "last_epoch_loss": losses}
     print(json.dumps(report, indent=2))
     print(
         f"\n{args.examples} examples x {args.epochs:g} epochs, batch {args.batch}, model "
@@ -247,7 +260,10 @@ def main() -> None:
         f"training tokens/s  leanrl:              {mmm(rates['leanrl'])}\n"
         f"                   TRL SFTTrainer:      {mmm(rates['trl'])}\n"
         f"                   leanrl, random order: {mmm(rates['leanrl-random-order'])}\n"
-        f"leanrl / TRL (medians): {ratio:.2f}x   (without length grouping: {plain:.2f}x)"
+        f"leanrl / TRL (medians): {ratio:.2f}x   (without length grouping: {plain:.2f}x)\n"
+        f"mean per-step loss over the last epoch (a sanity check: the batches differ)  leanrl "
+        f"{statistics.median(losses['leanrl']):.3f}, TRL {statistics.median(losses['trl']):.3f}, "
+        f"leanrl random order {statistics.median(losses['leanrl-random-order']):.3f} (medians)"
     )
 
 
