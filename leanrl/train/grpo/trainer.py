@@ -79,16 +79,17 @@ Where this departs from the papers, and why:
 **Asynchronous mode** (``async_generation = true``; ``auto``, the default, turns it on for
 ``vllm`` and a vLLM server in one process: ``resolve_async_generation``). The rollouts of step s+1 are generated while
 step s trains. Let v be the number of optimizer *trainer steps* applied to the weights. Batch s
-is generated with weights of some version v_s and trained on at version s; the trainer waits so
-that ``s - v_s <= max_staleness``. Before a batch is generated the generation weights are
-refreshed to the newest finished version (in place: a copy of the parameters for ``hf``, a
-``load_weights`` push for ``vllm``). The importance ratio ρ is then against μ = π_{v_s}, the
+is generated with weights of version ``v_s = max(s - max_staleness, start)`` and trained on at
+version s (:mod:`leanrl.train.grpo.pipeline`: the update of step ``v_s`` waits until the
+generation weights for batch s were taken, so the versions do not depend on timing). Before a
+batch is generated the generation weights are refreshed to that version (in place: a copy of
+the parameters for ``hf``, a ``load_weights`` push for ``vllm``). The importance ratio ρ is then against μ = π_{v_s}, the
 stale policy that really produced the tokens (its log-probs come with the rollout), and the clip
 bounds the update around μ, as in PPO with off-policy data. ``hf`` keeps a second copy of the
-model for generation in async mode (double the weight memory). A resumed async run restarts
-its pipeline from the checkpoint weights, so it is repeatable but not identical to an
-uninterrupted one; synchronous CPU runs resume exactly (``async_generation = false`` is the
-deterministic replay of a run).
+model for generation in async mode (double the weight memory). Async runs repeat exactly; a
+resumed async run restarts its pipeline from the checkpoint weights (its first batches less
+stale), so it is repeatable but not identical to an uninterrupted one; synchronous CPU runs
+resume exactly (``async_generation = false`` is the deterministic replay of a run).
 """
 
 from __future__ import annotations
