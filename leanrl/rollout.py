@@ -125,12 +125,21 @@ class Rollout(BaseModel):
 
 class RewardError(ConfigError):
     """A reward function returned something that is not a finite number (NaN, an infinity, a
-    string, None): the message names the task, the attempt and the value."""
+    string, None) or one too large to compute with: the message names the task, the attempt
+    and the value."""
+
+
+REWARD_LIMIT = 1e15
+"""The largest reward magnitude leanrl takes. Rewards are averaged, centred and squared:
+GRPO's advantages in float32 overflow once a squared difference passes ~3.4e38 (a reward of
+1e20 already gives an infinite spread and silently no signal), and Python floats once it passes
+~1.8e308 (1e308 raised OverflowError in a step's report). Below 1e15 every such sum is finite."""
 
 
 def check_rewards(rollouts: Iterable[Rollout], where: str, why: str, unit: str = "rollout") -> None:
     """Refuse, naming ``where`` (e.g. ``step 3``), the task, the attempt and the value, a judged
-    rollout whose reward is not a finite number; make every other reward a plain ``float``.
+    rollout whose reward is not a finite number or is larger in magnitude than
+    :data:`REWARD_LIMIT`; make every other reward a plain ``float``.
 
     Rewards come from code users write (``Taskset.reward`` / ``Taskset.group_rewards``, a
     harness), and ``Rollout.reward`` is not validated on assignment. One NaN would make every
@@ -139,11 +148,11 @@ def check_rewards(rollouts: Iterable[Rollout], where: str, why: str, unit: str =
 
     An ``infra`` rollout is exempt: the checker could not judge it, so its reward is no outcome
     (trainers give it no weight, pass rates leave it out). A non-finite one is set to 0.0, so it
-    cannot reach a tensor or a file either."""
+    cannot reach a tensor or a file either (a huge one too)."""
     for r in rollouts:
         value: Any = r.reward
         number = _as_float(value)
-        if number is not None and math.isfinite(number):
+        if number is not None and math.isfinite(number) and abs(number) <= REWARD_LIMIT:
             r.reward = number  # numpy and torch scalars: JSON and tensors take a plain float
             continue
         if r.infra:
@@ -151,6 +160,13 @@ def check_rewards(rollouts: Iterable[Rollout], where: str, why: str, unit: str =
             continue
         kind = "" if number is not None else f" (a {type(value).__name__}, not a number)"
         shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        if number is not None and math.isfinite(number):  # finite, but too large
+            raise RewardError(
+                f"{where}, task {r.task_id!r}, {unit} {r.sample} got reward {shown}, more than "
+                f"{REWARD_LIMIT:g} in magnitude: means and spreads over it overflow. The "
+                f"Environment must return rewards within ±{REWARD_LIMIT:g}: fix its reward "
+                "function (Taskset.reward or Taskset.group_rewards), e.g. rescale or clamp it"
+            )
         raise RewardError(
             f"{where}, task {r.task_id!r}, {unit} {r.sample} got reward {shown}{kind}. The "
             f"Environment must return finite rewards ({why}): fix its reward function "

@@ -6,6 +6,7 @@ Imports nothing heavy at module level (the CLI lists every command at start-up).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -20,18 +21,36 @@ from pydantic_settings import CliPositionalArg
 from leanrl.config import ConfigCommand
 from leanrl.environment import EnvironmentConfig, load_environment
 from leanrl.errors import ConfigError, DatasetError, LeanNotFoundError, disk_errors
-from leanrl.jsonl import read_jsonl
+from leanrl.jsonl import quarantine, read_jsonl, rewrite_log, scan_log
+from leanrl.runlock import FolderLock
 from leanrl.task import Task
 from leanrl.verdict import Attempt, Verdict
 
-__all__ = ["DoctorCommand", "SetupCommand", "VerifyCommand", "read_proof_rows", "verify_file"]
+__all__ = [
+    "DoctorCommand",
+    "SetupCommand",
+    "VerifyCommand",
+    "check_proofs_path",
+    "read_proof_rows",
+    "verify_file",
+]
+
+
+def check_proofs_path(path: Path) -> None:
+    """A one-line :class:`ConfigError` unless ``path`` is a file (a folder is named as one)."""
+    if path.is_dir():
+        raise ConfigError(
+            f"proofs file {path} is a folder: leanrl verify takes a JSONL file of proofs "
+            "(rows with name and proof), e.g. a run's proofs.jsonl"
+        )
+    if not path.is_file():
+        raise ConfigError(f"proofs file {path} does not exist")
 
 
 def read_proof_rows(path: Path, tasks: list[Task]) -> list[tuple[int, Task, dict[str, Any]]]:
     """Read ``path`` (JSONL rows with ``name`` and ``proof``; optional ``preamble``, ``id``) and
     match each row to its task. Any bad row raises :class:`DatasetError` naming it."""
-    if not path.is_file():
-        raise ConfigError(f"proofs file {path} does not exist")
+    check_proofs_path(path)
     by_name: dict[str, Task] = {}
     for t in tasks:
         by_name.setdefault(t.name, t)
@@ -57,47 +76,158 @@ def read_proof_rows(path: Path, tasks: list[Task]) -> list[tuple[int, Task, dict
     return rows
 
 
-async def verify_file(env_config: EnvironmentConfig, proofs: Path, out: Path) -> dict[str, Any]:
-    """Check every row of ``proofs``; write one verdict per row to ``out``; return a summary."""
+VERIFY_CHUNK = 32
+"""Rows ``leanrl verify`` writes together (each chunk's verdicts are appended and fsynced as it
+finishes, so a kill loses the chunks being checked at that moment and no more)."""
+
+
+def _row_digest(task: Task, row: dict[str, Any]) -> str:
+    """What a verdict of ``row`` was given for: the task and the proof as written. A rerun
+    takes an earlier verdict only when the row still says the same."""
+    key = [task.id, row["proof"], row.get("preamble", ""), row.get("id")]
+    return hashlib.sha256(json.dumps(key, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def _verdict_record(value: Any) -> dict[str, Any]:
+    """A line of a verdicts file, checked enough to be taken again (ValueError otherwise)."""
+    if not isinstance(value, dict):
+        raise TypeError("not a JSON object")
+    if not isinstance(value.get("row"), int) or not isinstance(value.get("reason"), str):
+        raise ValueError("no row or reason")
+    if not isinstance(value.get("accepted"), bool):
+        raise ValueError("no accepted")
+    return value
+
+
+async def verify_file(
+    env_config: EnvironmentConfig, proofs: Path, out: Path, chunk: int = VERIFY_CHUNK
+) -> dict[str, Any]:
+    """Check every row of ``proofs``; write one verdict per row to ``out``; return a summary.
+
+    Resumable as ``leanrl eval`` is: verdicts are appended to ``out`` a chunk of ``chunk`` rows
+    at a time (whole lines, fsynced), and a rerun with the same ``out`` takes every verdict an
+    earlier run wrote for a row that still says the same (``digest``: the task and the proof)
+    and checks only the rest; ``infra`` verdicts (the checker did not run) are checked again.
+    A torn last line (a kill mid-write) is cut off, an unreadable one moved to
+    ``out.quarantined``. At the end ``out`` is rewritten in row order, one verdict per row."""
     env = load_environment(env_config)
     tasks = env.tasks()
     rows = read_proof_rows(proofs, tasks)
     policy = env.taskset.config.policy
-    attempts = [
-        Attempt(
-            name=task.name,
-            header=task.header,
-            formal_statement=task.formal_statement,
-            proof=row["proof"],
-            preamble=row.get("preamble", ""),
-            policy=policy,
-            id=row.get("id") or f"{task.id}#{i}",
-        )
-        for i, task, row in rows
-    ]
-    t0 = time.monotonic()
-    async with env.runtime as runtime:
-        verdicts: list[Verdict] = await runtime.check(attempts)
-    wall = time.monotonic() - t0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with disk_errors(out, "the verdicts"), out.open("w", encoding="utf-8") as f:
-        for (i, task, _), v in zip(rows, verdicts, strict=True):
-            rec = {"row": i, "name": task.name, **v.model_dump(mode="json")}
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    reasons = Counter(v.reason.value for v in verdicts)
+    digests = {i: _row_digest(task, row) for i, task, row in rows}
+    lock = FolderLock(out.parent, f"leanrl verify writing {out.name}")
+    lock.path = out.parent / f".{out.name}.lock"  # one lock per verdicts file, not per folder
+    with lock:
+        done = _earlier_verdicts(out, digests)
+        todo = [
+            (i, task, row)
+            for i, task, row in rows
+            if done.get(i, {}).get("reason") in (None, "infra")
+        ]
+        attempts = [
+            Attempt(
+                name=task.name,
+                header=task.header,
+                formal_statement=task.formal_statement,
+                proof=row["proof"],
+                preamble=row.get("preamble", ""),
+                policy=policy,
+                id=row.get("id") or f"{task.id}#{i}",
+            )
+            for i, task, row in todo
+        ]
+        t0 = time.monotonic()
+        if attempts:
+            async with env.runtime as runtime:
+                pieces = [
+                    (todo[k : k + chunk], attempts[k : k + chunk])
+                    for k in range(0, len(todo), chunk)
+                ]
+
+                async def check(
+                    piece: tuple[list[tuple[int, Task, dict[str, Any]]], list[Attempt]],
+                ) -> list[dict[str, Any]]:
+                    verdicts: list[Verdict] = await runtime.check(piece[1])
+                    return [
+                        {
+                            "row": i,
+                            "name": task.name,
+                            "digest": digests[i],
+                            **v.model_dump(mode="json"),
+                        }
+                        for (i, task, _), v in zip(piece[0], verdicts, strict=True)
+                    ]
+
+                # Every chunk goes to the runtime at once (its queue keeps them busy as one call
+                # did); each is written the moment it is done.
+                running = [asyncio.ensure_future(check(piece)) for piece in pieces]
+                try:
+                    for finished in asyncio.as_completed(running):
+                        recs = await finished
+                        _append(out, recs)
+                        done.update((r["row"], r) for r in recs)
+                finally:
+                    for t in running:
+                        t.cancel()
+        wall = time.monotonic() - t0
+        final = [done[i] for i, _, _ in rows]
+        _rewrite(out, final)
+    reasons = Counter(str(r["reason"]) for r in final)
     return {
-        "rows": len(verdicts),
-        "accepted": sum(v.accepted for v in verdicts),
+        "rows": len(final),
+        "accepted": sum(bool(r["accepted"]) for r in final),
         "reasons": dict(reasons.most_common()),
+        "checked": len(todo),
+        "taken_from_earlier_run": len(rows) - len(todo),
         "wall_s": round(wall, 3),
-        "attempts_per_s": round(len(verdicts) / wall, 3) if wall > 0 else None,
+        "attempts_per_s": round(len(todo) / wall, 3) if wall > 0 and todo else None,
         "verdicts": str(out),
     }
 
 
+def _earlier_verdicts(out: Path, digests: dict[int, str]) -> dict[int, dict[str, Any]]:
+    """The verdicts an earlier run wrote to ``out`` for rows that still say the same (the last
+    one per row), after cutting a torn last line and moving unreadable lines aside."""
+    scan = scan_log(out, _verdict_record)
+    if scan.bad or scan.torn:
+        quarantine(out, scan.bad, "verdict record")
+        rewrite_log(out, {i for i, _ in scan.good}, out.name)
+    done: dict[int, dict[str, Any]] = {}
+    for _, rec in scan.good:
+        if digests.get(rec["row"]) == rec.get("digest"):
+            done[rec["row"]] = rec
+    return done
+
+
+def _append(out: Path, recs: list[dict[str, Any]]) -> None:
+    """Append ``recs`` as whole lines, in one write, fsynced (a kill tears at most the last)."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+    with disk_errors(out, "the verdicts"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _rewrite(out: Path, recs: list[dict[str, Any]]) -> None:
+    """``out`` as an uninterrupted run leaves it: one verdict per row, in row order (written
+    beside it and renamed over it, so it is whole at every moment)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    with disk_errors(out, "the verdicts"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+
+
 class VerifyCommand(ConfigCommand):
     """Check a file of proofs (JSONL rows: name, proof; optional preamble, id) against an
-    environment's statements, and write one verdict per row plus a summary.
+    environment's statements, and write one verdict per row plus a summary. Verdicts are
+    written as they come; rerun the same command after a kill and it checks only the rows
+    without a verdict (and those the checker could not run, ``infra``).
 
     Example: leanrl verify proofs.jsonl --env minif2f --env.runtime.workers 8
     """
@@ -110,6 +240,10 @@ class VerifyCommand(ConfigCommand):
     """Where to write the verdicts (default: PROOFS with the suffix .verdicts.jsonl)."""
     print_json: bool = False
     """Print the summary as JSON instead of text."""
+    chunk: int = Field(default=VERIFY_CHUNK, ge=1)
+    """Rows whose verdicts are written together, as each such chunk is done: a kill loses at
+    most the chunks being checked at that moment, and the same command run again checks only
+    the rows without a verdict."""
 
     def cli_cmd(self) -> None:
         cmd = self.resolved()
@@ -117,14 +251,23 @@ class VerifyCommand(ConfigCommand):
         if "split" not in env.taskset.model_fields_set:
             # Rows may name tasks of any split unless the user picked one.
             env = env.model_copy(update={"taskset": env.taskset.model_copy(update={"split": None})})
+        check_proofs_path(cmd.proofs)  # before the taskset loads (a folder is not "missing")
         out = cmd.out or cmd.proofs.with_suffix(".verdicts.jsonl")
-        summary = asyncio.run(verify_file(env, cmd.proofs, out))
+        if out.is_dir():
+            raise ConfigError(f"--out {out} is a folder: give the verdicts file to write")
+        summary = asyncio.run(verify_file(env, cmd.proofs, out, cmd.chunk))
         summary_path = out.with_suffix(".summary.json")
-        summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        with disk_errors(summary_path, "the summary"):
+            summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         if cmd.print_json:
             print(json.dumps(summary, indent=2))
         else:
             print(f"{summary['accepted']}/{summary['rows']} accepted  ({summary['wall_s']} s)")
+            if summary["taken_from_earlier_run"]:
+                print(
+                    f"  ({summary['taken_from_earlier_run']} verdicts kept from an earlier run of this command "
+                    f"in {out}; {summary['checked']} rows checked now)"
+                )
             for reason, n in summary["reasons"].items():
                 print(f"  {reason:<18} {n}")
             print(f"verdicts: {out}\nsummary:  {summary_path}")

@@ -351,9 +351,13 @@ class ReplProcess:
         if self.proc is None:
             return
         kill_group(self.proc.pid)
-        if self.proc.returncode is None:
+        if self.proc.returncode is None and not _exited(self.proc.pid):
+            # os.kill, not proc.kill(): Popen.send_signal polls first, and when the group kill
+            # above has just ended the child that waitpid reaps it behind asyncio's child
+            # watcher, which then logs "Unknown child process pid N, will report returncode
+            # 255" (on stderr of a plain `leanrl verify`) and reports 255 as its exit code.
             with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+                os.kill(self.proc.pid, signal.SIGKILL)
         await self._reap()
         await self._stop_tasks()
         self._close_pipes()
@@ -456,6 +460,17 @@ def _children(pid: int) -> list[int] | None:
         except (OSError, ValueError):
             continue
     return kids
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited (reaped or not), asked without reaping it: only
+    asyncio's child watcher may reap the children it waits for."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+    except OSError:
+        return False
 
 
 def _zombie(pid: int) -> bool:

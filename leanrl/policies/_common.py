@@ -150,6 +150,13 @@ def resolve_model(
         why = checkpoint_problem(path, torch_files=False)  # the optimizer state is not read
         if why:
             raise PolicyError(f"cannot load model {path}: {why}")
+        if hub:  # loaded here: a config.json field of the wrong type is one line, not a trace
+            why = config_problem(path)
+            if why:
+                raise PolicyError(
+                    f"cannot load model {path}: {path / 'config.json'} {why}. Fix that field "
+                    "(or copy the model folder again)"
+                )
         return str(path)
     if not re.fullmatch(r"[\w.\-]+/[\w.\-]+|[\w.\-]+", model):
         raise ConfigError(f"{flag} {model!r} is neither a local folder nor a Hugging Face id")
@@ -171,6 +178,29 @@ def resolve_model(
             f"unreachable (no internet?). {fix}"
         )
     return model
+
+
+def config_problem(folder: Path) -> str | None:
+    """Why transformers refuses the values of ``folder/config.json`` (None when it takes them,
+    or when transformers is not installed here).
+
+    transformers validates a config's fields by type (``"hidden_size": "big"``) in
+    huggingface_hub's strict dataclasses, whose error surfaced as a 21-frame traceback from
+    inside the loader. Only that kind of error is reported here; anything else (a model type
+    this transformers does not know, which vLLM may still load) is left to the loader."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+        from transformers import AutoConfig
+    except ImportError:
+        return None
+    try:
+        AutoConfig.from_pretrained(str(folder))
+    except (StrictDataclassError, TypeError) as e:
+        cause = e.__cause__ if isinstance(e.__cause__, (TypeError, ValueError)) else e
+        return "is refused by transformers: " + " ".join(str(cause).split())  # one line
+    except Exception:  # noqa: BLE001 - the loader reports these as it always did
+        return None
+    return None
 
 
 def merged_adapters(ckpt: Path) -> str:

@@ -601,8 +601,11 @@ class RunDir:
         ax.legend()
         fig.tight_layout()
         out = self.path / filename
-        fig.savefig(out)
-        plt.close(fig)
+        try:
+            with disk_errors(out, "a plot of the metrics"):
+                fig.savefig(out)
+        finally:
+            plt.close(fig)
         return out
 
 

@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from leanrl.errors import ConfigError, LeanNotFoundError, RuntimeUnavailable
 from leanrl.lean.oneshot import OneShotChecker
@@ -36,6 +36,7 @@ from leanrl.verdict import Attempt, Verdict, VerificationPolicy
 
 __all__ = [
     "ALLOW_UNSANDBOXED",
+    "OPTIONS",
     "LocalRuntime",
     "LocalTacticSession",
     "isolation_refused",
@@ -43,6 +44,39 @@ __all__ = [
 ]
 
 log = logging.getLogger("leanrl.runtime")
+
+
+POOL_OPTIONS = ("start_retries", "start_backoff_s", "max_start_backoff_s")
+"""Keys of ``RuntimeConfig.options`` passed on to the pool's :class:`PoolConfig` as they are."""
+OPTIONS = ("spares", "repl_command", "lean_command", "cwd", *POOL_OPTIONS)
+"""Every key the local runtime reads from ``RuntimeConfig.options``."""
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """A one-line :class:`ConfigError` for a key of ``runtime.options`` the local runtime does
+    not read (a typo such as ``start_retires`` was ignored without a word, and the pool ran on
+    its default), with the nearest known key, or for a value of the wrong type."""
+    import difflib
+
+    from pydantic import TypeAdapter, ValidationError
+
+    for key, value in options.items():
+        if key not in OPTIONS:
+            close = difflib.get_close_matches(str(key), OPTIONS, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"runtime.options has the key {key!r}, which the local runtime does not read"
+                f"{hint}. It reads: {', '.join(OPTIONS)}"
+            )
+        field = PoolConfig.model_fields.get(key) if key in (*POOL_OPTIONS, "spares") else None
+        if field is None:
+            continue
+        try:
+            kind: Any = Annotated[(field.annotation, *field.metadata)]  # with its bounds
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as e:
+            why = e.errors()[0]["msg"]
+            raise ConfigError(f"runtime.options.{key} = {value!r}: {why}") from None
 
 
 ALLOW_UNSANDBOXED = "LEANRL_ALLOW_UNSANDBOXED"
@@ -144,8 +178,9 @@ class LocalRuntime(Runtime):
         return Path(cwd) if cwd else default
 
     def preflight(self) -> None:
-        """Find the Lean project and the REPL (or ``lean``), and check that Lean can be
-        sandboxed as configured, without starting anything."""
+        """Check ``options``, find the Lean project and the REPL (or ``lean``), and check that
+        Lean can be sandboxed as configured, without starting anything."""
+        check_options(self.config.options)
         self._find_lean()
         refused = isolation_refused(self.config.isolate)
         if refused is not None:
@@ -215,6 +250,7 @@ class LocalRuntime(Runtime):
         if self.pool is not None or self.oneshot is not None:
             return
         cfg = self.config
+        check_options(cfg.options)
         await asyncio.to_thread(self._find_lean)
         isolate = await asyncio.to_thread(resolve_isolation, cfg.isolate)
         self._isolated = (isolate, "" if isolate else _not_isolated_why(cfg.isolate))
@@ -227,11 +263,7 @@ class LocalRuntime(Runtime):
             # (read-only in the sandbox), and the REPL must be the child that dies with us.
             cmd, env = await asyncio.to_thread(resolve_lake_env, found, cwd)
             spares = int(cfg.options.get("spares", 1))
-            backoff = {
-                k: cfg.options[k]
-                for k in ("start_retries", "start_backoff_s", "max_start_backoff_s")
-                if k in cfg.options
-            }
+            backoff = {k: cfg.options[k] for k in POOL_OPTIONS if k in cfg.options}
             self.pool = ReplPool(
                 PoolConfig(
                     **backoff,  # type: ignore[arg-type]

@@ -55,6 +55,7 @@ from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError
 from leanrl.policy import SamplingConfig
 from leanrl.proofs import PROOFS_FILE, ProofStore
+from leanrl.rollout import REWARD_LIMIT
 from leanrl.runtime import run_sync
 from leanrl.train.common import (
     MetricsLogger,
@@ -756,13 +757,19 @@ def _check_finite(scores: Sequence[MemberScore], members: Sequence[Member], it: 
     for i, (score, m) in enumerate(zip(scores, members, strict=True)):
         values = score.rewards or [score.reward]
         for j, r in enumerate(values):
-            if not math.isfinite(r):
+            if not math.isfinite(r) or abs(r) > REWARD_LIMIT:
                 task = score.task_ids[j] if j < len(score.task_ids) else "?"
+                what = (
+                    "finite rewards (a NaN or inf would make every weight NaN)"
+                    if not math.isfinite(r)
+                    else f"rewards within ±{REWARD_LIMIT:g} (means and spreads over a larger "
+                    "one overflow)"
+                )
                 raise ConfigError(
                     f"iteration {it}, member {i} (seed {m.seed}, sign {m.sign:+d}): task "
-                    f"{task!r} got reward {r}. The Environment must return finite rewards "
-                    "(a NaN or inf would make every weight NaN): fix its reward function, e.g. "
-                    "clamp log-probabilities or map failures to a finite penalty"
+                    f"{task!r} got reward {r}. The Environment must return {what}: fix its "
+                    "reward function, e.g. clamp log-probabilities or map failures to a finite "
+                    "penalty"
                 )
         if not math.isfinite(score.reward):
             raise ConfigError(

@@ -81,4 +81,7 @@ def _std(xs: list[float]) -> float | None:
     if len(xs) < 2:
         return 0.0 if xs else None
     m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    try:
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    except OverflowError:  # a square past 1.8e308 (check_rewards refuses such rewards first)
+        return math.inf

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leanrl._dist import install_hint
 from leanrl.environment import Environment, load_environment
-from leanrl.errors import ConfigError, PolicyError
+from leanrl.errors import ConfigError, PolicyError, disk_errors
 from leanrl.policy import PolicyConfig, SamplingConfig
 from leanrl.rollout import Rollout
 from leanrl.runtime import run_sync
@@ -378,6 +378,7 @@ class SFTTrainer:
             **_checkpointing(cfg.gradient_checkpointing),
         )
         counter = _TokenCounter()
+        run = self.run
 
         class CountingTrainer(Trainer):  # type: ignore[misc]
             # Counted where the batch is trained on: the data loader fetches a batch ahead.
@@ -393,6 +394,13 @@ class SFTTrainer:
                     batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
                     return _length_sampler(examples, batch, cfg.seed)
                 return super()._get_train_sampler(train_dataset)
+
+            def _save_checkpoint(self, model: Any, trial: Any) -> Any:
+                # The Trainer's own writes (weights, optimizer, RNG, state) report a full disk as
+                # a bare "[Errno 28] No space left on device" or a torch error: name the folder.
+                step = self.state.global_step
+                with disk_errors(run.checkpoint_path(step), f"SFT checkpoint {step}"):
+                    return super()._save_checkpoint(model, trial)
 
             def _issue_warnings_after_load(self, load_result: Any) -> None:
                 # A tied lm_head is not saved (it is the embedding), so a resume reports it
