@@ -29,6 +29,10 @@ M = TypeVar("M", bound=BaseModel)
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file into a dict, with an error that names the file and line."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(
+            f"config file {p} is a folder: --config takes a TOML file (e.g. {p / 'run.toml'})"
+        )
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
@@ -47,6 +51,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             f"({e.reason}). TOML files are UTF-8: save it as UTF-8 (e.g. `iconv -f latin1 -t "
             "utf-8 IN > OUT`) or fix that line."
         ) from None
+    # A byte-order mark (Windows editors write one) is not TOML, and tomllib's answer was
+    # "Invalid statement (at line 1, column 1)": it says nothing, so it is taken off.
+    text = text.removeprefix("\ufeff")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
