@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -185,6 +185,25 @@ class Attempt(_Frozen):
     """The rules this attempt is judged by (from the taskset)."""
     id: str | None = None
     """Caller's id for the attempt (for example ``"task/sample"``), echoed in the Verdict."""
+    check: Literal["theorem", "file"] = "theorem"
+    """What is checked. ``theorem`` (every taskset's check): the theorem ``name`` exists with
+    exactly the reference type ``formal_statement`` and is proved soundly. ``file`` (the Kimina
+    endpoints' check of a snippet that is not one theorem against a reference, docs/interop.md):
+    ``proof`` is a whole Lean text after ``header`` (any declarations and ``#check``-like
+    queries), elaborated as it is, with no target; the trusted checker replays every constant it
+    adds through the kernel and walks their axioms, and the verdict lists them. ``name``,
+    ``formal_statement``, ``preamble`` and ``restated_statement`` are then empty."""
+
+    @model_validator(mode="after")
+    def _file_has_no_target(self) -> Attempt:
+        if self.check == "file" and (
+            self.name or self.formal_statement or self.preamble or self.restated_statement
+        ):
+            raise ValueError(
+                "a file check has no target: leave name, formal_statement, preamble and "
+                "restated_statement empty and put the whole text in proof"
+            )
+        return self
 
 
 class Verdict(_Frozen):

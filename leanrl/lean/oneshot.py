@@ -47,6 +47,7 @@ from leanrl.lean.trust.judge import CHECK_FLOOR_S, take_pickle
 from leanrl.lean.trust.report import (
     CHECK_TAG,
     check_command,
+    check_file_command,
     checker_source,
     parse_report,
     reference_command,
@@ -183,15 +184,7 @@ class OneShotChecker:
                 + checker_source()
                 + "\n\n"
                 + (rest + "\n\n" if rest.strip() else "")
-                + reference_command(attempt.formal_statement)
-                + "\n"
-                + check_command(
-                    str(copy),
-                    attempt.name,
-                    nonce,
-                    olean=True,
-                    replay=attempt.policy.kernel_replay,
-                ),
+                + _check_text(attempt, str(copy), nonce),
                 encoding="utf-8",
             )
             left = max(deadline - time.monotonic(), CHECK_FLOOR_S)
@@ -342,6 +335,19 @@ class OneShotChecker:
     async def close(self) -> None:
         """Remove the scratch root (every process is dead by the time its attempt returns)."""
         await asyncio.to_thread(self._root.remove)
+
+
+def _check_text(attempt: Attempt, olean: str, nonce: str) -> str:
+    """The end of ``Check.lean``: the reference statement and the check of the attempt's
+    theorem, or for a file check (no reference) the check of every constant of the file."""
+    replay = attempt.policy.kernel_replay
+    if attempt.check == "file":
+        return check_file_command(olean, nonce, olean=True, replay=replay)
+    return (
+        reference_command(attempt.formal_statement)
+        + "\n"
+        + check_command(olean, attempt.name, nonce, olean=True, replay=replay)
+    )
 
 
 def _as_repl(m: Message) -> ReplMessage:

@@ -232,6 +232,7 @@ class ReplPool:
                     olean=False,
                     replay=attempt.policy.kernel_replay,
                     timeout=timeout,
+                    file=attempt.check == "file",
                 )
             except JudgeLimit as e:
                 # The judge runs only trusted text: what killed, stalled or filled it while it

@@ -72,8 +72,12 @@ def assemble(attempt: Attempt) -> Assembled:
 
     The statement is the model's restatement when there is one (``restated_statement``): it is
     what the model's proof was written against, and the trusted checker compares what it
-    elaborates to with the reference anyway.
+    elaborates to with the reference anyway. A file check's text is its ``proof`` as it is (its
+    lines are the file's, so Lean's positions are too).
     """
+    if attempt.check == "file":
+        text = attempt.proof if attempt.proof.endswith("\n") else attempt.proof + "\n"
+        return Assembled(text=text, statement_lines=(0, -1), proof_line=1)
     pre = attempt.preamble.rstrip() + "\n\n" if attempt.preamble.strip() else ""
     stmt = (attempt.restated_statement or attempt.formal_statement).rstrip()
     body = attempt.proof if attempt.proof.startswith("\n") else "\n  " + attempt.proof

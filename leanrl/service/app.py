@@ -673,8 +673,8 @@ def _rss_mb() -> float:
 
 _ENDPOINTS = (
     "POST /check, POST /sessions, POST /sessions/{id}/start, POST /sessions/{id}/tactic, "
-    "DELETE /sessions/{id}, GET /health, GET /metrics, POST /verify and POST /api/check "
-    "(Kimina's)"
+    "DELETE /sessions/{id}, GET /health (also GET /), GET /metrics, and Kimina's POST /verify "
+    "(/one_pass_verify_batch) and POST /api/check"
 )
 
 
@@ -760,6 +760,10 @@ def create_app(runtime: Runtime, config: ServiceConfig | None = None) -> FastAPI
         return Response(status_code=204)
 
     @app.get("/health", response_model=Health)
+    # Kimina's server answers its health on these too (its clients and load balancers ask
+    # `GET /`); answered in place, not redirected.
+    @app.get("/health/", response_model=Health, include_in_schema=False)
+    @app.get("/", response_model=Health, include_in_schema=False)
     async def health() -> Health:
         return service.health()
 

@@ -35,6 +35,11 @@ class Counted(Protocol):
     request_timeouts: int
 
 
+_PUBLIC = frozenset({"/health", "/health/", "/"})
+"""Paths answered without the token: the health check (``GET /`` is Kimina's, which its
+server answers without a key too)."""
+
+
 def error(status: int, message: str) -> JSONResponse:
     """The service's error answer: ``{"error": message}`` with ``status``."""
     return JSONResponse({"error": message}, status_code=status)
@@ -72,7 +77,7 @@ class Guard:
         async def reply(status: int, message: str) -> None:
             await error(status, message)(scope, receive, send_wrapped)
 
-        if self.token and scope["path"] != "/health":
+        if self.token and scope["path"] not in _PUBLIC:
             auth = headers.get("authorization", "")
             given = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not secrets.compare_digest(given.encode(), self.token.encode()):

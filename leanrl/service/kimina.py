@@ -34,6 +34,7 @@ verdict under ``leanrl`` (Kimina's client ignores the extra key).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -69,6 +70,8 @@ __all__ = [
 
 OWN = "request's own"
 """``leanrl.statement`` of a verdict judged against the statement in the request itself."""
+FILE = "file"
+"""``leanrl.statement`` of a file check: every declaration of the file, no reference."""
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -133,7 +136,13 @@ class _Wire(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Code(_Wire):
+class _Request(BaseModel):
+    # Kimina's request models ignore fields they do not know (pydantic's default): a client
+    # written for a newer server, or one that sends its own extras, is answered, not refused.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Code(_Request):
     """One file to check (``/verify``): Kimina's ``Code``."""
 
     custom_id: str | int
@@ -156,7 +165,7 @@ class Code(_Wire):
 Infotree = Literal["full", "tactics", "original", "substantive"]
 
 
-class VerifyRequest(_Wire):
+class VerifyRequest(_Request):
     """``POST /verify``: Kimina's ``VerifyRequestBody``."""
 
     codes: tuple[Code, ...]
@@ -169,7 +178,7 @@ class VerifyRequest(_Wire):
     """Accepted; leanrl keeps no result cache for these endpoints."""
 
 
-class Snippet(_Wire):
+class Snippet(_Request):
     """One file to check (``/api/check``): Kimina's ``Snippet``."""
 
     id: str
@@ -178,7 +187,7 @@ class Snippet(_Wire):
     """The whole Lean file."""
 
 
-class SnippetsRequest(_Wire):
+class SnippetsRequest(_Request):
     """``POST /api/check``: Kimina's ``CheckRequest`` (what ``KiminaClient.check`` sends)."""
 
     snippets: tuple[Snippet, ...]
@@ -191,6 +200,16 @@ class SnippetsRequest(_Wire):
     """Accepted; the runtime reuses its Lean processes anyway."""
     infotree: Infotree | None = None
     """Accepted, not honoured: leanrl returns no info trees."""
+
+    @model_validator(mode="after")
+    def _snippets(self) -> SnippetsRequest:
+        # Kimina's CheckRequest refuses both (422): an empty batch, and ids it could not tell
+        # apart in the answer.
+        if not self.snippets:
+            raise ValueError("`snippets` must be non empty")
+        if len({s.id for s in self.snippets}) != len(self.snippets):
+            raise ValueError("`snippets` must have unique ids")
+        return self
 
 
 class Pos(_Wire):
@@ -220,6 +239,9 @@ class Sorry(_Wire):
 class CommandResponse(_Wire):
     """What the REPL answered for the file (Kimina's ``ExtendedCommandResponse``)."""
 
+    env: int = 0
+    """The REPL's environment number, in Kimina's shape; always 0: leanrl offers no REPL
+    environment to build on (each file is checked from its header)."""
     messages: tuple[KMessage, ...] = ()
     sorries: tuple[Sorry, ...] = ()
     time: float | None = None
@@ -239,14 +261,18 @@ class LeanrlVerdict(_Wire):
     reason: Reason
     detail: str = ""
     statement: str
-    """What the file was judged against: ``taskset <env>`` or ``request's own``; empty when the
-    file named nothing checkable."""
+    """What the file was judged against: ``taskset <env>``, ``request's own`` (one theorem),
+    ``file`` (every declaration of the file, no reference statement); empty when the file named
+    nothing checkable."""
     theorem: str | None = None
     """The theorem judged."""
     axioms: tuple[str, ...] = ()
     checked: str = ""
-    """The text after the header that Lean checked (positions in ``messages`` are relative to
-    it; ``leanrl verify`` reports them the same way)."""
+    """The text after the header that Lean checked."""
+    line_offset: int = 0
+    """What was added to the line of each of Lean's positions in ``messages`` and ``sorries``
+    (as Kimina's server adds its header's line count), so that they point into the request's
+    file; subtract it to point into ``checked``."""
 
 
 class VerifyResult(_Wire):
@@ -296,12 +322,21 @@ class Prepared(BaseModel):
     refusal: Verdict | None = None
     statement: str = ""
     theorem: str | None = None
+    line_offset: int = 0
+    """Lines of the request's file before the checked text's first line (Lean's positions are
+    shifted by it, as Kimina shifts them by its header's lines)."""
 
 
 def split_header(text: str) -> tuple[str, str]:
     """``text`` as (header, the rest): the header is its leading ``import``/``open``/
     ``set_option`` lines with the blank and comment lines among them (a doc comment starts the
     rest: it belongs to the declaration after it; an ``... in`` line too: it scopes one)."""
+    header, body, _ = _split(text)
+    return header, body
+
+
+def _split(text: str) -> tuple[str, str, int]:
+    """:func:`split_header`, and how many of the file's lines the header took."""
     raw = text.split("\n")
     code = code_only(text).split("\n")
     n = 0
@@ -313,7 +348,7 @@ def split_header(text: str) -> tuple[str, str]:
             break
         n += 1
     header = "\n".join(raw[:n]).strip("\n")
-    return (header + "\n" if header else ""), "\n".join(raw[n:])
+    return (header + "\n" if header else ""), "\n".join(raw[n:]), n
 
 
 def _theorem_names(body: str) -> list[str]:
@@ -327,9 +362,9 @@ def _theorem_names(body: str) -> list[str]:
     ]
 
 
-def _own_statement(body: str) -> tuple[str, str, int] | str:
-    """(name, statement ending in ``:= by``, offset of its ``:=``) of the one theorem ``body``
-    is, or why it is not."""
+def _own_statement(body: str) -> tuple[str, str, int, int] | str:
+    """(name, statement ending in ``:= by``, offset of its ``:=``, offset of its first token)
+    of the one theorem ``body`` is, or why it is not."""
     tokens = tokenize(body)
     if tokens and tokens[-1].kind is Kind.ERROR:
         return f"the file cannot be read as Lean (line {tokens[-1].line})"
@@ -351,7 +386,8 @@ def _own_statement(body: str) -> tuple[str, str, int] | str:
         depth += bracket_delta(t)
         if t.kind is Kind.SYMBOL and t.text == ":=" and depth == 0:
             if not local:
-                return code[1].value, body[first.start : t.start].rstrip() + " := by", t.start
+                stmt = body[first.start : t.start].rstrip() + " := by"
+                return code[1].value, stmt, t.start, first.start
             local = False
         elif t.kind is Kind.IDENT and t.text in ("let", "have") and depth == 0:
             local = True
@@ -384,41 +420,12 @@ def _strict_problem(header: str, statement: str) -> str | None:
 
 
 def prepare(text: str, statements: Statements, cid: str) -> Prepared:
-    """The attempt for the Kimina file ``text`` (id ``cid``), or the verdict it gets unchecked."""
-    header, body = split_header(text)
+    """The attempt for the Kimina file ``text`` (id ``cid``), or the verdict it gets unchecked:
+    a registered theorem's check, the request's own one theorem's check, else a file check."""
+    header, body, n_header = _split(text)
     names = [n for n in dict.fromkeys(_theorem_names(body)) if n in statements.by_name]
     if names:
-        if len(names) > 1:
-            return _refuse(
-                Reason.STATEMENT_CHANGED,
-                f"the file declares several registered theorems ({', '.join(names)}); send one "
-                "per code",
-                "",
-                None,
-            )
-        name = names[0]
-        task, policy, label = statements.by_name[name]
-        if name in statements.ambiguous:
-            return _refuse(
-                Reason.STATEMENT_CHANGED,
-                f"the registered tasksets state {name!r} in different ways; it cannot be judged",
-                label,
-                name,
-            )
-        ex = extract_proof(text, task)
-        if ex.proof is None:
-            return _refuse(ex.reason or Reason.NO_PROOF, ex.detail, label, name)
-        attempt = Attempt(
-            name=task.name,
-            header=task.header,
-            formal_statement=task.formal_statement,
-            proof=ex.proof,
-            preamble=ex.preamble,
-            restated_statement=ex.restated_statement,
-            policy=policy,
-            id=cid,
-        )
-        return Prepared(attempt=attempt, statement=label, theorem=name)
+        return _registered(text, body, n_header, names, statements, cid)
     if not statements.config.own_statements:
         return _refuse(
             Reason.STATEMENT_CHANGED,
@@ -428,35 +435,74 @@ def prepare(text: str, statements: Statements, cid: str) -> Prepared:
             None,
         )
     own = _own_statement(body)
-    if isinstance(own, str):
-        return _refuse(Reason.NO_PROOF, own, OWN, None)
-    name, statement, assign = own
-    more = _trailing_command(body, assign)
-    if more is not None:
-        return _refuse(
-            Reason.FORBIDDEN,
-            f"the file goes on after the theorem ({more[:60]!r}); under the request's own "
-            "statement it must be one theorem and its proof (a `#print axioms` line may follow)",
-            OWN,
-            name,
-        )
-    why = _strict_problem(header, statement)
+    if not isinstance(own, str) and _trailing_command(body, own[2]) is None:
+        name, statement, _, start = own
+        why = _strict_problem(header, statement)
+        if why is not None:
+            return _refuse(Reason.FORBIDDEN, why, OWN, name)
+        task = Task(name=name, header=header, formal_statement=statement)
+        ex = extract_proof(body, task)
+        if ex.proof is not None and not ex.preamble.strip():
+            attempt = Attempt(
+                name=name, header=header, formal_statement=statement, proof=ex.proof, id=cid
+            )
+            offset = n_header + body[:start].count("\n")
+            return Prepared(attempt=attempt, statement=OWN, theorem=name, line_offset=offset)
+    # Anything else (a `#check`, a `def` before a lemma, several theorems, an `example`) is
+    # checked as a file: Lean elaborates it as it is, and the trusted checker replays every
+    # constant it adds and walks their axioms. The header after its imports gets the strict
+    # pre-scan; the rest is the attempt's text, pre-scanned by the strict default policy.
+    why = _strict_problem(header, "")
     if why is not None:
-        return _refuse(Reason.FORBIDDEN, why, OWN, name)
-    task = Task(name=name, header=header, formal_statement=statement)
-    ex = extract_proof(body, task)
-    if ex.proof is None:
-        return _refuse(ex.reason or Reason.NO_PROOF, ex.detail, OWN, name)
-    if ex.preamble.strip():
+        return _refuse(Reason.FORBIDDEN, why, FILE, None)
+    if not body.strip():
+        return _refuse(Reason.NO_PROOF, "the file has nothing after its header", FILE, None)
+    attempt = Attempt(name="", header=header, formal_statement="", proof=body, check="file", id=cid)
+    return Prepared(attempt=attempt, statement=FILE, line_offset=n_header)
+
+
+def _registered(
+    text: str, body: str, n_header: int, names: list[str], statements: Statements, cid: str
+) -> Prepared:
+    """A file that names a registered theorem, read like a model's answer for that task."""
+    if len(names) > 1:
         return _refuse(
-            Reason.FORBIDDEN,
-            "under the request's own statement the file must be one theorem, but it has more "
-            "after the proof or before the theorem",
-            OWN,
+            Reason.STATEMENT_CHANGED,
+            f"the file declares several registered theorems ({', '.join(names)}); send one "
+            "per code",
+            "",
+            None,
+        )
+    name = names[0]
+    task, policy, label = statements.by_name[name]
+    if name in statements.ambiguous:
+        return _refuse(
+            Reason.STATEMENT_CHANGED,
+            f"the registered tasksets state {name!r} in different ways; it cannot be judged",
+            label,
             name,
         )
-    attempt = Attempt(name=name, header=header, formal_statement=statement, proof=ex.proof, id=cid)
-    return Prepared(attempt=attempt, statement=OWN, theorem=name)
+    ex = extract_proof(text, task)
+    if ex.proof is None:
+        return _refuse(ex.reason or Reason.NO_PROOF, ex.detail, label, name)
+    attempt = Attempt(
+        name=task.name,
+        header=task.header,
+        formal_statement=task.formal_statement,
+        proof=ex.proof,
+        preamble=ex.preamble,
+        restated_statement=ex.restated_statement,
+        policy=policy,
+        id=cid,
+    )
+    # The checked text is not the file's (the taskset's header, the preamble re-laid): its
+    # statement's line is put on the file's theorem line, which is exact from there on.
+    tokens = tokenize(body)
+    pairs = itertools.pairwise(tokens)
+    at = next((t.start for t, nxt in pairs if t.text in _THEOREM and nxt.value == name), 0)
+    theorem_line = n_header + body[:at].count("\n") + 1
+    offset = theorem_line - assemble(attempt).statement_lines[0]
+    return Prepared(attempt=attempt, statement=label, theorem=name, line_offset=offset)
 
 
 def _refuse(reason: Reason, detail: str, statement: str, theorem: str | None) -> Prepared:
@@ -468,10 +514,16 @@ def _refuse(reason: Reason, detail: str, statement: str, theorem: str | None) ->
 _START = Pos(line=1, column=0)
 
 
-def _kmessage(m: Message) -> KMessage:
+def _kmessage(m: Message, offset: int = 0) -> KMessage:
+    """A Lean message in the REPL's shape, its lines moved by ``offset`` into the request's file
+    (a message without a position gets the file's start)."""
     severity = m.severity if m.severity in ("trace", "info", "warning", "error") else "info"
-    pos = Pos(line=m.pos.line, column=m.pos.column) if m.pos is not None else _START
-    end = Pos(line=m.end_pos.line, column=m.end_pos.column) if m.end_pos is not None else None
+
+    def moved(line: int, column: int) -> Pos:
+        return Pos(line=max(1, line + offset), column=column)
+
+    pos = moved(m.pos.line, m.pos.column) if m.pos is not None else _START
+    end = moved(m.end_pos.line, m.end_pos.column) if m.end_pos is not None else None
     return KMessage(severity=severity, pos=pos, endPos=end, data=m.data)  # type: ignore[arg-type]
 
 
@@ -500,6 +552,7 @@ def kimina_result(
         theorem=p.theorem,
         axioms=v.axioms,
         checked=checked,
+        line_offset=p.line_offset,
     )
     line = f"leanrl {v.reason.value}: {v.detail}".rstrip(": ")
     if v.reason is Reason.TIMEOUT:
@@ -508,7 +561,7 @@ def kimina_result(
         return line, None, own
     if v.reason is Reason.CRASH:
         return None, ReplError(message=line, time=v.time_s), own
-    messages = [_kmessage(m) for m in v.messages]
+    messages = [_kmessage(m, p.line_offset) for m in v.messages]
     sorries: list[Sorry] = []
     if v.reason is Reason.SORRY:
         at = next((m for m in messages if "sorry" in m.data), None)
@@ -574,8 +627,28 @@ def kimina_router(service: _Service, config: KiminaConfig) -> APIRouter:
     except (ConfigError, DatasetError) as e:
         raise type(e)(f"--kimina.tasksets: {e}") from None
     router = APIRouter()
+    # Kimina's routes and their aliases, each answered in place: a slash-ended path would
+    # otherwise get a 307 redirect, which httpx (kimina-client's transport) does not follow.
 
     @router.post("/verify", response_model=VerifyResponse, response_model_exclude_none=True)
+    @router.post(
+        "/verify/",
+        response_model=VerifyResponse,
+        response_model_exclude_none=True,
+        include_in_schema=False,
+    )
+    @router.post(
+        "/one_pass_verify_batch",
+        response_model=VerifyResponse,
+        response_model_exclude_none=True,
+        include_in_schema=False,
+    )
+    @router.post(
+        "/one_pass_verify_batch/",
+        response_model=VerifyResponse,
+        response_model_exclude_none=True,
+        include_in_schema=False,
+    )
     async def verify(req: VerifyRequest) -> VerifyResponse:
         files = [(str(c.custom_id), c.text()) for c in req.codes]
         out = []
@@ -585,6 +658,12 @@ def kimina_router(service: _Service, config: KiminaConfig) -> APIRouter:
         return VerifyResponse(results=tuple(out))
 
     @router.post("/api/check", response_model=SnippetsResponse, response_model_exclude_none=True)
+    @router.post(
+        "/api/check/",
+        response_model=SnippetsResponse,
+        response_model_exclude_none=True,
+        include_in_schema=False,
+    )
     async def check(req: SnippetsRequest) -> SnippetsResponse:
         files = [(s.id, s.code) for s in req.snippets]
         out = []

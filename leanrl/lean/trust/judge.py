@@ -33,6 +33,7 @@ from leanrl.lean.source import split_header
 from leanrl.lean.trust.report import (
     CheckReport,
     check_command,
+    check_file_command,
     checker_source,
     parse_report,
     reference_command,
@@ -180,8 +181,8 @@ class JudgeWorker:
             )
         return ans.env
 
-    async def _reference(self, header: str, statement: str, deadline: float) -> int | str:
-        """The clean environment holding the reference statement (cached per statement)."""
+    async def _header_env(self, header: str, deadline: float) -> int:
+        """The clean environment after the header's options and ``open`` lines (cached)."""
         rest = split_header(header)[1]
         if rest not in self._headers:
             self._headers[rest] = (
@@ -189,7 +190,11 @@ class JudgeWorker:
                 if rest.strip()
                 else self._e_chk
             )
-        env_c = self._headers[rest]
+        return self._headers[rest]
+
+    async def _reference(self, header: str, statement: str, deadline: float) -> int | str:
+        """The clean environment holding the reference statement (cached per statement)."""
+        env_c = await self._header_env(header, deadline)
         key = (statement, env_c)
         if key not in self._refs:
             cmd = CommandRequest(cmd=reference_command(statement), env=env_c)
@@ -216,8 +221,12 @@ class JudgeWorker:
         olean: bool,
         replay: bool,
         timeout: float,
+        file: bool = False,
     ) -> CheckReport | str:
-        """Run the trusted check of the constants in ``pickle``.
+        """Run the trusted check of the constants in ``pickle``. ``file``: a file check
+        (``Attempt.check == "file"``): no target and no reference statement (``statement`` and
+        ``name`` are unused), every constant of the file is checked in the header's clean
+        environment (:func:`~leanrl.lean.trust.report.check_file_command`).
 
         Returns the report, a :class:`ReferenceProblem` when the taskset's statement does not
         elaborate, or another string when the check did not run as intended. A process failure
@@ -228,13 +237,19 @@ class JudgeWorker:
         deadline = time.monotonic() + timeout
         self.attempts += 1
         try:
-            env_ref = await self._reference(header, statement, deadline)
+            if file:
+                env_ref: int | str = await self._header_env(header, deadline)
+            else:
+                env_ref = await self._reference(header, statement, deadline)
         except JudgeStartError as e:
             return ReferenceProblem(f"taskset header problem: {e.detail}")
         if isinstance(env_ref, str):
             return env_ref
         nonce = secrets.token_hex(16)  # made now: nothing the attempt ran could have seen it
-        cmd = check_command(str(pickle), name, nonce, olean=olean, replay=replay)
+        if file:
+            cmd = check_file_command(str(pickle), nonce, olean=olean, replay=replay)
+        else:
+            cmd = check_command(str(pickle), name, nonce, olean=olean, replay=replay)
         limit = _left(deadline)
         try:
             rep = await self.proc.request(CommandRequest(cmd=cmd, env=env_ref), limit)

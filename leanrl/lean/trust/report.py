@@ -24,6 +24,7 @@ __all__ = [
     "RESTATE_HEARTBEATS",
     "CheckReport",
     "check_command",
+    "check_file_command",
     "checker_source",
     "lean_string",
     "parse_report",
@@ -87,6 +88,20 @@ def check_command(
     )
 
 
+def check_file_command(path: str, nonce: str, *, olean: bool, replay: bool) -> str:
+    """The ``#eval`` that runs the trusted check of a whole file (``Attempt.check == "file"``),
+    in the judge's clean environment after the header, with no reference statement:
+    ``LeanrlCheck.runFile`` checks every constant the file adds (the rebuild, the kernel-bug
+    shapes, the axiom walk and, with ``replay``, the kernel replay of each) and reports them in
+    the same ``LEANRL-CHECK`` message (``kind``/``ref_kind`` ``file``). Lifted to
+    ``CommandElabM`` for the reason :func:`check_command` gives."""
+    flag = {True: "true", False: "false"}
+    return (
+        f"#eval LeanrlCheck.runFile {lean_string(path)} {lean_string(nonce)} "
+        f"{flag[olean]} {flag[replay]} |> Lean.Elab.Command.liftCoreM\n"
+    )
+
+
 class CheckReport(BaseModel):
     """What the trusted checker found (facts only; the policy is applied in Python)."""
 
@@ -106,9 +121,10 @@ class CheckReport(BaseModel):
     detail: str = ""
     """Why, when ``status`` is not ``ok``."""
     kind: str = "missing"
-    """Kind of the attempt's declaration (``theorem``, ``def``, ... or ``missing``)."""
+    """Kind of the attempt's declaration (``theorem``, ``def``, ... or ``missing``); ``file``
+    for a file check (:func:`check_file_command`: no target, every constant checked)."""
     ref_kind: str = "missing"
-    """Kind of the reference declaration."""
+    """Kind of the reference declaration (``file`` for a file check)."""
     axioms: tuple[str, ...] = ()
     """Axioms the attempt's declaration depends on (transitively)."""
     new_axioms: tuple[str, ...] = ()

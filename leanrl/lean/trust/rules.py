@@ -158,6 +158,16 @@ def judge_report(
             "`LeanrlCheck` belong to the checker, and a proof never needs one",
             **kw,
         )
+    if attempt.check == "file" and report.status in _STATEMENT:
+        # A file check has no statement to change. A constant the file shares with the clean
+        # environment but declares differently is tampering; the others cannot happen.
+        if report.status == "helper_mismatch":
+            return Verdict.reject(
+                Reason.FORBIDDEN,
+                f"environment check failed (helper_mismatch): {report.detail}",
+                **kw,
+            )
+        return Verdict.reject(Reason.INFRA, f"checker: {report.status}: {report.detail}", **kw)
     if report.status in _STATEMENT:
         return Verdict.reject(
             Reason.STATEMENT_CHANGED,
@@ -187,6 +197,14 @@ def judge_report(
         )
     if report.status != "ok":
         return Verdict.reject(Reason.INFRA, f"checker: {report.status}: {report.detail}", **kw)
+    if (attempt.check == "file") != (report.kind == "file"):
+        # A report of the other kind of check (a checker without file checks, or one that
+        # checked a file where a theorem was asked for) decides nothing.
+        return Verdict.reject(
+            Reason.INFRA,
+            f"the checker reported a {report.kind!r} check for a {attempt.check} check",
+            **kw,
+        )
     if report.kind != report.ref_kind:  # the checker says ok only when they agree; be sure
         return Verdict.reject(Reason.STATEMENT_CHANGED, f"{attempt.name} is a {report.kind}", **kw)
     if SORRY_AXIOM in axioms:
