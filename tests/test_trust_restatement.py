@@ -75,7 +75,7 @@ def restate_problems(src: str) -> list[str]:
     for what in ("viaMeta", "viaKernel"):
         if not re.search(rf"bounded {what} heartbeats", same):
             problems.append(f"`{what}` is not run under the heartbeat bound (`bounded`)")
-    big = same.find("bigComputation? stated")
+    big = same.find("bigComputation? refType stated")
     if big < 0 or (meta is not None and big > meta.start()):
         problems.append("literal arithmetic is not bounded before the checks")
     bounded = _code(_definition(src, "bounded"))
@@ -83,6 +83,12 @@ def restate_problems(src: str) -> list[str]:
         problems.append("`bounded` does not catch every exception (runtime ones included)")
     if "maxHeartbeats := heartbeats * 1000" not in bounded or "`maxHeartbeats" not in bounded:
         problems.append("`bounded` does not set the heartbeat bound for the elaborator and kernel")
+    # the kernel counts its steps per thread and `addDecl` never resets the count: a fresh thread
+    if "Task.Priority.dedicated" not in bounded or "IO.wait" not in bounded:
+        problems.append("`bounded` runs on the judge's own thread (the kernel's count is stale)")
+    limit = _code(_definition(src, "isLimit"))
+    if "startsWith" not in limit:
+        problems.append("`isLimit` reads the whole message (the attempt's names are in it)")
     # In the replay, a restated target reaches `addDecl tgtDecl` only after `sameStatement`.
     branch = re.search(r"if n == target then(.*?)\n      continue\n", replay, re.S)
     if branch is None:
@@ -110,6 +116,7 @@ def test_the_check_finds_the_kernel_only_path_of_the_checker_before_the_rule() -
     assert any("reducible" in p for p in problems), problems
     assert any("heartbeat" in p for p in problems), problems
     assert any("by position" in p for p in problems), problems
+    assert any("own thread" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(
@@ -128,11 +135,15 @@ def test_the_check_finds_the_kernel_only_path_of_the_checker_before_the_rule() -
         ("match ← bounded viaKernel heartbeats with", "match ← (Except.ok <$> viaKernel) with"),
         # literal arithmetic evaluated whatever its size
         (
-            "if let some what := bigComputation? stated then",
+            "if let some what := bigComputation? refType stated then",
             "if let some what := (none : Option String) then",
         ),
         # universes by position
         ("(levelMap attempt ref)", "(ref.levelParams.map Level.param)"),
+        # the checks on the judge's own long-lived thread
+        ("Task.Priority.dedicated", "Task.Priority.default"),
+        # limits read anywhere in a message that quotes the attempt's names
+        ("fun p => why.startsWith p", "fun p => (why.splitOn p).length > 1"),
     ],
 )
 def test_each_part_of_the_restatement_rule_is_needed(mutation: tuple[str, str]) -> None:
@@ -213,7 +224,7 @@ def _holds(rule: str, bug: KernelBug) -> None:
         assert restate_problems(src) == []
     elif rule == "literal_bound":
         same = _definition(src, "sameStatement")
-        assert same.index("bigComputation? stated") < same.index("viaMeta")
+        assert same.index("bigComputation? refType stated") < same.index("viaMeta")
         assert judge_report(ATTEMPT, _report(status="judge_limit")).reason is Reason.JUDGE_LIMIT
     elif rule == "none":
         # a residual risk: the docs say so, naming the bug

@@ -23,11 +23,18 @@ attempt's parameters in the order its statement first mentions them are paired w
 reference's in the order the reference's statement first mentions them. `universe u v` then
 `{α : Type v} {β : Type u}` lists `[u, v]` in one file and `[v, u]` in another (Lean orders a
 declaration's universes by the `universe` commands, then by first use), while the statements
-use them alike. Where the two orders do not pair up one to one (a parameter neither statement
-mentions, different counts), the parameters are paired by position, as Lean lists them; the
-statement check then decides. -/
+use them alike. When the attempt uses the reference's very names, each name stands for itself.
+Where the two orders do not pair up one to one (a parameter neither statement mentions,
+different counts), the parameters are paired by position, as Lean lists them. Whatever the
+pairing, the statement checks and the kernel's check of the proof against the reference's type
+decide: a wrong pairing can only refuse. -/
 def levelMap (attempt ref : ConstantInfo) : List Level := Id.run do
   let byPos := ref.levelParams.map Level.param
+  -- The same names in another order (auto-bound universes are listed by first use): each name
+  -- stands for itself.
+  if attempt.levelParams.length == ref.levelParams.length &&
+      attempt.levelParams.all (ref.levelParams.contains ·) then
+    return attempt.levelParams.map Level.param
   let a := levelOrder attempt.type
   let r := levelOrder ref.type
   if a.size != attempt.levelParams.length || r.size != ref.levelParams.length ||
@@ -55,15 +62,19 @@ definitions unfold (`GT.gt`, `GE.ge`, `Ne`, instances), which is all an honest r
 matches the reference only after unfolding ordinary definitions -- the attempt's own helpers
 included, which carry no reducibility attribute here -- is refused.
 
+(Lean compares implicit and instance arguments at a higher transparency -- `.default` up to
+v4.28, `.instances` after -- so two instance paths to the same operation still agree.)
+
 Restated terms are evaluated here first (the elaborating process only elaborated them as a
-type), so both checks are bounded: literal arithmetic past `maxLiteralBits` is refused before
-either check reduces anything (a kernel `Nat.shiftLeft` by 2^32 aborts the process on every
-pinned Lean, and before v4.11 neither the kernel nor `whnf` bounds `Nat.pow`), the Meta check
-and the kernel check run under `restateHeartbeats`, and any exception either throws -- a
+type), so both checks are bounded. The Meta check and the kernel check each run under
+`restateHeartbeats` on a thread of their own (`bounded`), and any exception either throws -- a
 heartbeat or recursion limit included, which `try`/`catch` in `CoreM` lets through -- ends the
-check with its own status instead of the report. What the judge process cannot bound itself (a
-GMP abort, memory) is bounded by the pool around it: the attempt gets `judge_limit` and is never
-retried. -/
+check with its own status instead of the report. A cheap first filter refuses literal arithmetic
+on `ℕ` past `maxLiteralBits` before either check reduces anything (a kernel `Nat.shiftLeft` by
+2^32 aborts the process on every pinned Lean, and before v4.11 neither the kernel nor `whnf`
+bounds `Nat.pow`). What the judge process cannot bound itself -- a computation the filter does
+not see (a helper definition, an instance), a GMP abort, memory -- is bounded by the pool around
+it: the attempt gets `judge_limit` and is never retried. -/
 
 /-- Past this many bits a literal computation in a restated statement is not evaluated. -/
 def maxLiteralBits : Nat := 1048576
@@ -71,10 +82,20 @@ def maxLiteralBits : Nat := 1048576
 /-- Bits past which `natBits` stops counting (it only has to know the bound is exceeded). -/
 def bitsCeiling : Nat := 1099511627776
 
-/-- `(operation, left, right)` for a binary operation on natural numbers written with its
-`Nat.*` function or its notation class (`HPow.hPow`, ...; `Monoid.npow n x` is `x ^ n`). -/
+/-- Nodes the literal bound looks at in one restated statement; past it the statement is too big
+to bound (and refused), so the look is linear in the term however it shares its subterms. -/
+def boundFuel : Nat := 100000
+
+/-- Whether a type argument is `Nat` (only natural-number literals reach GMP in the kernel and in
+`whnf`'s literal folding; other types are never computed by it). -/
+def isNatType (e : Expr) : Bool := e.isConstOf ``Nat
+
+/-- `(operation, left, right)` for a binary operation on natural numbers, written with its
+`Nat.*` function, its heterogeneous class (`HPow.hPow ℕ ℕ ℕ _ a b`), its homogeneous class
+(`Pow.pow`, `Mul.mul`, ...), or `Monoid.npow n x` (`x ^ n`). -/
 def natBinOp? (e : Expr) : Option (String × Expr × Expr) :=
   let two (op : String) := some (op, e.appFn!.appArg!, e.appArg!)
+  let arg (i : Nat) : Expr := e.getArg! i
   match e.getAppFn with
   | .const n _ =>
     let k := e.getAppNumArgs
@@ -85,66 +106,150 @@ def natBinOp? (e : Expr) : Option (String × Expr × Expr) :=
         n == ``Nat.shiftRight || n == ``Nat.land || n == ``Nat.lor || n == ``Nat.xor then
         two "small"
       else none
-    else if k == 6 then
+    else if k == 6 && isNatType (arg 0) then
       if n == ``HAdd.hAdd then two "add" else if n == ``HMul.hMul then two "mul"
       else if n == ``HPow.hPow then two "pow" else if n == ``HShiftLeft.hShiftLeft then two "shl"
       else if n == ``HSub.hSub || n == ``HDiv.hDiv || n == ``HMod.hMod ||
         n == ``HShiftRight.hShiftRight || n == ``HAnd.hAnd || n == ``HOr.hOr ||
         n == ``HXor.hXor then two "small"
       else none
-    else if k == 4 && n == `Monoid.npow then
-      some ("pow", e.appArg!, e.appFn!.appArg!)
+    else if k == 5 && isNatType (arg 0) && n == ``Pow.pow then two "pow"
+    else if k == 4 && isNatType (arg 0) then
+      if n == ``Add.add then two "add" else if n == ``Mul.mul then two "mul"
+      else if n == `NatPow.pow || n == `HomogeneousPow.pow then two "pow"
+      else if n == ``ShiftLeft.shiftLeft then two "shl"
+      else if n == `Monoid.npow then some ("pow", e.appArg!, e.appFn!.appArg!)
+      else none
     else none
   | _ => none
 
-/-- An upper bound on the bits of the number a closed literal computation denotes
-(`2 ^ (2 ^ 40)`, `1 <<< 4294967296`), capped at `bitsCeiling`; `none` when `e` is not one. -/
-partial def natBits (e : Expr) : Option Nat :=
-  let cap (b : Nat) := Nat.min b bitsCeiling
-  match e with
-  | .lit (.natVal n) => some (Nat.log2 n + 1)
-  | .mdata _ b => natBits b
-  | _ =>
-    if e.isAppOfArity ``OfNat.ofNat 3 then natBits e.appFn!.appArg!
-    else if e.isAppOfArity ``Nat.succ 1 then (natBits e.appArg!).map (· + 1)
-    else match natBinOp? e with
-      | some (op, a, b) => do
-        let x ← natBits a
-        let y ← natBits b
-        match op with
-        | "add" => some (cap (Nat.max x y + 1))
-        | "mul" => some (cap (x + y))
-        -- `a ^ b` has at most `x * b` bits, and `b < 2 ^ y`
-        | "pow" => some (if y ≥ 40 then bitsCeiling else cap (x * 2 ^ y))
-        | "shl" => some (if y ≥ 40 then bitsCeiling else cap (x + 2 ^ y))
-        | _ => some (Nat.max x y)
-      | none => none
+/-- The value of a natural-number literal (`5` raw or `OfNat.ofNat ℕ 5 _`), if `e` is one. -/
+def natLit? (e : Expr) : Option Nat :=
+  match e.consumeMData with
+  | .lit (.natVal n) => some n
+  | e' => if e'.isAppOfArity ``OfNat.ofNat 3 then
+      match e'.appFn!.appArg!.consumeMData with
+      | .lit (.natVal n) => some n
+      | _ => none
+    else none
 
-/-- A literal computation in `e` whose value may exceed `maxLiteralBits` bits, as text. -/
-def bigComputation? (e : Expr) : Option String :=
-  (e.find? fun x => match natBinOp? x with
-    | some _ => (natBits x).any (· > maxLiteralBits)
-    | none => false).map fun x =>
-      s!"a number of up to {(natBits x).getD 0} bits ({x.getAppFn.constName!} ...)"
+/-- What the literal bound remembers while it looks at one statement. -/
+structure BitsState where
+  /-- `natBits` of every node seen (terms share subterms: each is looked at once). -/
+  memo : PersistentHashMap Expr (Option Nat) := {}
+  /-- Nodes the scan has entered. -/
+  seen : PersistentHashMap Expr Unit := {}
+  /-- Nodes left to look at (`boundFuel`). -/
+  fuel : Nat := boundFuel
 
-/-- Runs `x` in a context of its own, bounded by `heartbeats` (thousands, as the option counts
-them; the kernel reads the option, the elaborator the context), and returns what it threw as
-text instead of throwing. Catching at the level of `IO` sees every exception, the runtime ones
-(heartbeats, recursion depth) included, in every Lean version this file supports
-(`Core.tryCatchRuntimeEx` is not in v4.8). The state `x` leaves is dropped. -/
+abbrev BitsM := StateM BitsState
+
+/-- Take one unit of fuel; false when there is none left. -/
+def burn : BitsM Bool := do
+  let st ← get
+  if st.fuel == 0 then return false
+  set { st with fuel := st.fuel - 1 }
+  return true
+
+/-- The bits of `op a b` from bounds `x?`, `y?` on the bits of `a` and `b`, capped at
+`bitsCeiling`. A power or shift whose exponent is closed (no bound variable) but not a literal
+computation -- `2 ^ (id 1099511627776)`, a helper constant, a `let` -- is unbounded: `whnf` and
+the kernel would reduce the exponent to a literal whose size is unknown here. -/
+def combineBits (op : String) (b : Expr) (x? y? : Option Nat) : Option Nat :=
+  let cap (v : Nat) := Nat.min v bitsCeiling
+  let closed := !b.hasLooseBVars && !b.hasFVar
+  match op, x?, y? with
+  | "pow", some x, some y =>
+    if x ≤ 1 then some 1  -- `0 ^ n`, `1 ^ n`
+    else match natLit? b with
+      | some n => some (Nat.max 1 (cap (x * n)))  -- `a ^ n` has at most `x * n` bits
+      | none => some (if y ≥ 40 then bitsCeiling else cap (x * 2 ^ y))  -- and `b < 2 ^ y`
+  | "pow", _, none => if closed then some bitsCeiling else none
+  | "shl", some x, some y =>
+    match natLit? b with
+    | some n => some (cap (x + n))
+    | none => some (if y ≥ 40 then bitsCeiling else cap (x + 2 ^ y))
+  | "shl", _, none => if closed then some bitsCeiling else none
+  | "add", some x, some y => some (cap (Nat.max x y + 1))
+  | "mul", some x, some y => some (cap (x + y))
+  | _, some x, some y => some (Nat.max x y)
+  | _, _, _ => none
+
+/-- An upper bound on the bits of the number a closed literal computation on `ℕ` denotes
+(`2 ^ (2 ^ 40)`, `1 <<< 4294967296`), capped at `bitsCeiling`; `none` when `e` is not one
+(see `combineBits`). Each node is looked at once (`memo`); out of fuel, a term is unbounded. -/
+partial def natBits (e : Expr) : BitsM (Option Nat) := do
+  if let some r := (← get).memo.find? e then return r
+  if !(← burn) then return some bitsCeiling
+  let mut r : Option Nat := none
+  if let some n := natLit? e then
+    r := some (Nat.log2 n + 1)
+  else if e.isAppOfArity ``Nat.succ 1 then
+    r := (← natBits e.appArg!).map (· + 1)
+  else if let some (op, a, b) := natBinOp? e then
+    let x? ← natBits a
+    let y? ← natBits b
+    r := combineBits op b x? y?
+  modify fun st => { st with memo := st.memo.insert e r }
+  return r
+
+/-- The first literal computation in `e` whose value may exceed `maxLiteralBits` bits and that
+`ref` does not hold verbatim (both checks compare equal subterms without reducing them), as
+text; or `e` too big to look at within `boundFuel` nodes. Each shared node is entered once. -/
+partial def bigIn (ref e : Expr) : BitsM (Option String) := do
+  if (← get).seen.contains e then return none
+  modify fun st => { st with seen := st.seen.insert e () }
+  if !(← burn) then
+    return some s!"a statement too big to bound (over {boundFuel} nodes)"
+  if (natBinOp? e).isSome then
+    if let some b := (← natBits e) then
+      if b > maxLiteralBits && (ref.find? (· == e)).isNone then
+        return some s!"a number of up to {b} bits ({e.getAppFn.constName!} ...)"
+  let kids : Array Expr := match e with
+    | .app f a => #[f, a]
+    | .lam _ t b _ => #[t, b]
+    | .forallE _ t b _ => #[t, b]
+    | .letE _ t v b _ => #[t, v, b]
+    | .mdata _ b => #[b]
+    | .proj _ _ b => #[b]
+    | _ => #[]
+  for k in kids do
+    if let some why := (← bigIn ref k) then return some why
+  return none
+
+/-- A literal computation in the restated statement `stated` past the bound (see `bigIn`): a
+cheap first filter, so that the commonest ways to stall or kill the judge (`1 <<< 4294967296`,
+`2 ^ (2 ^ 40)`) cost a clear refusal instead of a judge; what it cannot see -- a helper
+definition that computes, an instance that does -- is bounded by the pool around the judge
+(`judge_limit`). -/
+def bigComputation? (ref stated : Expr) : Option String :=
+  Id.run ((bigIn ref stated).run' {})
+
+/-- Runs `x` bounded by `heartbeats` (thousands, as the option counts them; the kernel reads the
+option, the elaborator the context) and `maxRecDepth` 512 (the elaborator's default), and returns
+what it threw as text instead of throwing. Catching at the level of `IO` sees every exception,
+the runtime ones (heartbeats, recursion depth) included, in every Lean version this file supports
+(`Core.tryCatchRuntimeEx` is not in v4.8). It runs on a thread of its own: the kernel compares
+its bound with a per-thread count of its steps that `addDecl` never resets, which on the judge's
+one long-lived thread would hold every kernel check the judge ever ran; a new thread starts both
+counts (the kernel's and the elaborator's allocations) at zero. The state `x` leaves is dropped. -/
 def bounded {α : Type} (x : CoreM α) (heartbeats : Nat) : CoreM (Except String α) := do
   let ctx ← read
-  let opts := ctx.options.insert `maxHeartbeats (DataValue.ofNat heartbeats)
-  let ctx' := { ctx with options := opts, maxHeartbeats := heartbeats * 1000 }
-  match ← EIO.toBaseIO (Core.CoreM.toIO x ctx' (← get)) with
+  let opts := (ctx.options.insert `maxHeartbeats (DataValue.ofNat heartbeats)).insert
+    `maxRecDepth (DataValue.ofNat 512)
+  let ctx' := { ctx with options := opts, maxHeartbeats := heartbeats * 1000, maxRecDepth := 512 }
+  let s ← get
+  let t ← BaseIO.asTask (EIO.toBaseIO (Core.CoreM.toIO x ctx' s)) Task.Priority.dedicated
+  match ← IO.wait t with
   | .ok (a, _) => return .ok a
   | .error e => return .error (toString e)
 
-/-- Whether an error of `bounded` is one of its bounds (not a refusal). -/
+/-- Whether an error of `bounded` is one of its bounds, not a refusal. Read from the start of the
+message, where Lean puts the limit's own words (the rest can quote the attempt's names). -/
 def isLimit (why : String) : Bool :=
-  let has (s : String) : Bool := (why.splitOn s).length > 1
-  has "heartbeats" || has "maximum recursion depth" || has "deep recursion" ||
-    has "deterministic" || has "stack overflow"
+  ["(deterministic) timeout", "maximum recursion depth has been reached",
+   "(kernel) deterministic timeout", "(kernel) deep recursion", "(kernel) excessive memory",
+   "(kernel) interrupted"].any fun p => why.startsWith p
 
 /-- Decide whether a restated target's type `stated` is the reference statement `refType`:
 `none` when both checks say so, else `(status, detail)`, the detail saying which check refused.
@@ -153,9 +258,9 @@ The kernel's check adds `@Eq.refl Prop ref : @Eq Prop ref stated` as a throwaway
 propositions: the target of a proof task is a theorem. -/
 def sameStatement (refType stated : Expr) (lps : List Name) (name : Name) (heartbeats : Nat) :
     CoreM (Option (String × String)) := do
-  if let some what := bigComputation? stated then
-    return some ("judge_limit", s!"the restated statement computes {what}; the judge evaluates " ++
-      s!"no literal arithmetic past {maxLiteralBits} bits")
+  if let some what := bigComputation? refType stated then
+    return some ("judge_limit", s!"the restated statement holds {what}; the judge evaluates " ++
+      s!"no literal arithmetic on ℕ past {maxLiteralBits} bits")
   -- 1. the elaborator, at reducible transparency
   let viaMeta : CoreM Bool :=
     (Meta.withTransparency .reducible (Meta.isDefEq refType stated)).run'
