@@ -298,7 +298,8 @@ async def test_restated_statement_is_judged_by_its_elaborated_type(
 
 
 async def test_restatements_are_decided_by_the_kernel(lean_runtime: LocalRuntime) -> None:
-    """A restated target passes when the kernel finds it definitionally equal to the reference
+    """A restated target passes when the elaborator's reducible check and the kernel both find it
+    definitionally equal to the reference
     (`x > 0` for `0 < x`, a beta-redex, a renamed universe) and the attempt's proof checks
     against the reference's statement; a forged target restated that way is still refused."""
     gt = Attempt(
@@ -336,6 +337,53 @@ async def test_restatements_are_decided_by_the_kernel(lean_runtime: LocalRuntime
         assert v.accepted, v.detail
     assert v_forged.reason is Reason.FORBIDDEN, v_forged.detail
     assert "proof of the reference statement" in v_forged.detail
+
+
+async def test_a_restatement_needs_the_elaborators_reducible_check_too(
+    lean_runtime: LocalRuntime,
+) -> None:
+    """Issue 35: the kernel alone no longer decides a restatement. One that matches the reference
+    only after unfolding an ordinary definition (the kernel agrees, the reducible check does not)
+    is `statement_changed`, naming the elaborator's check; universes written in another order
+    under the same names pass; literal arithmetic that would kill the judge is `judge_limit`,
+    unevaluated; and the checker's own namespace is refused."""
+    unfold = Attempt(
+        name="t",
+        header="",
+        formal_statement="theorem t (x : Nat) : x + 0 = x := by",
+        preamble="def myAdd (a b : Nat) : Nat := a + b",
+        restated_statement="theorem t (x : Nat) : myAdd x 0 = x := by",
+        proof="rfl",
+    )
+    universes = Attempt(
+        name="t",
+        header="",
+        formal_statement="theorem t.{u, v} {α : Sort v} {β : Sort u} (a : α) (b : β) : a = a := by",
+        restated_statement="theorem t.{v, u} {α : Sort v} {β : Sort u} (a : α) (b : β) : a = a := by",
+        proof="rfl",
+    )
+    shift = Attempt(
+        name="t",
+        header="",
+        formal_statement="theorem t : True := by",
+        restated_statement="theorem t : (1 <<< 4294967296 = 0) → True := by",
+        proof="intro _\n  trivial",
+    )
+    reserved = Attempt(
+        name="t",
+        header="",
+        formal_statement=SYMM,
+        preamble="theorem LeanrlCheck.helper : True := trivial",
+        proof="exact h.symm",
+    )
+    v_unfold, v_universes, v_shift, v_reserved = await lean_runtime.check(
+        [unfold, universes, shift, reserved]
+    )
+    assert v_unfold.reason is Reason.STATEMENT_CHANGED, v_unfold.detail
+    assert "reducible" in v_unfold.detail
+    assert v_universes.accepted, v_universes.detail
+    assert v_shift.reason is Reason.JUDGE_LIMIT, v_shift.detail
+    assert v_reserved.reason is Reason.FORBIDDEN and "LeanrlCheck" in v_reserved.detail
 
 
 async def test_forged_name_hashes_in_the_attempts_file_do_not_fool_the_checker(
