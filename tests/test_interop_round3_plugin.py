@@ -175,6 +175,16 @@ async def test_a_runtime_that_cannot_start_raises_the_retryable_infra_error() ->
     assert tr.rewards.get("leanrl") is None
 
 
+async def test_without_lean_the_local_runtime_is_a_retryable_infra_error(no_lean: None) -> None:
+    """The real ``local`` runtime on a machine without Lean (issue 37: it was a plain
+    ``TaskError``, to which the documented retry rule does not apply)."""
+    (t,) = list(LeanrlTaskset(config(env="core", limit=1, runtime="local")))
+    tr = trace_for(t, f"```lean4\n{t.data.leanrl_task['formal_statement']}\n  omega\n```")
+    with pytest.raises(LeanrlInfraError, match="LeanNotFoundError"):
+        await t.score(tr)
+    assert tr.info["leanrl_verdict"]["reason"] == "infra"
+
+
 # -- the real vf-eval, end to end ----------------------------------------------------------------
 
 
