@@ -60,6 +60,7 @@ class ScriptedToolPolicy(Policy):
     ) -> None:
         super().__init__(PolicyConfig(model="scripted-tools"))
         self.tokenizer = tokenizer
+        self.tok = tokenizer  # what it tokenizes with (tokenizer may be hidden: see below)
         self.script = list(script)
         self.pick = pick
         self.delay_s = delay_s
@@ -73,7 +74,7 @@ class ScriptedToolPolicy(Policy):
         return self.script[min(turn, len(self.script) - 1)]
 
     def _completion(self, ids: list[int], text: str) -> Completion:
-        tok = self.tokenizer
+        tok = self.tok
         out = list(tok(text, add_special_tokens=False).input_ids)
         out.append(tok.convert_tokens_to_ids("<|im_end|>"))
         return Completion(
@@ -99,7 +100,7 @@ class ScriptedToolPolicy(Policy):
         out = []
         for p in prompts:
             assert isinstance(p, str), "the text mode sends rendered text"
-            ids = list(self.tokenizer(p, add_special_tokens=False).input_ids)
+            ids = list(self.tok(p, add_special_tokens=False).input_ids)
             out.append([self._completion(ids, self._answer(p)) for _ in range(sampling.n)])
         return out
 
@@ -109,7 +110,7 @@ class ScriptedToolPolicy(Policy):
         await self._wait()
         out = []
         for ids in prompt_ids:
-            text = str(self.tokenizer.decode(list(ids)))
+            text = str(self.tok.decode(list(ids)))
             out.append([self._completion(list(ids), self._answer(text)) for _ in range(sampling.n)])
         return out
 

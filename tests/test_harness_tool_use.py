@@ -252,6 +252,19 @@ class _Slow(ScriptedRuntime):
         return slow()
 
 
+async def test_a_policy_without_a_tokenizer_gets_its_models(tool_model: Path, tok: Any) -> None:
+    # GRPO's vLLM server policy generates from ids and carries no tokenizer: the harness loads
+    # the model's and stays token-exact
+    from leanrl.policy import PolicyConfig
+
+    policy = ScriptedToolPolicy(tok, [call("submit", proof="omega")])
+    policy.tokenizer = None
+    policy.config = PolicyConfig(model=str(tool_model))
+    (group,) = await _harness().run([TASK], policy, ScriptedRuntime(), SamplingConfig(), Taskset())
+    assert group[0].meta["context"] == "ids" and group[0].reward == 1.0
+    assert len(group[0].prompt_ids) > 10
+
+
 async def test_pending_turns_of_all_episodes_go_to_the_policy_together(tok: Any) -> None:
     # 6 episodes x 3 turns: the turns pending at once are one batched call, not 18 calls
     script = [

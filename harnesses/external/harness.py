@@ -121,14 +121,13 @@ class ExternalHarness(Harness):
     ) -> list[list[Rollout]]:
         self.check_config()
         argv = self.argv()
-        mode = generation_mode(policy)
+        mode, tok = generation_mode(policy)
         fmt: ChatFormat | None = None
         parser = ""
         backend: TokenBackend | MessagesBackend
         if mode == "messages":
             backend = MessagesBackend(policy, [])
         else:
-            tok: Any = getattr(policy, "tokenizer", None)
             parser = str(self.option("tool_parser"))
             if parser == "auto":
                 try:

@@ -13,7 +13,8 @@ replays exactly the ids the model saw.
 
 **How a turn is generated** (``mode``):
 
-- ``ids``: the policy generates from token ids (``hf``, ``vllm``, the trainers' policies):
+- ``ids``: the policy generates from token ids (``hf``, ``vllm``, the trainers' policies, a
+  vLLM server under GRPO, whose tokenizer is loaded from its model folder):
   :class:`TokenBackend` sends the ids. Every pending turn of every episode goes into one
   ``Policy.stream`` call, so episodes waiting on a tool do not hold the others back, and each
   completion is handed back as soon as it ends;
@@ -48,19 +49,32 @@ __all__ = ["ChatFormat", "MessagesBackend", "TokenBackend", "generation_mode", "
 _MARK = "LEANRL-TOOL-TURN-5c1e"  # stands for the assistant's text in a probe render
 
 
-def generation_mode(policy: Policy) -> str:
-    """``ids``, ``text`` or ``messages`` for this policy (see the module docstring)."""
+def generation_mode(policy: Policy) -> tuple[str, Any]:
+    """``ids``, ``text`` or ``messages`` for this policy (see the module docstring), and the
+    tokenizer the first two render with. A policy that generates from ids but carries no
+    tokenizer (the vLLM server policy of GRPO) gets its model's, loaded from
+    ``policy.config.model``, so its episodes stay token-exact."""
+    takes_ids = type(policy).generate_from_ids is not Policy.generate_from_ids
     tok = getattr(policy, "tokenizer", None)
+    if tok is None and takes_ids and policy.config.model:
+        tok = _load_tokenizer(policy.config.model)
     if tok is not None and getattr(tok, "chat_template", None) is not None:
-        if type(policy).generate_from_ids is not Policy.generate_from_ids:
-            return "ids"
-        return "text"
+        return ("ids" if takes_ids else "text"), tok
     if callable(getattr(policy, "chat_completion", None)):
-        return "messages"
+        return "messages", None
     raise ConfigError(
         f"the policy {policy.name!r} offers no way to call tools: the tool-use harness needs a "
         "tokenizer with a chat template (hf, vllm) or an OpenAI-compatible server (openai)"
     )
+
+
+def _load_tokenizer(model: str) -> Any:
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model)
+    except Exception:  # noqa: BLE001 - a served name that is no local model: no tokenizer here
+        return None
 
 
 class ChatFormat:
@@ -215,7 +229,7 @@ class MessagesBackend:
         body: dict[str, Any] = {
             "model": self.policy.config.model,
             "messages": list(messages),
-            "tools": self.tools,
+            **({"tools": self.tools} if self.tools else {}),
             "n": 1,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,

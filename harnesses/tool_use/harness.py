@@ -19,7 +19,8 @@ Rollouts are token-exact where the policy generates from ids (``hf``, ``vllm``, 
 policies): ``prompt_ids`` is the template's rendering of the system and user messages with the
 tools, each Turn's ``completion_ids`` are the model's tokens (tool-call tokens included; loss 1)
 and its ``feedback_ids`` the template's tokens for the tool results (loss 0). ``meta`` records
-the calls (tool, turn, ok, seconds), ``timings`` the time generating and in tools.
+the calls (tool, turn, ok, seconds), ``timings`` the time generating, in tools (``tools``,
+waiting for a Lean process included) and waiting for one (``tool_wait``).
 """
 
 from __future__ import annotations
@@ -211,14 +212,13 @@ class ToolUseHarness(Harness):
         self, episodes: list[_Episode], policy: Policy, sampling: SamplingConfig
     ) -> None:
         schemas = [t.schema() for t in episodes[0].tools.tools]
-        mode = generation_mode(policy)
+        mode, tok = generation_mode(policy)
         backend: TokenBackend | MessagesBackend
         parser = ""
         fmt: ChatFormat | None = None
         if mode == "messages":
             backend = MessagesBackend(policy, schemas)
         else:
-            tok: Any = getattr(policy, "tokenizer", None)
             parser = str(self.option("tool_parser"))
             if parser == "auto":
                 parser = detect_parser(getattr(tok, "chat_template", None))
@@ -361,7 +361,7 @@ class ToolUseHarness(Harness):
             preamble=answer.preamble if answer is not None else "",
             restated_statement=answer.restated_statement if answer is not None else "",
             verdict=verdict,
-            timings={"generate": ep.gen_s, "tools": ep.tool_s},
+            timings={"generate": ep.gen_s, "tools": ep.tool_s, "tool_wait": ep.tools.wait_s},
             meta={
                 "turns": len(ep.turns),
                 "tokens": ep.tokens,

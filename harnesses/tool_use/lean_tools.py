@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import re
 import textwrap
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,7 +129,9 @@ class LeanTools(EpisodeTools):
                 return ToolResult(f"Error: {answer.detail}; nothing was submitted", ok=False)
             self.answer = answer
             return ToolResult("Submitted.", submitted=True)
+        t0 = time.perf_counter()
         async with self.limiter:
+            self.wait_s += time.perf_counter() - t0
             if name == "check":
                 text, ok = await check_code(self.runtime, self.task, str(args["code"]), self.rules)
             elif name == "goals":

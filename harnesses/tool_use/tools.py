@@ -118,6 +118,8 @@ class EpisodeTools(abc.ABC):
         self.answer: Answer | None = None
         self.calls: dict[str, int] = {}
         """Calls made so far, per tool name."""
+        self.wait_s = 0.0
+        """Seconds calls spent waiting for room (a Lean process) before they ran."""
 
     @property
     @abc.abstractmethod
