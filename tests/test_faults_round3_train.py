@@ -338,3 +338,49 @@ def test_metrics_a_resume_cannot_redo_are_named(
     assert [r["step"] for r in run.metrics()] == [1, 2, 4, 5]
     assert "no row is left for step(s) 3" in caplog.text and "They are not redone" in caplog.text
     assert run.truncate_metrics(5) == []  # nothing new the second time
+
+
+def test_expert_iteration_publishes_a_round_whose_sft_finished_before_a_kill(
+    toy_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill between a round's SFT end and its publish: the rerun finds the SFT finished (it
+    trains nothing) and publishes exactly the weights that SFT ended with."""
+    from safetensors.torch import load_file
+
+    from leanrl.environment import EnvironmentConfig
+    from leanrl.policy import PolicyConfig, SamplingConfig
+    from leanrl.train.sft.expert_iteration import ExpertIteration, ExpertIterationConfig
+
+    toy = REPO / "tests" / "fixtures" / "toy_tasks.jsonl"
+    run = tmp_path / "run"
+    cfg = ExpertIterationConfig(
+        policy=PolicyConfig(model=str(toy_model_dir)),
+        env=EnvironmentConfig(
+            id="dataset",
+            taskset={"path": toy, "split": "train"},
+            # the scripted checker (not Lean) with an empty "accept": every answer passes
+            runtime={"name": "tests._scripted_runtime:ScriptedRuntime", "options": {"accept": ""}},
+        ),
+        out=run,
+        rounds=1,
+        samples=2,
+        sampling=SamplingConfig(temperature=1.0, max_tokens=6, seed=0),
+        sft={"steps": 3, "batch_size": 2, "micro_batch_size": 2, "lr": 3e-3},
+    )
+    ended: dict[str, Any] = {}
+
+    def killed(self: Any, r: int, trainer: Any) -> None:
+        latest = trainer.run.latest_checkpoint()
+        weights = load_file(latest[1] / "model.safetensors")
+        ended.update({k: v.clone() for k, v in weights.items()})
+        raise RuntimeError("killed between the SFT's end and the publish")
+
+    monkeypatch.setattr(ExpertIteration, "_publish", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        ExpertIteration(cfg).train_sync()
+    monkeypatch.undo()
+    [row] = ExpertIteration(cfg).train_sync()
+    assert row["step"] == 1 and row["sft_steps"] == 3
+    got = load_file(run / "checkpoint-1" / "model.safetensors")
+    assert ended and got.keys() == ended.keys()
+    assert all((got[k] == ended[k]).all() for k in ended)

@@ -280,6 +280,9 @@ def test_a_lora_checkpoint_is_evaluable_by_its_folder(
 
             w = load_file(str(p))
             save_file({k: v + 0.05 if "lora_B" in k else v for k, v in w.items()}, str(p))
+    from leanrl.train.common import write_checksums
+
+    write_checksums(ckpt)  # an edit made on purpose: eval refuses files that differ from the list
 
     folder = resolve_model(str(ckpt))
     assert Path(folder) == ckpt / "merged"

@@ -343,6 +343,8 @@ class ExpertIteration:
             )
         trainer = SFTTrainer(sft_cfg, pairs=pairs, episodes=episodes)
         await asyncio.to_thread(trainer.train_sync)
+        # a rerun after a kill between the SFT's end and the publish finds it finished
+        await asyncio.to_thread(trainer.load_trained)
         metrics = trainer.run.metrics()
         await asyncio.to_thread(self._publish, r, trainer)
         return {

@@ -189,7 +189,8 @@ class SFTTrainer:
         device_and_precision(cfg.policy.device, cfg.precision)
 
     def train_sync(self) -> list[dict[str, Any]]:
-        """Train; returns the metrics rows this call wrote."""
+        """Train; returns the metrics rows this call wrote. On a run that is finished already
+        nothing is trained or loaded (:meth:`load_trained` loads its final weights)."""
         self.check()
         cfg = self.config
         env = self.env or load_environment(cfg.env)
@@ -272,6 +273,26 @@ class SFTTrainer:
 
         plot_eval(self.run)
         self.run.unlock()  # after the last write (the plots above)
+
+    def load_trained(self) -> None:
+        """Set :attr:`model` and :attr:`tokenizer` to the run's final weights when
+        :meth:`train_sync` found the run finished and so loaded nothing (expert iteration
+        publishes the model of a round whose SFT had finished before a kill). A no-op when a
+        model is loaded already."""
+        if self.model is not None:
+            return
+        latest = self.run.latest_checkpoint()
+        if latest is None:
+            raise ConfigError(f"{self.run.path} holds no checkpoint to load the trained model from")
+        self._load()  # the base model (and fresh adapters with LoRA), as a resume starts
+        if self.config.lora.enabled:
+            from leanrl.train.lora import load_adapter
+
+            load_adapter(self.model, latest[1])
+        else:
+            _, precision = device_and_precision(self.config.policy.device, self.config.precision)
+            policy = self.config.policy.model_copy(update={"model": str(latest[1])})
+            self.model, self.tokenizer = load_model(policy, precision)
 
     async def train(self) -> list[dict[str, Any]]:
         """:meth:`train_sync` off the event loop."""
