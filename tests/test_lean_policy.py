@@ -639,9 +639,15 @@ def test_the_checker_rebuilds_the_file_before_reading_it() -> None:
     from leanrl.lean.trust.report import checker_source
 
     src = checker_source()
+    prep = src[src.index("def prepare (") : src.index("def logReport (")]
+    assert "rebuild (← if olean then readOlean path else readReplPickle path)" in prep
+    assert prep.index("rebuild (") < min(prep.index("byName"), prep.index("env.find?"))
+    # both checks read the file only through `prepare`, before anything else
+    for check in ("def run (", "def runFile ("):
+        body = src[src.index(check) :]
+        assert "readReplPickle" not in body.split("\ndef ", 1)[0]
+        assert body.index("← prepare path olean") < body.index("lookNew")
     body = src[src.index("def run (") :]
-    assert "rebuild (← if olean then readOlean path else readReplPickle path)" in body
-    assert body.index("rebuild (") < min(body.index("byName"), body.index("env.find?"))
     assert "partial def walk" not in src  # an explicit stack: no recursion depth to exhaust
     # every number is canonicalised (a big-number object with a small value proves
     # `true = false` through the kernel's Nat.beq), and shared constants come from the clean env

@@ -128,9 +128,10 @@ def test_every_kernel_bug_shape_the_checker_reports_has_a_rule() -> None:
     src = checker_source()
     shape = _definition(src, "badShape")
     reported = set(re.findall(r'some \("([a-z_]+)"', shape))
-    # `too_deep` is found by the rebuild, before any shape is looked at
-    run = _definition(src, "run")
-    assert 'status := "too_deep"' in run and run.index("too_deep") < run.index("badShape")
+    # `too_deep` is found by the rebuild (`prepare`), before any shape is looked at
+    prep, run = _definition(src, "prepare"), _definition(src, "run")
+    assert 'status := "too_deep"' in prep
+    assert run.index("← prepare path olean") < run.index("badShape")
     assert reported | {"too_deep"} == set(KERNEL_BUG_SHAPES), reported
     for cap in ("k ≥ maxBVarIndex", "r.2 > maxLevelDepth"):
         assert cap in src, cap

@@ -154,11 +154,15 @@ def test_each_part_of_the_restatement_rule_is_needed(mutation: tuple[str, str]) 
 
 
 def test_the_checker_reserves_its_own_namespace() -> None:
-    run = _code(_definition(checker_source(), "run"))
-    guard = run.find("n.getRoot == `LeanrlCheck")
-    assert guard >= 0 and 'status := "reserved_name"' in run
+    src = checker_source()
+    prep = _code(_definition(src, "prepare"))
+    guard = prep.find("n.getRoot == `LeanrlCheck")
+    assert guard >= 0 and 'status := "reserved_name"' in prep
     # before the comparison with the clean environment that gave `helper_mismatch`
-    assert guard < run.index('status := "helper_mismatch"')
+    assert guard < prep.index('status := "helper_mismatch"')
+    # and both checks start from it: the theorem check and the file check
+    for check in ("run", "runFile"):
+        assert "← prepare path olean" in _definition(src, check), check
 
 
 # -- what the policy makes of the checker's new statuses ----------------------------------------
@@ -205,7 +209,7 @@ def _holds(rule: str, bug: KernelBug) -> None:
     src = checker_source()
     if rule in KERNEL_BUG_SHAPES:
         # the checker reports the shape, before the kernel, and the policy refuses it
-        where = _definition(src, "run" if rule == "too_deep" else "badShape")
+        where = _definition(src, "prepare" if rule == "too_deep" else "badShape")
         assert f'"{rule}"' in where, rule
         v = judge_report(ATTEMPT, _report(status=rule, detail="x"))
         assert v.reason is Reason.FORBIDDEN and rule in v.detail

@@ -367,8 +367,9 @@ attempt's constant. Every reference to the target is renamed to the fresh name (
 When the attempt restated the statement (`restated`), `sameStatement` first decides, by two
 bounded checks, whether it is the reference statement. Returns `(status, detail)`; `("", "")` when all passed. -/
 def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order : Array Name)
-    (target fresh : Name) (tgtDecl : Declaration) (restated : Option (Expr × Expr × List Name))
-    (heartbeats : Nat) : CoreM (String × String) := do
+    (target fresh : Name) (tgtDecl? : Option Declaration)
+    (restated : Option (Expr × Expr × List Name)) (heartbeats : Nat) :
+    CoreM (String × String) := do
   let ren := retarget target fresh
   let mut added : NameSet := {}
   for n in order do
@@ -377,6 +378,7 @@ def replay (look : Name → Option ConstantInfo) (isNew : Name → Bool) (order 
         let differs ← sameStatement refType stated lps (Name.mkStr fresh "_statement") heartbeats
         if let some (st, why) := differs then
           return (st, s!"the restated statement of {target} was refused: {why}")
+      let some tgtDecl := tgtDecl? | continue  -- (`runFile`: no target)
       try addDecl tgtDecl
       catch e =>
         let why ← e.toMessageData.toString
@@ -499,6 +501,92 @@ def isNativeAxiom : ConstantInfo → Bool
       v.type.appFn!.appFn!.appArg!.isConstOf ``Bool && v.type.appArg!.isConstOf ``Bool.true
   | _ => false
 
+/-- What both checks read first (`run`, `runFile`): the attempt's constants, rebuilt, and which
+of them the clean environment holds too. -/
+structure Prepared where
+  consts : Array (Name × ConstantInfo)
+  byName : PersistentHashMap Name ConstantInfo
+  /-- Constants the attempt shares, identically (`sameDecl`), with the clean environment: read
+  from there, never replayed. -/
+  trusted : NameSet
+  /-- Answer placeholders among them (`abbrev solution : T := sorry` in both). -/
+  placeholders : NameSet
+  status : String
+  detail : String
+
+/-- Reads the attempt's file, rebuilds every constant before anything looks at it (`rebuild`),
+and finds which constants the clean environment shares. `skip`: the target, which the clean
+environment holds as the reference and is compared apart (`run`; `runFile` has none). -/
+def prepare (path : String) (olean : Bool) (skip : Name) : CoreM Prepared := do
+  let env ← getEnv
+  -- Nothing of the file is looked at before it is rebuilt (see `rebuild`).
+  let (consts, limit) := rebuild (← if olean then readOlean path else readReplPickle path)
+  let byName : PersistentHashMap Name ConstantInfo :=
+    consts.foldl (fun m (n, ci) => m.insert n ci) {}
+  let mut status := "ok"
+  let mut detail := ""
+  if let some why := limit then
+    status := "too_deep"
+    detail := s!"the attempt's file holds {why}"
+  -- The checker's own names are not the attempt's to declare: a constant under `LeanrlCheck`
+  -- would be compared with (or shadow a lookup of) this file's declarations. Refused, whatever
+  -- it is, with its own status.
+  for (n, _) in consts do
+    if n.getRoot == `LeanrlCheck && status == "ok" then
+      status := "reserved_name"
+      detail := s!"{n} is under `LeanrlCheck`, the namespace of leanrl's trusted checker"
+  -- A hand-built constant map could file a constant under another name than its own, or under
+  -- no name at all (which the replay's target slot would then never reach).
+  for (n, ci) in consts do
+    if (n != ci.name || n.isAnonymous) && status == "ok" then
+      status := "replay_failed"
+      detail := s!"the constant filed as {n} is named {ci.name}"
+  -- Constants of the attempt that the clean environment also has (the statement's own helper
+  -- definitions, the header's declarations) must be identical; they are then not replayed.
+  let mut trusted : NameSet := {}
+  let mut placeholders : NameSet := {}
+  for (n, ci) in consts do
+    if n == skip then continue
+    if let some r := env.find? n then
+      if sameDecl ci r then
+        trusted := trusted.insert n
+        if let .defnInfo v := r then
+          if isSorryBody v.value then placeholders := placeholders.insert n
+      else if status == "ok" then
+        status := "helper_mismatch"
+        detail := s!"{n} is declared differently from the clean environment's {n}"
+  return { consts, byName, trusted, placeholders, status, detail }
+
+/-- Logs the one `LEANRL-CHECK` report of a check: the facts Python's policy reads. Axioms the
+attempt declares itself (not ones it shares, identically, with the clean environment) are
+listed apart: Python refuses every one of them whatever its name, except `native` ones under
+`allow_native_decide` (a name is only a spelling). -/
+def logReport (nonce status detail kind refKind : String) (w : Walk)
+    (lookNew : Name → Option ConstantInfo) (trusted : NameSet) (inductives : Array Name)
+    (consts : Array (Name × ConstantInfo)) (restated replayed : Bool) : CoreM Unit := do
+  let declared := w.axioms.filter fun n => (lookNew n).isSome && !trusted.contains n
+  let native := declared.filter fun n => match lookNew n with
+    | some ci => isNativeAxiom ci
+    | none => false
+  let j := Json.mkObj [
+    ("nonce", Json.str nonce), ("status", Json.str status), ("detail", Json.str detail),
+    ("kind", Json.str kind), ("ref_kind", Json.str refKind), ("axioms", strs w.axioms),
+    -- `Lean.reduceBool`/`reduceNat` (one backtick: lean4#14953 removed them) make the kernel run
+    -- compiled code, which it cannot do here: such a replay fails, and Python says why.
+    ("new_axioms", strs declared), ("native", strs native), ("uses_reduce", Json.bool (w.seen.contains `Lean.reduceBool ||
+      w.seen.contains `Lean.reduceNat)), ("inductives", strs inductives),
+    ("constants", strs (consts.map (·.1))), ("restated", Json.bool restated),
+    ("replayed", Json.bool replayed)]
+  logInfo m!"LEANRL-CHECK {j.compress}"
+
+/-- The options the kernel replay runs under: no heartbeat limit (the attempt may have
+elaborated under `maxHeartbeats 0`), synchronous checking, and never skipped. `insert` with a
+`DataValue`, not `setNat`: Lean made `Options` its own structure (lean4#12001) and kept only
+part of the `KVMap` API on it; `insert` is in every version. -/
+def replayOptions (o : Options) : Options :=
+  (((o.setBool `debug.skipKernelTC false).setBool `Elab.async false).insert
+    `maxHeartbeats (DataValue.ofNat 0)).insert `maxRecDepth (DataValue.ofNat 16384)
+
 /-- The check. `path`: the attempt's constants (REPL pickle, or `.olean` when `olean`);
 `target`: the theorem name; `nonce`: echoed back; `kernelReplay`: also replay through the
 kernel; `restateHeartbeats`: the bound (thousands of heartbeats) on each of the two checks of a
@@ -513,11 +601,9 @@ def run (path target nonce : String) (olean kernelReplay : Bool)
     (restateHeartbeats : Nat := 20000) : CoreM Unit := do
   let tgt := target.toName
   let env ← getEnv
-  -- Nothing of the file is looked at before it is rebuilt (see `rebuild`).
-  let (consts, limit) := rebuild (← if olean then readOlean path else readReplPickle path)
-  let byName : PersistentHashMap Name ConstantInfo :=
-    consts.foldl (fun m (n, ci) => m.insert n ci) {}
-  let lookNew : Name → Option ConstantInfo := fun n => byName.find? n
+  let p ← prepare path olean tgt
+  let consts := p.consts
+  let lookNew : Name → Option ConstantInfo := fun n => p.byName.find? n
   -- The clean environment's copy wins: a constant the attempt shares with it is checked to be
   -- declared the same (`sameDecl`), but for a theorem that compares only its statement, and the
   -- attempt's body could then hide `sorryAx` or `Classical.choice` from the axiom walk.
@@ -525,37 +611,10 @@ def run (path target nonce : String) (olean kernelReplay : Bool)
     match env.find? n with
     | some c => some c
     | none => lookNew n
-  -- Constants of the attempt that the clean environment also has (the statement's own helper
-  -- definitions, the header's declarations) must be identical; they are then not replayed.
-  let mut status := "ok"
-  let mut detail := ""
-  if let some why := limit then
-    status := "too_deep"
-    detail := s!"the attempt's file holds {why}"
-  -- The checker's own names are not the attempt's to declare: a constant under `LeanrlCheck`
-  -- would be compared with (or shadow a lookup of) this file's declarations. Refused, whatever
-  -- it is, with its own status.
-  for (n, _) in consts do
-    if n.getRoot == `LeanrlCheck && status == "ok" then
-      status := "reserved_name"
-      detail := s!"{n} is under `LeanrlCheck`, the namespace of leanrl's trusted checker"
-  let mut trusted : NameSet := {}
-  -- A hand-built constant map could file a constant under another name than its own.
-  for (n, ci) in consts do
-    if n != ci.name && status == "ok" then
-      status := "replay_failed"
-      detail := s!"the constant filed as {n} is named {ci.name}"
-  let mut placeholders : NameSet := {}
-  for (n, ci) in consts do
-    if n == tgt then continue
-    if let some r := env.find? n then
-      if sameDecl ci r then
-        trusted := trusted.insert n
-        if let .defnInfo v := r then
-          if isSorryBody v.value then placeholders := placeholders.insert n
-      else if status == "ok" then
-        status := "helper_mismatch"
-        detail := s!"{n} is declared differently from the reference statement's {n}"
+  let mut status := p.status
+  let mut detail := p.detail
+  let trusted := p.trusted
+  let placeholders := p.placeholders
   let attempt? := lookNew tgt
   let mut kind := "missing"
   let mut refKind := "missing"
@@ -630,36 +689,62 @@ def run (path target nonce : String) (olean kernelReplay : Bool)
         | .ok tgtDecl =>
           let stated := if restated then some (ref.type, statedType ci ref ren, ref.levelParams)
             else none
-          -- The kernel's own limits come from options: no heartbeat limit (the attempt may have
-          -- elaborated under `maxHeartbeats 0`), synchronous checking, and never skipped.
-          -- `insert` with a `DataValue`, not `setNat`: Lean made `Options` its own structure
-          -- (lean4#12001) and kept only part of the `KVMap` API on it; `insert` is in every
-          -- version.
-          let opts (o : Options) : Options :=
-            (((o.setBool `debug.skipKernelTC false).setBool `Elab.async false).insert
-              `maxHeartbeats (DataValue.ofNat 0)).insert `maxRecDepth (DataValue.ofNat 16384)
+          -- The kernel's own limits come from options (`replayOptions`).
           let (st, msg) ← withoutModifyingEnv <| withTheReader Core.Context
-            (fun c => { c with options := opts c.options, maxHeartbeats := 0 })
-            (replay lookW isNew w.order tgt fresh tgtDecl stated restateHeartbeats)
+            (fun c => { c with options := replayOptions c.options, maxHeartbeats := 0 })
+            (replay lookW isNew w.order tgt fresh (some tgtDecl) stated restateHeartbeats)
           if st != "" then
             status := st
             detail := msg
-  -- Axioms the attempt declares itself (not ones it shares, identically, with the clean
-  -- environment). Python refuses every one of them whatever its name, except `native` ones
-  -- under `allow_native_decide`: a name is only a spelling.
-  let declared := w.axioms.filter fun n => (lookNew n).isSome && !trusted.contains n
-  let native := declared.filter fun n => match lookNew n with
-    | some ci => isNativeAxiom ci
-    | none => false
-  let j := Json.mkObj [
-    ("nonce", Json.str nonce), ("status", Json.str status), ("detail", Json.str detail),
-    ("kind", Json.str kind), ("ref_kind", Json.str refKind), ("axioms", strs w.axioms),
-    -- `Lean.reduceBool`/`reduceNat` (one backtick: lean4#14953 removed them) make the kernel run
-    -- compiled code, which it cannot do here: such a replay fails, and Python says why.
-    ("new_axioms", strs declared), ("native", strs native), ("uses_reduce", Json.bool (w.seen.contains `Lean.reduceBool ||
-      w.seen.contains `Lean.reduceNat)), ("inductives", strs inductives),
-    ("constants", strs (consts.map (·.1))), ("restated", Json.bool restated),
-    ("replayed", Json.bool (kernelReplay && status == "ok"))]
-  logInfo m!"LEANRL-CHECK {j.compress}"
+  logReport nonce status detail kind refKind w lookNew trusted inductives consts restated
+    (kernelReplay && status == "ok")
+
+/-- The check of a whole file (`Attempt.check == "file"`: a Kimina snippet that is not one
+theorem against a reference, such as a `#check`, a `def` then a lemma, several theorems). There
+is no target and no reference statement: every constant the file adds is a root. The same rules
+as `run` hold for each of them: the rebuild and its caps, the reserved namespace, constants
+shared with the clean environment declared identically, the kernel-bug shapes, the axiom walk,
+and with `kernelReplay` the kernel replay of every new constant, dependencies first. The report
+is `run`'s, with `kind` and `ref_kind` `file`; Python's policy decides from it as for a proof
+(docs/verification.md, "file" checks). -/
+def runFile (path nonce : String) (olean kernelReplay : Bool) : CoreM Unit := do
+  let env ← getEnv
+  let p ← prepare path olean .anonymous
+  let consts := p.consts
+  let lookNew : Name → Option ConstantInfo := fun n => p.byName.find? n
+  let look : Name → Option ConstantInfo := fun n =>
+    match env.find? n with
+    | some c => some c
+    | none => lookNew n
+  let mut status := p.status
+  let mut detail := p.detail
+  let isNew : Name → Bool := fun n => (lookNew n).isSome && !p.trusted.contains n
+  let roots := (consts.map (·.1)).filter isNew
+  let w := walk look (fun n => p.placeholders.contains n) roots
+  if status == "ok" && !w.missing.isEmpty then
+    status := "missing_dependency"
+    detail := s!"depends on unknown constants {w.missing}"
+  let mut inductives : Array Name := #[]
+  for n in w.order do
+    if isNew n then
+      if let some (.inductInfo _) := look n then inductives := inductives.push n
+  for n in w.order do
+    if status != "ok" then break
+    if isNew n then
+      if let some own := lookNew n then
+        if let some (st, what) := badShape look own then
+          status := st
+          detail := s!"{n} contains {what}"
+  if status == "ok" && kernelReplay then
+    -- No target: the replay's target slot is the anonymous name, which `prepare` refused as a
+    -- constant's name, so every constant goes through the kernel as itself.
+    let (st, msg) ← withoutModifyingEnv <| withTheReader Core.Context
+      (fun c => { c with options := replayOptions c.options, maxHeartbeats := 0 })
+      (replay look isNew w.order .anonymous .anonymous none none 0)
+    if st != "" then
+      status := st
+      detail := msg
+  logReport nonce status detail "file" "file" w lookNew p.trusted inductives consts false
+    (kernelReplay && status == "ok")
 
 end LeanrlCheck
