@@ -386,6 +386,29 @@ async def test_a_restatement_needs_the_elaborators_reducible_check_too(
     assert v_reserved.reason is Reason.FORBIDDEN and "LeanrlCheck" in v_reserved.detail
 
 
+async def test_file_checks_go_through_the_judges_run_file(lean_runtime: LocalRuntime) -> None:
+    """A Kimina snippet that is not one theorem against a reference is a file check: every
+    constant it adds is replayed and walked by `LeanrlCheck.runFile`. Sound declarations pass;
+    an axiom of the file's own, a `sorry` and a forged theorem do not."""
+
+    def file(text: str, policy: VerificationPolicy = VerificationPolicy()) -> Attempt:
+        return Attempt(name="", header="", formal_statement="", proof=text, check="file",
+                       policy=policy)  # fmt: skip
+
+    ok, axiom, sorry, forged = await lean_runtime.check(
+        [
+            file("def f : Nat := 1\n\ntheorem f_eq : f = 1 := rfl\n\n#check f_eq"),
+            file("axiom bad : False\n\ntheorem b : 1 = 2 := bad.elim"),
+            file("theorem s : 1 = 2 := by sorry"),
+            file(FORGE_TACTIC + "\ntheorem g : 2 + 2 = 5 := by leanrl_forge", NO_SCAN),
+        ]
+    )
+    assert ok.accepted, ok.detail
+    assert axiom.reason is Reason.AXIOM, axiom.detail
+    assert sorry.reason in (Reason.SORRY, Reason.ERROR), sorry.detail
+    assert not forged.accepted and forged.reason in (Reason.FORBIDDEN, Reason.ERROR), forged.detail
+
+
 async def test_forged_name_hashes_in_the_attempts_file_do_not_fool_the_checker(
     lean_runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
