@@ -148,6 +148,18 @@ async def test_stdout_is_read_when_nothing_is_submitted_and_streams_work(tok: An
     assert group[0].reward == 1.0 and group[0].meta["requests"] == 2
 
 
+async def test_a_failing_policy_fails_the_run_not_just_the_episodes(tok: Any) -> None:
+    from leanrl.errors import PolicyError
+
+    class Broken(ScriptedToolPolicy):
+        async def generate_from_ids(self, prompt_ids: Any, sampling: Any) -> Any:
+            raise PolicyError("the model is gone")
+
+    h = _harness(AGENT)
+    with pytest.raises(PolicyError, match="the model is gone"):
+        await h.run([TASK], Broken(tok, SOLVE), ScriptedRuntime(), SamplingConfig(), Taskset())
+
+
 def test_the_command_is_required() -> None:
     with pytest.raises(ConfigError, match="command"):
         ExternalHarness(HarnessConfig(name="external")).check_config()

@@ -354,8 +354,11 @@ async def test_countdown_calc_and_submit() -> None:
     assert (await tools.call("calc", {"expr": "(25 - 5) * 3"})).text == "= 60"
     assert (await tools.call("calc", {"expr": "7 / 2"})).text.startswith("= 7/2")
     assert not (await tools.call("calc", {"expr": "__import__('os')"})).ok
-    refused = await tools.call("submit", {"expr": "1 + 2"})
-    assert not refused.ok and "calc" in refused.text and tools.answer is None
+    fresh = CountdownTools(calc_first=True)
+    refused = await fresh.call("submit", {"expr": "1 + 2"})
+    assert not refused.ok and "calc" in refused.text and fresh.answer is None
+    assert not (await fresh.call("calc", {"expr": "1 +"})).ok  # a failed calc counts for nothing
+    assert not (await fresh.call("submit", {"expr": "1 + 2"})).ok
     assert (await tools.call("submit", {"expr": "(25-5)*3"})).submitted
     assert tools.answer is not None and tools.answer.proof == "(25-5)*3"
 

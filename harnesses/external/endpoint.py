@@ -92,7 +92,13 @@ class Endpoint:
         sock.listen(128)
         self._sock, self.port = sock, sock.getsockname()[1]
         self._server = uvicorn.Server(
-            uvicorn.Config(self._app(), log_level="critical", lifespan="off", access_log=False)
+            uvicorn.Config(
+                self._app(),
+                log_level="critical",
+                log_config=None,  # leave the caller's logging alone
+                lifespan="off",
+                access_log=False,
+            )
         )
         ready = threading.Event()
         failed: list[BaseException] = []
@@ -160,6 +166,9 @@ class Endpoint:
             except RequestError as e:
                 session.refused += 1
                 return error(e.status, str(e), e.kind)
+            except Exception as e:  # noqa: BLE001 - the policy or leanrl failed: the run says so
+                session.errors.append(e)
+                return error(500, f"{type(e).__name__}: {e}", "server_error")
 
         async def chat(request: Request) -> Response:
             async def work(session: Session) -> Response:

@@ -179,6 +179,9 @@ class ExternalHarness(Harness):
             await endpoint.close()
             if isinstance(backend, TokenBackend):
                 await backend.close()
+        failed = next((e for s in sessions for e in s.errors), None)
+        if failed is not None:
+            raise failed  # the policy (or leanrl) failed, not the agent program
         groups = [
             [
                 self._rollout(s, results[s.index], mode)

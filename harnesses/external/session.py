@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from leanrl.errors import ConfigError
 from leanrl.policy import ChatMessage, Completion, Policy, SamplingConfig
 from leanrl.rollout import Turn
 from leanrl.task import Task
@@ -143,6 +144,9 @@ class Session:
         self.tool_s = 0.0
         self.log: list[dict[str, Any]] = []
         self.refused = 0
+        self.errors: list[BaseException] = []
+        """Failures of the policy or of leanrl while answering (the harness raises the first
+        once the episodes are over: a broken policy must not pass for failed episodes)."""
         self.closed = False
 
     # -- model turns -----------------------------------------------------------------------------
@@ -201,12 +205,17 @@ class Session:
         else:
             assert fmt is not None
             sub = ChatFormat(fmt.tok, tools)
-            if not seg.turns:
-                seg.prompt_ids = sub.prompt_ids(messages)
-                seg.ids = list(seg.prompt_ids)
-            elif new:
-                assert seg.last is not None
-                fb = sub.after_turn(seg.last, new)
+            fb: list[int] = []
+            try:
+                if not seg.turns:
+                    seg.prompt_ids = sub.prompt_ids(messages)
+                    seg.ids = list(seg.prompt_ids)
+                elif new:
+                    assert seg.last is not None
+                    fb = sub.after_turn(seg.last, new)
+            except ConfigError as e:  # the template cannot render what the program sent
+                raise RequestError(str(e)) from None
+            if seg.turns and new:
                 seg.turns[-1].feedback_ids = fb
                 seg.turns[-1].feedback = sub.decode(fb)
                 seg.ids += fb

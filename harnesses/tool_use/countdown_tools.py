@@ -4,8 +4,8 @@
 integers, ``+ - * /`` and parentheses, nothing run as code) and says its value; it never says
 whether the expression solves the puzzle. ``submit(expr)`` hands in the answer, which the
 Countdown checker judges after the episode. With ``calc_first`` (harness option), an answer is
-taken only once ``calc`` has evaluated that very expression in the episode: the puzzle's rule
-"show your calculation", which the learning check trains a model to follow
+taken only once ``calc`` has evaluated an expression in the episode: the rule "use the
+calculator before you answer", which the learning check trains a tiny model to follow
 (``benchmarks/tool_use.py``).
 """
 
@@ -72,10 +72,8 @@ class CountdownTools(EpisodeTools):
             return ToolResult(f"= {_shown(value)}")
         if not expr.strip():
             return ToolResult("Error: the answer is empty", ok=False)
-        if self.calc_first and _key(expr) not in self.evaluated:
-            return ToolResult(
-                "Error: evaluate this expression with calc before submitting it", ok=False
-            )
+        if self.calc_first and not self.evaluated:
+            return ToolResult("Error: evaluate an expression with calc before submitting", ok=False)
         self.answer = Answer(proof=expr.strip())
         return ToolResult("Submitted.", submitted=True)
 
