@@ -13,6 +13,8 @@ named directly by import path, ``"my_package.module:MyEnvironment"``, without re
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal
 
@@ -44,13 +46,16 @@ def resolve(kind: Kind, name: str) -> Any:
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
-            obj: Any = importlib.import_module(module)
+            obj: Any = _import_here_too(module)
             for part in attr.split("."):
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as e:
+            top = module.split(".")[0]
             raise ConfigError(
-                f"cannot import {_SINGULAR[kind]} {name!r}: {e}. Use 'package.module:Class' "
-                "with the package installed in this Python."
+                f"cannot import {_SINGULAR[kind]} {name!r}: {e}. leanrl imports "
+                f"'package.module:Class' from the installed packages and from the current folder "
+                f"({os.getcwd()}): run it from the folder that holds {top}/ (or {top}.py), add "
+                "that folder to PYTHONPATH, or `pip install -e` your package."
             ) from e
         return obj
     found = available(kind)
@@ -74,6 +79,27 @@ def resolve(kind: Kind, name: str) -> Any:
             f"{_SINGULAR[kind]} {name!r} is registered by {found[name].value!r} but failed to "
             f"import: {type(e).__name__}: {e}"
         ) from e
+
+
+def _import_here_too(module: str) -> Any:
+    """``import_module(module)``, also finding a package that sits in the current folder, as
+    ``python -m`` would: the ``leanrl`` console script's ``sys.path`` starts at its own bin
+    folder, not at the folder it runs in (docs/custom-environments.md's walkthrough). The
+    current folder goes to the end of ``sys.path``, and only when the package is found nowhere
+    else, so a folder there never shadows an installed package (a ``vllm`` source checkout, a
+    ``datasets`` folder) that leanrl imports later."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        top = module.split(".")[0]
+        here = os.getcwd()
+        local = os.path.isdir(os.path.join(here, top)) or os.path.isfile(
+            os.path.join(here, top + ".py")
+        )
+        if e.name != top or not local or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module)
 
 
 def describe(kind: Kind) -> list[tuple[str, str, str]]:
