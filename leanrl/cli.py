@@ -154,21 +154,79 @@ def _subcommand(cls: type[BaseModel]) -> tuple[Any, Any]:
     return kind, Field(description=_summary(cls))
 
 
-def _summary(cls: type) -> str:
-    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+def _summary(cls: type | str) -> str:
+    """The first paragraph of a command's docstring, on one line; for a ``"module:Class"``
+    target, read from the module's source without importing it (``leanrl --help`` lists every
+    command, and importing them all costs more CPU than the rest of the help)."""
+    if isinstance(cls, str):
+        doc = _source_docstring(cls)
+        if doc is None:
+            return _summary(_load(cls))
+    else:
+        doc = cls.__doc__ or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def _source_docstring(target: str) -> str | None:
+    """The docstring of class ``Class`` in ``module``'s source (None if it cannot be read so)."""
+    import ast
+    import importlib.util
+
+    module, _, attr = target.partition(":")
+    try:
+        spec = importlib.util.find_spec(module)
+        origin = spec.origin if spec is not None else None
+        if not origin or not origin.endswith(".py"):
+            return None
+        tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
+    except (ImportError, OSError, SyntaxError, ValueError):
+        return None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ClassDef) and stmt.name == attr:
+            return ast.get_docstring(stmt)
+    return None
 
 
 _Tree = dict[str, Any]  # command name -> command class, or a nested _Tree for a group
 
 
-def _tree() -> _Tree:
+def _targets() -> _Tree:
+    """The command tree with each command's ``"module:Class"`` (nothing imported)."""
     tree: _Tree = {}
     for path, target in _COMMANDS.items():
         *groups, leaf = path.split()
         node = tree
         for g in groups:
             node = node.setdefault(g, {})
-        node[leaf] = _load(target)
+        node[leaf] = target
+    return tree
+
+
+def _tree() -> _Tree:
+    """The command tree with every command's class (every command module imported)."""
+
+    def load(node: _Tree) -> _Tree:
+        return {k: load(v) if isinstance(v, dict) else _load(v) for k, v in node.items()}
+
+    return load(_targets())
+
+
+def _tree_for(args: Sequence[str]) -> _Tree:
+    """The tree ``main`` needs for ``args``: when they name one command, only that command's
+    module is imported (the others pull in trainers, httpx, rich...: half a second of CPU before
+    ``leanrl eval`` does anything); a group, the root, or a word that is no command (its
+    "did you mean" lists them all) gets the whole tree."""
+    words, node = _command_path(_targets(), args)
+    if not isinstance(node, str):
+        return _tree()
+    return _pruned(words, node)
+
+
+def _pruned(words: Sequence[str], node: str) -> _Tree:
+    """The tree that holds only the command at ``words`` (imported from ``node``)."""
+    tree: _Tree = {words[-1]: _load(node)}
+    for w in reversed(words[:-1]):
+        tree = {w: tree}
     return tree
 
 
@@ -396,6 +454,23 @@ def _section_given_a_value(cls: type[BaseModel], args: Sequence[str]) -> list[st
     return None
 
 
+#: The commands whose runs resume where they stopped when the same command is run again.
+_RESUMABLE = frozenset(
+    {"eval", "compare", "train grpo", "train es", "train sft", "train expert-iteration"}
+)
+
+
+def _interrupted(args: Sequence[str]) -> str:
+    """What Ctrl-C prints: for a command whose runs resume, how to go on."""
+    words, _ = _command_path(_targets(), args)
+    if " ".join(words) in _RESUMABLE:
+        return (
+            "leanrl: interrupted; what was finished is kept: run the same command again to "
+            "resume where it stopped"
+        )
+    return "leanrl: interrupted"
+
+
 def _version() -> str:
     import leanrl
     from leanrl._dist import foreign_distribution
@@ -404,6 +479,22 @@ def _version() -> str:
     line = f"leanrl {leanrl.__version__} ({where})"
     problem = foreign_distribution()
     return line + (f"\nwarning: {problem}" if problem else "")
+
+
+def sweep_leftovers() -> None:
+    """Remove the temporary folders (``leanrl-pool-*``, ``leanrl-oneshot-*``) that a leanrl
+    killed before it could clean up left behind, killing the Lean processes they name. Every
+    command does this as it starts, so leftovers go on machines where no Lean pool ever starts
+    again (which used to be the only time they were swept). Never fails a command."""
+    from leanrl.lean.trust.containment import sweep_stale
+
+    try:
+        removed = sweep_stale()
+    except Exception as e:  # noqa: BLE001 - cleaning up after others must not stop this run
+        logging.getLogger("leanrl").debug("sweeping stale temporary folders failed: %s", e)
+        return
+    if removed:
+        logging.getLogger("leanrl").debug("removed %d stale temporary folder(s)", len(removed))
 
 
 def setup_logging() -> None:
@@ -467,12 +558,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``leanrl`` console script."""
     setup_logging()
     args = normalize_argv(sys.argv[1:] if argv is None else argv)
-    tree = _tree()
     if not args:
         args = ["--help"]
     if args[0] == "--version":
         print(_version())
         return 0
+    if isinstance(_command_path(_targets(), args)[1], dict):
+        # the root's or a group's help: summaries read from the sources, nothing imported
+        text = _help(_targets(), args)
+        if text is not None:
+            print(text, end="")
+            return 0
+    tree = _tree_for(args)
     text = _help(tree, args)
     if text is not None:
         print(text, end="")
@@ -493,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             typed, node = dict(typed[chosen[0]]), node[chosen[0]]
         command = _with_file(node, typed)
+        sweep_leftovers()
         command.cli_cmd()
     except SettingsError as e:
         print(_usage_error(tree, args, str(e)), file=sys.stderr)
@@ -516,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     except KeyboardInterrupt:
-        print("leanrl: interrupted", file=sys.stderr)
+        print(_interrupted(args), file=sys.stderr)
         return 130
     return 0
 
