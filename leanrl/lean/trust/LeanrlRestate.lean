@@ -86,9 +86,25 @@ def bitsCeiling : Nat := 1099511627776
 to bound (and refused), so the look is linear in the term however it shares its subterms. -/
 def boundFuel : Nat := 100000
 
-/-- Whether a type argument is `Nat` (only natural-number literals reach GMP in the kernel and in
-`whnf`'s literal folding; other types are never computed by it). -/
-def isNatType (e : Expr) : Bool := e.isConstOf ``Nat
+/-- Past this exponent (shift) the runtime's `Nat.pow` and `Nat.shiftLeft` abort the process
+(`lean_internal_panic` in `lean_nat_pow`/`lean_nat_shiftl`), whatever the base. -/
+def maxRuntimeExp : Nat := 4294967295
+
+/-- Whether a type argument may be `ℕ`: only natural-number literals reach GMP in the kernel and
+in `whnf`'s literal folding. A named type other than `ℕ` (`ℝ`, `ℤ`) is never computed by it; a
+type that is not a constant (`id ℕ`) might be `ℕ`, so it counts. -/
+def isNatType (e : Expr) : Bool :=
+  match e.consumeMData with
+  | .const n _ => n == ``Nat
+  | _ => true
+
+/-- The names `natBinOp?` reads, so that a node with another head costs nothing more. -/
+def natOpNames : List Name :=
+  [``Nat.add, ``Nat.mul, ``Nat.pow, ``Nat.shiftLeft, ``Nat.sub, ``Nat.div, ``Nat.mod, ``Nat.gcd,
+   ``Nat.shiftRight, ``Nat.land, ``Nat.lor, ``Nat.xor, ``HAdd.hAdd, ``HMul.hMul, ``HPow.hPow,
+   ``HShiftLeft.hShiftLeft, ``HSub.hSub, ``HDiv.hDiv, ``HMod.hMod, ``HShiftRight.hShiftRight,
+   ``HAnd.hAnd, ``HOr.hOr, ``HXor.hXor, ``Pow.pow, ``Add.add, ``Mul.mul, ``ShiftLeft.shiftLeft,
+   `NatPow.pow, `HomogeneousPow.pow, `Monoid.npow]
 
 /-- `(operation, left, right)` for a binary operation on natural numbers, written with its
 `Nat.*` function, its heterogeneous class (`HPow.hPow ℕ ℕ ℕ _ a b`), its homogeneous class
@@ -98,7 +114,8 @@ def natBinOp? (e : Expr) : Option (String × Expr × Expr) :=
   let arg (i : Nat) : Expr := e.getArg! i
   match e.getAppFn with
   | .const n _ =>
-    let k := e.getAppNumArgs
+    -- the head first: counting the arguments of a long spine is paid only for these names
+    let k := if natOpNames.contains n then e.getAppNumArgs else 0
     if k == 2 then
       if n == ``Nat.add then two "add" else if n == ``Nat.mul then two "mul"
       else if n == ``Nat.pow then two "pow" else if n == ``Nat.shiftLeft then two "shl"
@@ -123,24 +140,42 @@ def natBinOp? (e : Expr) : Option (String × Expr × Expr) :=
     else none
   | _ => none
 
-/-- The value of a natural-number literal (`5` raw or `OfNat.ofNat ℕ 5 _`), if `e` is one. -/
+/-- The value of a natural-number literal (`5` raw, or `OfNat.ofNat ℕ 5 (instOfNatNat 5)`, the
+core instance), if `e` is one. A numeral through another `OfNat ℕ` instance is not read as its
+digits: an attempt's own instance could make `(5 : ℕ)` stand for anything. -/
 def natLit? (e : Expr) : Option Nat :=
   match e.consumeMData with
   | .lit (.natVal n) => some n
-  | e' => if e'.isAppOfArity ``OfNat.ofNat 3 then
+  | e' => if e'.isAppOfArity ``OfNat.ofNat 3 && e'.appArg!.isAppOf ``instOfNatNat then
       match e'.appFn!.appArg!.consumeMData with
       | .lit (.natVal n) => some n
       | _ => none
     else none
 
+/-- Whether `e` holds a `let` or a beta-redex: a bound variable there stands for a value both
+checks substitute before they compute (`let k := 4294967296; 1 <<< k`). -/
+def bindsValues (e : Expr) : Bool :=
+  (e.find? fun x => x.isLet || (x.isApp && x.getAppFn.consumeMData.isLambda)).isSome
+
+/-- A term's address: the key of the maps below. Structural hashing would let an attempt choose
+colliding subterms (a literal's hash is its value mod 2^64) and make each look-up linear; an
+address cannot be chosen. The terms stay alive while they are looked at, so an address names
+one node. -/
+unsafe def addrImpl (e : Expr) : USize := ptrAddrUnsafe e
+
+@[implemented_by addrImpl]
+opaque addr (e : Expr) : USize
+
 /-- What the literal bound remembers while it looks at one statement. -/
 structure BitsState where
-  /-- `natBits` of every node seen (terms share subterms: each is looked at once). -/
-  memo : PersistentHashMap Expr (Option Nat) := {}
-  /-- Nodes the scan has entered. -/
-  seen : PersistentHashMap Expr Unit := {}
+  /-- `natBits` of every node seen, by address (terms share subterms: each is looked at once). -/
+  memo : PersistentHashMap USize (Option Nat) := {}
+  /-- Nodes the scan has entered, by address. -/
+  seen : PersistentHashMap USize Unit := {}
   /-- Nodes left to look at (`boundFuel`). -/
   fuel : Nat := boundFuel
+  /-- The statement binds values (`bindsValues`): a bound variable may be a number. -/
+  valued : Bool := false
 
 abbrev BitsM := StateM BitsState
 
@@ -152,34 +187,43 @@ def burn : BitsM Bool := do
   return true
 
 /-- The bits of `op a b` from bounds `x?`, `y?` on the bits of `a` and `b`, capped at
-`bitsCeiling`. A power or shift whose exponent is closed (no bound variable) but not a literal
-computation -- `2 ^ (id 1099511627776)`, a helper constant, a `let` -- is unbounded: `whnf` and
-the kernel would reduce the exponent to a literal whose size is unknown here. -/
-def combineBits (op : String) (b : Expr) (x? y? : Option Nat) : Option Nat :=
+`bitsCeiling`. A power or shift whose exponent is past `maxRuntimeExp` is unbounded whatever the
+base (the runtime aborts); one whose exponent is closed -- no bound variable, or the statement
+binds values (`valued`) -- but cannot be sized (`2 ^ (id 1099511627776)`, a helper constant) is
+unbounded too, since both checks would reduce it to a literal of unknown size; so is a closed
+base that cannot be sized under an exponent past `maxLiteralBits`. -/
+def combineBits (op : String) (a b : Expr) (x? y? : Option Nat) (valued : Bool) : Option Nat :=
   let cap (v : Nat) := Nat.min v bitsCeiling
-  let closed := !b.hasLooseBVars && !b.hasFVar
-  match op, x?, y? with
-  | "pow", some x, some y =>
-    if x ≤ 1 then some 1  -- `0 ^ n`, `1 ^ n`
-    else match natLit? b with
-      | some n => some (Nat.max 1 (cap (x * n)))  -- `a ^ n` has at most `x * n` bits
-      | none => some (if y ≥ 40 then bitsCeiling else cap (x * 2 ^ y))  -- and `b < 2 ^ y`
-  | "pow", _, none => if closed then some bitsCeiling else none
-  | "shl", some x, some y =>
-    match natLit? b with
-    | some n => some (cap (x + n))
-    | none => some (if y ≥ 40 then bitsCeiling else cap (x + 2 ^ y))
-  | "shl", _, none => if closed then some bitsCeiling else none
-  | "add", some x, some y => some (cap (Nat.max x y + 1))
-  | "mul", some x, some y => some (cap (x + y))
-  | _, some x, some y => some (Nat.max x y)
-  | _, _, _ => none
+  let closed (t : Expr) : Bool := !t.hasFVar && (valued || !t.hasLooseBVars)
+  -- an upper bound on the exponent (shift) `b`
+  let e? : Option Nat := match natLit? b, y? with
+    | some n, _ => some n
+    | none, some y => if y ≥ 40 then none else some (2 ^ y)
+    | none, none => none
+  match op with
+  | "pow" | "shl" =>
+    match e? with
+    | none => if closed b then some bitsCeiling else none
+    | some n =>
+      if n > maxRuntimeExp then some bitsCeiling
+      else match x? with
+        | some x =>
+          if op == "shl" then some (cap (x + n))
+          else if x ≤ 1 then some 1  -- `0 ^ n`, `1 ^ n` (`n` below 2^32)
+          else some (Nat.max 1 (cap (x * n)))  -- `a ^ n` has at most `x * n` bits
+        | none => if closed a && n > maxLiteralBits then some bitsCeiling else none
+  | _ =>
+    match op, x?, y? with
+    | "add", some x, some y => some (cap (Nat.max x y + 1))
+    | "mul", some x, some y => some (cap (x + y))
+    | _, some x, some y => some (Nat.max x y)
+    | _, _, _ => none
 
 /-- An upper bound on the bits of the number a closed literal computation on `ℕ` denotes
 (`2 ^ (2 ^ 40)`, `1 <<< 4294967296`), capped at `bitsCeiling`; `none` when `e` is not one
 (see `combineBits`). Each node is looked at once (`memo`); out of fuel, a term is unbounded. -/
 partial def natBits (e : Expr) : BitsM (Option Nat) := do
-  if let some r := (← get).memo.find? e then return r
+  if let some r := (← get).memo.find? (addr e) then return r
   if !(← burn) then return some bitsCeiling
   let mut r : Option Nat := none
   if let some n := natLit? e then
@@ -189,21 +233,23 @@ partial def natBits (e : Expr) : BitsM (Option Nat) := do
   else if let some (op, a, b) := natBinOp? e then
     let x? ← natBits a
     let y? ← natBits b
-    r := combineBits op b x? y?
-  modify fun st => { st with memo := st.memo.insert e r }
+    r := combineBits op a b x? y? (← get).valued
+  modify fun st => { st with memo := st.memo.insert (addr e) r }
   return r
 
 /-- The first literal computation in `e` whose value may exceed `maxLiteralBits` bits and that
 `ref` does not hold verbatim (both checks compare equal subterms without reducing them), as
 text; or `e` too big to look at within `boundFuel` nodes. Each shared node is entered once. -/
 partial def bigIn (ref e : Expr) : BitsM (Option String) := do
-  if (← get).seen.contains e then return none
-  modify fun st => { st with seen := st.seen.insert e () }
+  if (← get).seen.contains (addr e) then return none
+  modify fun st => { st with seen := st.seen.insert (addr e) () }
   if !(← burn) then
     return some s!"a statement too big to bound (over {boundFuel} nodes)"
   if (natBinOp? e).isSome then
     if let some b := (← natBits e) then
       if b > maxLiteralBits && (ref.find? (· == e)).isNone then
+        if (← get).fuel == 0 then
+          return some s!"a statement too big to bound (over {boundFuel} nodes)"
         return some s!"a number of up to {b} bits ({e.getAppFn.constName!} ...)"
   let kids : Array Expr := match e with
     | .app f a => #[f, a]
@@ -219,11 +265,11 @@ partial def bigIn (ref e : Expr) : BitsM (Option String) := do
 
 /-- A literal computation in the restated statement `stated` past the bound (see `bigIn`): a
 cheap first filter, so that the commonest ways to stall or kill the judge (`1 <<< 4294967296`,
-`2 ^ (2 ^ 40)`) cost a clear refusal instead of a judge; what it cannot see -- a helper
-definition that computes, an instance that does -- is bounded by the pool around the judge
-(`judge_limit`). -/
+`2 ^ (2 ^ 40)`, `let k := 4294967296; 1 <<< k`) cost a clear refusal instead of a judge; what
+it cannot see -- a helper definition or an instance that computes -- is bounded by the pool
+around the judge (`judge_limit`). -/
 def bigComputation? (ref stated : Expr) : Option String :=
-  Id.run ((bigIn ref stated).run' {})
+  Id.run ((bigIn ref stated).run' { valued := bindsValues stated })
 
 /-- Runs `x` bounded by `heartbeats` (thousands, as the option counts them; the kernel reads the
 option, the elaborator the context) and `maxRecDepth` 512 (the elaborator's default), and returns
@@ -231,8 +277,9 @@ what it threw as text instead of throwing. Catching at the level of `IO` sees ev
 the runtime ones (heartbeats, recursion depth) included, in every Lean version this file supports
 (`Core.tryCatchRuntimeEx` is not in v4.8). It runs on a thread of its own: the kernel compares
 its bound with a per-thread count of its steps that `addDecl` never resets, which on the judge's
-one long-lived thread would hold every kernel check the judge ever ran; a new thread starts both
-counts (the kernel's and the elaborator's allocations) at zero. The state `x` leaves is dropped. -/
+one long-lived thread would hold every kernel check the judge ever ran; a new thread starts the
+kernel's count at zero (the elaborator's bound is taken from the count when `x` starts,
+`CoreM.toIO`). The state `x` leaves is dropped. -/
 def bounded {α : Type} (x : CoreM α) (heartbeats : Nat) : CoreM (Except String α) := do
   let ctx ← read
   let opts := (ctx.options.insert `maxHeartbeats (DataValue.ofNat heartbeats)).insert
