@@ -205,6 +205,12 @@ class Policy(abc.ABC):
     worker thread. Backends call :meth:`completed`; one that never does only moves the caller's
     progress when ``generate`` returns."""
 
+    on_tokens: Callable[[int], None] | None = None
+    """Set by a caller that shows progress (the eval runner): called with a number of tokens
+    as they are generated, possibly from a worker thread: every decoding step where the backend
+    decodes itself (``hf``, ``vllm``'s stream), as each response arrives for a server
+    (``openai``). Backends call :meth:`tokens_generated`."""
+
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
 
@@ -212,6 +218,12 @@ class Policy(abc.ABC):
         """Report ``n`` finished completions to :attr:`on_completions` (if anyone listens)."""
         hook = self.on_completions
         if hook is not None and n:
+            hook(n)
+
+    def tokens_generated(self, n: int) -> None:
+        """Report ``n`` newly generated tokens to :attr:`on_tokens` (if anyone listens)."""
+        hook = self.on_tokens
+        if hook is not None and n > 0:
             hook(n)
 
     async def start(self) -> None:  # noqa: B027 - optional hook

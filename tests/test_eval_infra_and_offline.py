@@ -168,13 +168,13 @@ async def test_progress_moves_per_attempt(
     from leanrl.eval import runner
 
     seen: list[int] = []
-    real = runner._Progress.checked
+    real = runner.Progress.checked
 
     def spy(self: Any, verdicts: int) -> None:
         real(self, verdicts)
         seen.append(self.at)
 
-    monkeypatch.setattr(runner._Progress, "checked", spy)
+    monkeypatch.setattr(runner.Progress, "checked", spy)
     cfg = make(bench_data, tmp_path / "p", chunk_tasks=4, runtime_options={"piece": 1})
     await run_eval(cfg, policy=ScriptedPolicy(TEXTS))
     # One chunk of 4 tasks x 4 samples; 12 proofs reach the runtime, one verdict at a time.

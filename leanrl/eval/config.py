@@ -74,7 +74,9 @@ class EvalConfig(BaseModel):
     runs chunk by chunk unless ``--stream`` asks for it; ``--stream false``: never. Needs a
     harness that can stream (``whole-proof``); others run chunk by chunk."""
     progress: bool = True
-    """Show a progress bar (attempts done, attempts/s, pass rate so far) on stderr."""
+    """Show progress on stderr: attempts done, tokens generated and tokens/s as they are
+    generated, attempts/s and the pass rate so far; a bar on a terminal, else a line every 30
+    s (docs/eval.md#progress)."""
     generate_only: bool = False
     """Sample and store completions without checking them, so no Lean is needed:
     ``completions.jsonl`` in the output folder holds one row per extracted proof, for

@@ -18,7 +18,6 @@ import json
 import logging
 import shlex
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -29,6 +28,7 @@ from leanrl._sandbox_config import REDACTED
 from leanrl.environment import Environment, load_environment
 from leanrl.errors import ConfigError, LeanrlError, PolicyError
 from leanrl.eval.config import EvalConfig
+from leanrl.eval.progress import Progress
 from leanrl.eval.report import package_versions, run_warnings, summarize, write_report
 from leanrl.eval.store import ResultStore
 from leanrl.harness import Harness
@@ -64,12 +64,16 @@ async def run_eval(
     *,
     env: Environment | None = None,
     policy: Policy | None = None,
+    progress_label: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) an evaluation; return the summary also written to ``summary.json``.
 
     ``env`` and ``policy`` may be passed in ready-made (notebooks, tests, trainers); otherwise
     they are built from the config. A policy passed in is started if needed but not closed.
-    Bad input fails here, before any model or Lean process starts.
+    Bad input fails here, before any model or Lean process starts. ``progress_label``: report
+    progress as log lines of ``leanrl.eval`` starting with it (a trainer's held-out
+    evaluation), instead of the bar ``config.progress`` asks for
+    (:mod:`leanrl.eval.progress`).
     """
     config.check()
     if config.samples > 1 and config.sampling.temperature == 0:
@@ -158,17 +162,25 @@ async def run_eval(
             if checking:
                 await runtime.start()  # a missing Lean project fails here, before the model loads
             await policy.start()
-            # Without Lean verdicts to wait for, an attempt is as good as done once generated.
-            by_generation = not checking or not env.needs_lean
-            progress = _Progress(config, tasks, store, by_generation=by_generation)
-            counted = _CountingRuntime(runtime, progress.checked)
-            policy.on_completions = progress.generated
-            sem = asyncio.Semaphore(config.pipeline_depth)
 
             def sampling_of(i: int) -> SamplingConfig:
                 return config.sampling.model_copy(
                     update={"n": n, "seed": chunk_seed(config.sampling.seed, i)}
                 )
+
+            # Decided (and logged) before the progress bar is drawn, so the line is not
+            # written into it.
+            streamed = _resolve_stream(config.stream, harness, policy, sampling_of(pending[0]))
+            # Without Lean verdicts to wait for, an attempt is as good as done once generated.
+            by_generation = not checking or not env.needs_lean
+            progress = Progress(
+                config, tasks, store, by_generation=by_generation, label=progress_label
+            )
+            counted = _CountingRuntime(runtime, progress.checked)
+            policy.on_completions = progress.generated
+            policy.on_tokens = progress.generated_tokens
+            ticker = asyncio.ensure_future(progress.ticker())
+            sem = asyncio.Semaphore(config.pipeline_depth)
 
             async def one(i: int) -> int:
                 async with sem:
@@ -200,14 +212,10 @@ async def run_eval(
                     for t, g in zip(chunks[i], groups, strict=True)
                     for r in g
                 )
-                progress.update(chunks[i], written)
+                tokens = sum(t.num_tokens for g in groups for r in g for t in r.turns)
+                progress.update(chunks[i], written, tokens)
                 return written
 
-            streamed = (
-                _resolve_stream(config.stream, harness, policy, sampling_of(pending[0]))
-                if pending
-                else False
-            )
             jobs = [] if streamed else [asyncio.ensure_future(one(i)) for i in pending]
             try:
                 if streamed:
@@ -228,7 +236,9 @@ async def run_eval(
             finally:
                 for j in jobs:
                     j.cancel()
+                ticker.cancel()
                 policy.on_completions = None
+                policy.on_tokens = None
                 progress.close()
         versions = await _versions(
             policy.config.model or config.policy.model,
@@ -580,102 +590,6 @@ def _model_revision(model: str) -> str | None:
     if isinstance(found, str) and "/snapshots/" in found:
         return found.split("/snapshots/")[1].split("/")[0]
     return None
-
-
-class _Progress:
-    """tqdm bar over attempts: it moves as verdicts arrive (and as chunks are recorded), with
-    attempts/s and the pass rate so far (tasks with an accepted attempt) beside it."""
-
-    def __init__(
-        self,
-        config: EvalConfig,
-        tasks: Sequence[Task],
-        store: ResultStore,
-        *,
-        by_generation: bool = False,
-    ) -> None:
-        from tqdm import tqdm
-
-        self.n = config.samples
-        # Completions come back from the policy's worker thread (Policy.completed).
-        self._lock = threading.Lock()
-        self.by_generation = by_generation  # the bar moves as completions are generated
-        self.generated_n = 0  # completions generated in this run
-        self.store = store
-        self.generate_only = config.generate_only
-        self.t0 = time.perf_counter()
-        self.new = 0  # attempts recorded by this run
-        self.verdicts = 0  # verdicts that arrived in this run (some not recorded yet)
-        done = [t for t in tasks if self._complete(t)]
-        self.done = len(done)
-        self.solved = sum(1 for t in done if self._solved(t))
-        self.initial = sum(1 for t in tasks for s in range(self.n) if store.has((t.id, s)))
-        self.total = len(tasks) * self.n
-        self.at = self.initial  # attempts the bar shows as done
-        self.bar = tqdm(
-            total=self.total,
-            initial=self.initial,
-            unit="attempt",
-            desc="eval",
-            disable=not config.progress,
-            dynamic_ncols=True,
-        )
-        self._postfix()
-
-    def _complete(self, t: Task) -> bool:
-        return all(self.store.has((t.id, s)) for s in range(self.n))
-
-    def _solved(self, t: Task) -> bool:
-        return any(self.store.records[(t.id, s)].get("accepted") for s in range(self.n))
-
-    def checked(self, verdicts: int) -> None:
-        """Verdicts arrived (called by the runtime wrapper, before the chunk is recorded)."""
-        with self._lock:
-            self.verdicts += verdicts
-            self._move()
-
-    def generated(self, n: int) -> None:
-        """Completions finished inside a generate call (:attr:`Policy.on_completions`)."""
-        with self._lock:
-            self.generated_n += n
-            self._move()
-
-    def update(self, chunk: Sequence[Task], written: int) -> None:
-        """A chunk was recorded."""
-        with self._lock:
-            self.new += written
-            finished = [t for t in chunk if self._complete(t)]
-            self.done += len(finished)
-            self.solved += sum(1 for t in finished if self._solved(t))
-            self._move()
-
-    def _moved(self) -> int:
-        """Attempts of this run the bar counts as done."""
-        return max(self.new, self.verdicts, self.generated_n if self.by_generation else 0)
-
-    def _move(self) -> None:
-        # Attempts rejected before Lean (no proof in the text) never reach the runtime: they
-        # count when their chunk is recorded; the bar never moves back.
-        at = min(self.total, self.initial + self._moved())
-        self._postfix()
-        self.bar.update(max(0, at - self.at))
-        self.at = max(self.at, at)
-
-    def _postfix(self) -> None:
-        rate = self._moved() / max(1e-9, time.perf_counter() - self.t0)
-        if self.generate_only:  # nothing is checked: no pass rate to show
-            self.bar.set_postfix_str(f"{rate:.2f} att/s, not checked", refresh=False)
-            return
-        pass_rate = self.solved / self.done if self.done else 0.0
-        # With Lean, generation runs ahead of the verdicts: say how far, so the bar is not "stuck".
-        ahead = self.generated_n - max(self.new, self.verdicts)
-        gen = f", {ahead} generated awaiting Lean" if not self.by_generation and ahead > 0 else ""
-        self.bar.set_postfix_str(
-            f"{rate:.2f} att/s, pass {100 * pass_rate:.1f}%{gen}", refresh=False
-        )
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 class _NoPolicy(Policy):

@@ -107,6 +107,9 @@ class ContinuousSampler:
         self.eos = eos
         self.busy_s = 0.0
         """Seconds spent in :meth:`run` (benchmarks read it)."""
+        self.on_tokens: Callable[[int], None] | None = None
+        """Called with the number of live rows after each decoding step (one token each), for
+        a progress display."""
         params: Mapping[str, Any]
         try:
             params = inspect.signature(model.forward).parameters
@@ -160,6 +163,8 @@ class ContinuousSampler:
                         live += new
                         joinable = joinable and _joinable(cache)
                     nxt = self._choose(live, logits)
+                    if self.on_tokens is not None:
+                        self.on_tokens(len(live))
                     keep: list[int] = []
                     for i, (r, t) in enumerate(zip(live, nxt, strict=True)):
                         if self._done(r, t):

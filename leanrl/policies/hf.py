@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from leanrl.errors import PolicyError
@@ -178,13 +178,15 @@ class HFPolicy(Policy):
 
     def sampler(self) -> ContinuousSampler:
         """The continuous-batching sampler over the loaded model (``batch_size`` rows)."""
-        return ContinuousSampler(
+        sampler = ContinuousSampler(
             self._model,
             self._tok,
             self._device,
             self.config.batch_size,
             _eos_ids(self._model, self._tok),
         )
+        sampler.on_tokens = self.tokens_generated  # progress per decoding step
+        return sampler
 
     def _generate_sync(
         self, prompts: list[Prompt], sampling: SamplingConfig
@@ -252,6 +254,8 @@ class HFPolicy(Policy):
             kw.update(temperature=1.0, top_p=1.0, top_k=0)
         if sampling.stop:
             kw.update(stop_strings=list(sampling.stop), tokenizer=tok)
+        if self.on_tokens is not None:  # someone shows progress: count tokens every step
+            kw["streamer"] = _TokenCounter(self.tokens_generated, _eos_ids(self._model, tok), pad)
         with torch.no_grad():
             res = self._model.generate(input_ids=input_ids, attention_mask=mask, **kw)
         gen = res.sequences[:, width:]
@@ -268,6 +272,42 @@ class HFPolicy(Policy):
             )
             for b in range(gen.shape[0])
         ]
+
+
+class _TokenCounter:
+    """A transformers streamer that reports, each decoding step, how many rows generated a
+    token (``generate`` hands it every step's new tokens). A row is done after its EOS; a row
+    ended otherwise (a stop string) is fed padding from then on, so a padding token is only
+    counted once the row goes on with a real one (a model may sample the padding token itself).
+    Only a progress display reads the count."""
+
+    def __init__(self, report: Callable[[int], None], eos: set[int], pad: int | None) -> None:
+        self.report = report
+        self.eos = eos
+        self.pad = pad
+        self.done: list[bool] = []
+        self.held: list[int] = []  # padding tokens of each row not counted yet
+
+    def put(self, value: Any) -> None:
+        if value.dim() > 1:  # the prompt, handed over before the first step
+            return
+        tokens = value.tolist()
+        if not self.done:
+            self.done, self.held = [False] * len(tokens), [0] * len(tokens)
+        n = 0
+        for i, t in enumerate(tokens):
+            if self.done[i]:
+                continue
+            if t == self.pad and t not in self.eos:
+                self.held[i] += 1
+                continue
+            n += 1 + self.held[i]
+            self.held[i] = 0
+            self.done[i] = t in self.eos
+        self.report(n)
+
+    def end(self) -> None:
+        pass
 
 
 class _LogprobRecorder:

@@ -100,6 +100,7 @@ class OpenAIPolicy(Policy):
         async def reported(prompt: Prompt) -> list[Completion]:
             got = await self._one(prompt, sampling)
             self.completed(len(got))  # progress per prompt, as the requests come back
+            self.tokens_generated(sum(map(_generated, got)))
             return got
 
         jobs = [asyncio.ensure_future(reported(p)) for p in prompts]
@@ -132,6 +133,7 @@ class OpenAIPolicy(Policy):
                 await queue.put(e)
                 return
             self.completed(len(got))
+            self.tokens_generated(sum(map(_generated, got)))
             await queue.put((r, got, time.perf_counter() - t0))
 
         jobs = [asyncio.ensure_future(one(r)) for r in requests]
@@ -280,6 +282,11 @@ def _completions(
     for i in sorted(range(len(out)), key=lambda k: -weights[k])[: total - sum(shares)]:
         shares[i] += 1
     return [c.model_copy(update={"usage_tokens": n}) for c, n in zip(out, shares, strict=True)]
+
+
+def _generated(c: Completion) -> int:
+    """Tokens in ``c`` as far as the server said (for progress; 0 when it said nothing)."""
+    return len(c.token_ids) or len(c.logprobs or ()) or (c.usage_tokens or 0)
 
 
 def _completion(choice: dict[str, Any], chat: bool) -> Completion:

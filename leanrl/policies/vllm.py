@@ -113,7 +113,9 @@ class VLLMPolicy(Policy):
         # aclosing: a consumer that stops early stops (and aborts) the engine's stream at once
         async with (
             self._lock.get(),
-            closing_stream(stream_llm(self._llm, requests, inputs, _params)) as items,
+            closing_stream(
+                stream_llm(self._llm, requests, inputs, _params, self.tokens_generated)
+            ) as items,
         ):
             async for item in items:
                 self.completed(1)
@@ -190,13 +192,15 @@ async def stream_llm(
     requests: Sequence[StreamRequest],
     inputs: Sequence[Any],
     params_of: Callable[[SamplingConfig], Any],
+    on_tokens: Callable[[int], None] | None = None,
 ) -> AsyncIterator[StreamCompletion]:
     """Stream ``requests`` through an in-process ``vllm.LLM``: every request goes to its engine
     at once (``llm_engine.add_request``, ``inputs[k]`` the engine input of request k and
     ``params_of`` its ``SamplingParams``), so its scheduler batches them continuously; the
     engine is stepped in a worker thread and each finished request's completions are yielded at
     once. A consumer that stops early aborts what the engine still holds. The caller holds
-    whatever lock guards the engine."""
+    whatever lock guards the engine. ``on_tokens`` (a progress display) is called from the
+    worker thread with the tokens each engine step generated."""
     if not requests:
         return
     loop = asyncio.get_running_loop()
@@ -208,7 +212,7 @@ async def stream_llm(
 
     def work() -> None:
         try:
-            _step_engine(llm.llm_engine, requests, inputs, params_of, emit, stop)
+            _step_engine(llm.llm_engine, requests, inputs, params_of, emit, stop, on_tokens)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
             loop.call_soon_threadsafe(queue.put_nowait, e)
         else:
@@ -232,8 +236,10 @@ def _step_engine(
     params_of: Callable[[SamplingConfig], Any],
     emit: Callable[[StreamCompletion], None],
     stop: threading.Event,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> None:
     tag = uuid.uuid4().hex[:8]
+    seen: dict[str, int] = {}  # tokens of each request so far (outputs are cumulative)
     ids = {f"leanrl-{tag}-{k}": k for k in range(len(requests))}
     t0 = time.perf_counter()
     for rid, k in ids.items():
@@ -244,6 +250,10 @@ def _step_engine(
             if stop.is_set():
                 return
             for out in engine.step():
+                if on_tokens is not None and out.request_id in left:
+                    now = sum(len(o.token_ids) for o in out.outputs)
+                    on_tokens(max(0, now - seen.get(out.request_id, 0)))
+                    seen[out.request_id] = now
                 if not getattr(out, "finished", False) or out.request_id not in left:
                     continue
                 left.discard(out.request_id)

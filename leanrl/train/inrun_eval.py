@@ -65,7 +65,10 @@ async def evaluate(
     if live is None:
         live = LivePolicy(policy, model, tokenizer)
     try:
-        summary = await run_eval(eval_cfg, policy=live)
+        # progress as log lines beside the trainer's own (a long evaluation would be silent)
+        summary = await run_eval(
+            eval_cfg, policy=live, progress_label=f"held-out eval at step {step}"
+        )
     finally:
         model.train(was_training)
     table = summary["results"]["pass_at_k"]["all"]
