@@ -12,9 +12,12 @@ under ``OUT/<method>-seed<N>/`` (resumable: rerun the same command).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,8 @@ from leanrl.train.budget import BudgetConfig
 __all__ = ["CompareCommand", "CompareConfig", "run_compare"]
 
 METHODS = ("es", "grpo")
+
+log = logging.getLogger("leanrl.compare")
 
 
 class CompareSamplingConfig(SamplingConfig):
@@ -183,6 +188,26 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def _labelled(label: str) -> Iterator[None]:
+    """While a run trains, every ``leanrl`` log line starts with ``label`` (``ES seed 0:``), so
+    the step lines and the held-out evaluations' progress say which run they belong to."""
+    make = logging.getLogRecordFactory()
+
+    def labelled(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        if record.name.startswith("leanrl"):
+            record.msg = f"{label}: {record.getMessage()}"
+            record.args = None
+        return record
+
+    logging.setLogRecordFactory(labelled)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(make)
+
+
 def _train(method: str, config: Any) -> None:
     if method == "es":
         from leanrl.train.es import ESTrainer
@@ -194,6 +219,13 @@ def _train(method: str, config: Any) -> None:
         trainer = GRPOTrainer(config)
         trainer.check()
         trainer.train_sync()
+
+
+def _held_out_line(config: CompareConfig) -> str:
+    """The held-out evaluation in a few words, e.g. ``30 tasks of countdown``."""
+    env = config.held_out()
+    limit = env.taskset.limit
+    return f"{limit} tasks of {env.id}" if limit else f"every task of {env.id}"
 
 
 def _curve(rows: list[dict[str, Any]], x_key: str) -> dict[str, list[float]]:
@@ -240,6 +272,18 @@ def _summary(method: str, seed: int, run: Path, x_key: str) -> dict[str, Any]:
 
 
 def _plot(runs: list[dict[str, Any]], x_label: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = _figure(runs, x_label)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _figure(runs: list[dict[str, Any]], x_label: str) -> Any:
+    """Held-out accuracy and training reward against the budget, one line per run. Each panel's
+    y axis follows its data: accuracy from 0 to a little above the best value (at least 0.1;
+    the whole 0-1 when every value is 0, with a note saying no run solved a held-out task),
+    points on 0 drawn whole, not half under the axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -259,6 +303,7 @@ def _plot(runs: list[dict[str, Any]], x_label: str, path: Path) -> None:
             "color": families.get(r["method"], plt.get_cmap("Greys"))(shade),
             "ls": dashes[i % len(dashes)],
             "label": f"{r['method'].upper()} (seed {r['seed']})",
+            "clip_on": False,  # a point on 0 is drawn whole, not half under the axis
         }
         a1.plot(c["acc_x"], c["acc"], marker=markers[i % len(markers)], lw=1.5, **style)
         a2.plot(c["reward_x"], c["reward"], lw=1, **style)
@@ -267,15 +312,28 @@ def _plot(runs: list[dict[str, Any]], x_label: str, path: Path) -> None:
     for a in (a1, a2):
         a.set_xlabel(x_label)
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
-        # An all-zero curve must not get a y range centred on 0 (accuracy, and most rewards,
-        # cannot be negative); a reward that does go below 0 keeps its range.
-        ys = [y for line in a.get_lines() for y in line.get_ydata() if y == y]
-        lo, hi = a.get_ylim()
-        a.set_ylim(min(0.0, lo) if ys and min(ys) < 0 else 0.0, max(hi, 0.05))
+        if a.get_lines():
+            a.legend(fontsize=8)
+    acc = [y for r in runs for y in r["curve"]["acc"]]
+    top = max(acc, default=0.0)
+    # all zero: the whole 0-1 scale (and a note), not a magnified band around nothing
+    ceiling = min(1.0, max(0.1, 1.2 * top)) if top > 0 else 1.0
+    a1.set_ylim(0.0, ceiling)
+    if not acc:
+        a1.text(0.5, 0.5, "no held-out evaluation yet", transform=a1.transAxes, ha="center")
+    elif top == 0:
+        a1.text(
+            0.5, 0.55, "no run solved a held-out task\n(pass@1 = 0 at every evaluation)",
+            transform=a1.transAxes, ha="center", fontsize=9, color="0.3",
+        )  # fmt: skip
+    # A reward that does go below 0 keeps its range; otherwise the axis starts at 0.
+    rewards = [y for r in runs for y in r["curve"]["reward"] if y == y]
+    if rewards and min(rewards) >= 0:
+        hi = max(rewards)
+        span = hi if hi > 0 else 1.0
+        a2.set_ylim(0.0, hi + 0.1 * span)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:
@@ -300,7 +358,16 @@ def _compare_runs(config: CompareConfig) -> dict[str, Any]:
         order = METHODS if i % 2 == 0 else METHODS[::-1]
         for method in order:
             cfg = config.run_config(method, seed)
-            _train(method, cfg)
+            label = f"{method.upper()} seed {seed}"
+            log.info(
+                "compare: %s in %s (held-out: %s, every %d steps and at the start)",
+                label,
+                cfg.out,
+                _held_out_line(config),
+                config.eval_every,
+            )
+            with _labelled(label):
+                _train(method, cfg)
             runs.append(_summary(method, seed, Path(cfg.out), x_key))
     runs.sort(key=lambda r: (r["method"], r["seed"]))
     config.out.mkdir(parents=True, exist_ok=True)

@@ -145,19 +145,28 @@ def harness_name(summary: Mapping[str, Any]) -> str:
 
 
 def plot_title(summary: Mapping[str, Any]) -> str:
-    """What the pass@k figure shows: taskset, model, harness and samples per task."""
+    """What the pass@k figure shows: taskset, model, harness and samples per task. The harness
+    is left out where it is the environment's own (Countdown's is named ``countdown``: the name
+    would stand there twice)."""
     cfg = summary["config"]
+    env_id = str(cfg["env"]["id"])
+    harness = harness_name(summary)
     # the prompt format is a Lean harnesses' setting; an environment without Lean has its own
     fmt = f" ({cfg['env']['harness']['prompt_format']})" if summary.get("lean", True) else ""
-    return (
-        f"{cfg['env']['id']}: {model_name(summary)}\n"
-        f"{harness_name(summary)}{fmt}, n = {cfg['samples']} samples per task"
-    )
+    n = int(cfg["samples"])
+    samples = f"n = {n} sample{'s' if n != 1 else ''} per task"
+    own = harness == env_id.split(":")[-1] or not summary.get("lean", True)
+    return f"{env_id}: {model_name(summary)}\n" + (samples if own else f"{harness}{fmt}, {samples}")
 
 
 def pass_at_k_figure(curve: Mapping[str, Mapping[str, float | int]], title: str = "") -> Any:
     """The pass@k figure: pass@k (%) against k on a log2 axis with plain-number ticks, the
-    overall curve in bold and the largest categories, each labelled with its task count."""
+    overall curve in bold and the largest categories, each labelled with its task count.
+
+    The axes follow the data: with one sample per task (only pass@1) the figure is a bar per
+    category instead of one dot per curve; the pass-rate axis ends a little above the highest
+    value (at least 10%; 100% when every value is 0); points on 0 are drawn whole, not half
+    under the axis; and when no task was solved the figure says so in words."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,32 +175,62 @@ def pass_at_k_figure(curve: Mapping[str, Mapping[str, float | int]], title: str 
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=150)
     ranked = sorted(curve.items(), key=lambda kv: (kv[0] != "all", -int(kv[1]["tasks"]), kv[0]))
-    kmax = 1
+    shown: list[tuple[str, int, list[tuple[int, float]]]] = []
     for name, row in ranked[:9]:
-        pts = sorted((int(k[5:]), float(v)) for k, v in row.items() if k.startswith("pass@"))
-        if not pts:
-            continue
-        kmax = max(kmax, pts[-1][0])
-        xs, ys = zip(*pts, strict=True)
-        label = f"{name} ({row['tasks']} tasks)"
-        style: dict[str, Any] = (
-            {"linewidth": 2.5, "color": "black", "zorder": 3}
-            if name == "all"
-            else {"linewidth": 1.2, "alpha": 0.85}
-        )
-        ax.plot(xs, [100 * y for y in ys], marker="o", markersize=2.5, label=label, **style)
-    ax.set_xscale("log", base=2)
-    ticks = sorted({2**i for i in range(kmax.bit_length()) if 2**i <= kmax} | {kmax})
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([str(t) for t in ticks])
-    ax.set_xlim(0.9, kmax * 1.1)
-    ax.set_xlabel("k (samples drawn per task)")
-    ax.set_ylabel("pass@k (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(True, alpha=0.3)
+        pts = sorted((int(k[5:]), 100 * float(v)) for k, v in row.items() if k.startswith("pass@"))
+        if pts:
+            shown.append((name, int(row["tasks"]), pts))
+    kmax = max((pts[-1][0] for _, _, pts in shown), default=1)
+    top = max((y for _, _, pts in shown for _, y in pts), default=0.0)
+    ax.set_ylabel("pass@k (%)" if kmax > 1 else "pass@1 (%)")
+    # the pass-rate axis: up to a round number above the highest value (at least 10%); all
+    # zero: the whole 0-100 scale, with a note
+    ceiling = min(100.0, max(10.0, 10.0 * -(-top * 1.15 // 10))) if top > 0 else 100.0
+    ax.set_ylim(0.0, ceiling)
+    ax.grid(True, axis="y", alpha=0.3)
+    if kmax == 1:
+        # one sample per task: pass@1 per category, as bars (a curve would be one dot)
+        names = [f"{name}\n({tasks} tasks)" for name, tasks, _ in shown]
+        values = [pts[0][1] for _, _, pts in shown]
+        colors = ["black" if name == "all" else "tab:blue" for name, _, _ in shown]
+        bars = ax.bar(range(len(values)), values, color=colors, alpha=0.8, width=0.6)
+        ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values], fontsize=7, padding=2)
+        ax.set_xticks(range(len(values)), names, fontsize=7)
+        ax.set_xlabel("category (n = 1 sample per task: pass@1 only)")
+    else:
+        for name, tasks, pts in shown:
+            xs, ys = zip(*pts, strict=True)
+            style: dict[str, Any] = (
+                {"linewidth": 2.5, "color": "black", "zorder": 3}
+                if name == "all"
+                else {"linewidth": 1.2, "alpha": 0.85}
+            )
+            ax.plot(
+                xs, ys, marker="o", markersize=2.5, label=f"{name} ({tasks} tasks)",
+                clip_on=False, **style,
+            )  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ticks = sorted({2**i for i in range(kmax.bit_length()) if 2**i <= kmax} | {kmax})
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(t) for t in ticks])
+        ax.set_xlim(0.9, kmax * 1.1)
+        ax.set_xlabel("k (samples drawn per task)")
+        ax.grid(True, axis="x", alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
+    if not shown:
+        note = "no task has all its samples recorded yet: nothing to plot"
+    elif top == 0:
+        note = (
+            f"no task solved: pass@k is 0 for every k up to {kmax}"
+            if kmax > 1
+            else "no task solved: pass@1 is 0"
+        )
+    else:
+        note = ""
+    if note:
+        ax.text(0.5, 0.55, note, transform=ax.transAxes, ha="center", fontsize=9, color="0.3")
     if ax.get_lines():  # a run with no complete task yet has no curve to label
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
