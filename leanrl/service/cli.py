@@ -43,7 +43,9 @@ class ServeCommand(ConfigCommand):
     """Bearer token required on every request except GET /health. Default: the
     LEANRL_SERVICE_TOKEN environment variable."""
     port_file: Path | None = None
-    """Write the bound port here once the service is listening (useful with --port 0)."""
+    """Write the bound port here once the service is listening and its runtime has started
+    (useful with --port 0); removed again when the service stops. A service that fails to
+    start writes none."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
     """uvicorn's log level."""
     limits: ServiceLimits = Field(default_factory=ServiceLimits)

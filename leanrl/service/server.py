@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -90,10 +91,8 @@ def serve(cmd: ServeSettings) -> None:
     app = create_app(build_runtime(cmd.runtime), config)
     sock = _bind(cmd)
     sock.listen(cmd.limits.backlog)
-    if cmd.port_file is not None and not cmd.uds:
-        tmp = cmd.port_file.with_suffix(".tmp")
-        tmp.write_text(str(sock.getsockname()[1]))
-        tmp.replace(cmd.port_file)  # atomic: a reader never sees a half-written port
+    port_file = cmd.port_file if cmd.port_file is not None and not cmd.uds else None
+    port = str(sock.getsockname()[1]) if port_file is not None else ""
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -111,6 +110,13 @@ def serve(cmd: ServeSettings) -> None:
         except BaseException:
             await app.state.service.close()
             raise
+        if port_file is not None:
+            # Only now: the runtime is up and the socket listens (connections wait in its
+            # backlog until uvicorn accepts them). Written earlier, a service that then failed
+            # to start (no Lean) left a port file naming a dead port.
+            tmp = port_file.with_suffix(".tmp")
+            tmp.write_text(port)
+            tmp.replace(port_file)  # atomic: a reader never sees a half-written port
         await server.serve(sockets=[sock])
 
     try:
@@ -119,5 +125,10 @@ def serve(cmd: ServeSettings) -> None:
         sock.close()
         if cmd.uds:
             Path(cmd.uds).unlink(missing_ok=True)
+        if port_file is not None:
+            # the port is closed now: a port file left behind would name a dead port
+            with contextlib.suppress(OSError):
+                if port_file.read_text() == port:
+                    port_file.unlink()
     if not server.started:
         raise ConfigError("the service failed to start (see the log above)")
