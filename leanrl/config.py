@@ -78,8 +78,35 @@ def validate(cls: type[M], data: dict[str, Any], origin: str = "config") -> M:
         lines = []
         for err in e.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            lines.append(f"  {where}: {err['msg']}")
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":  # a misspelt key in a TOML file, say
+                msg = _unknown_key(cls, err["loc"])
+            lines.append(f"  {where}: {msg}")
         raise ConfigError(f"invalid {origin}:\n" + "\n".join(lines)) from None
+
+
+def _unknown_key(cls: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """What to say about the unknown key at ``loc``: the closest option of the section it is in
+    ("did you mean env.taskset.limit?"), as the command line says for a misspelt flag."""
+    from leanrl._cli_help import _model_type, suggest
+
+    model: type[BaseModel] | None = cls
+    for part in loc[:-1]:
+        info = None
+        if model is not None and isinstance(part, str):
+            info = model.model_fields.get(part) or next(
+                (f for f in model.model_fields.values() if f.alias == part), None
+            )
+        model = _model_type(info.annotation) if info is not None else None
+    if model is None:
+        return "not an option here"
+    names = sorted({f.alias or name for name, f in model.model_fields.items() if not f.exclude})
+    section = ".".join(str(p) for p in loc[:-1])
+    hit = suggest(str(loc[-1]), names)
+    if hit is not None:
+        return f"no such option (did you mean {section + '.' if section else ''}{hit}?)"
+    where = f"of [{section}]" if section else "at the top level"
+    return f"no such option; the options {where} are: {', '.join(names)}"
 
 
 def merge(cls: type[M], toml_path: str | Path | None, overrides: dict[str, Any]) -> M:

@@ -80,7 +80,10 @@ def test_invalid_value_in_file_names_the_field(tmp_path: Path) -> None:
 def test_unknown_key_in_file_is_an_error(tmp_path: Path) -> None:
     cfg = tmp_path / "typo.toml"
     cfg.write_text("[env.harness]\nmax_turn = 3\n")
-    with pytest.raises(ConfigError, match=r"env\.harness\.max_turn: Extra inputs"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env\.harness\.max_turn: no such option \(did you mean env\.harness\.max_turns\?\)",
+    ):
         merge(DemoCommand, cfg, {})
 
 
