@@ -9,14 +9,14 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from leanrl.config import ConfigCommand
 from leanrl.eval.config import EvalConfig
 
-__all__ = ["EvalCommand"]
+__all__ = ["EvalCommand", "generate_only_message"]
 
 
 class EvalCommand(ConfigCommand, EvalConfig):
@@ -80,17 +80,7 @@ class EvalCommand(ConfigCommand, EvalConfig):
             print(json.dumps(summary, indent=2, default=str))
             return
         if summary.get("generate_only"):
-            from leanrl.eval.report import verify_command
-
-            res = summary["results"]
-            unchecked = res["reasons"].get("unchecked", 0)
-            where = "where Lean is installed" if summary.get("lean", True) else "to check them"
-            command = verify_command(config.env.model_dump(mode="json"), summary["completions"])
-            print(
-                f"{res['attempts']} completions ({unchecked} with a proof) in "
-                f"{summary['completions']}\nnothing was checked (--generate-only); "
-                + (f"{where}: {command}" if unchecked else "no proof to check")
-            )
+            print(generate_only_message(summary, config))
             return
         table = summary["results"]["pass_at_k"]
         ks = summary["ks"]
@@ -102,3 +92,26 @@ class EvalCommand(ConfigCommand, EvalConfig):
             )
             print(f"  {name:<16} tasks={row['tasks']:<4} {cells}")
         print(f"report: {Path(summary['out']) / 'report.md'}")
+
+
+def generate_only_message(summary: dict[str, Any], config: EvalConfig) -> str:
+    """What ``leanrl eval --generate-only`` prints: how many completions were kept, and what to
+    run next: ``leanrl verify`` for the proofs of an environment checked by Lean; for one that
+    needs no Lean (Countdown, whose completions hold answers, not proofs), the eval itself."""
+    from leanrl.eval.report import verify_command
+
+    res = summary["results"]
+    kept = res["reasons"].get("unchecked", 0)
+    if not summary.get("lean", True):
+        return (
+            f"{res['attempts']} completions ({kept} with an answer) in "
+            f"{summary['completions']}\nnothing was scored (--generate-only); "
+            f"{config.env.id} needs no Lean: run the eval without --generate-only (in another "
+            "--out folder) to score the answers"
+        )
+    command = verify_command(config.env.model_dump(mode="json"), summary["completions"])
+    return (
+        f"{res['attempts']} completions ({kept} with a proof) in {summary['completions']}\n"
+        "nothing was checked (--generate-only); "
+        + (f"where Lean is installed: {command}" if kept else "no proof to check")
+    )
