@@ -343,8 +343,6 @@ class ExpertIteration:
             )
         trainer = SFTTrainer(sft_cfg, pairs=pairs, episodes=episodes)
         await asyncio.to_thread(trainer.train_sync)
-        # a rerun after a kill between the SFT's end and the publish finds it finished
-        await asyncio.to_thread(trainer.load_trained)
         metrics = trainer.run.metrics()
         await asyncio.to_thread(self._publish, r, trainer)
         return {
@@ -357,6 +355,9 @@ class ExpertIteration:
     def _publish(self, r: int, trainer: Any) -> None:
         """The round's model as ``RUN/checkpoint-r`` (weights and tokenizer, no optimizer);
         the SFT phase's own checkpoints (with optimizer state) are then removed."""
+        # a rerun after a kill between the SFT's end and this publish finds the SFT finished,
+        # and a finished SFT loads nothing: its final weights are loaded here
+        trainer.load_trained()
         state = {"trainer": "expert-iteration", "round": r, "base_model": self.config.policy.model}
         lora = self.config.lora
         model = _Merged(trainer.model, lora.scale) if lora.enabled else trainer.model
