@@ -32,7 +32,20 @@ if ! python -c 'import torch' 2>/dev/null; then
     pip install -q --disable-pip-version-check "torch>=2.4,<2.15"
   fi
 fi
-pip install -q --disable-pip-version-check -e ".[${LEANRL_EXTRAS:-all,dev}]"
+# setuptools notes "Editable installation." (a box about folders named like the package) on every
+# editable install, so every run of this script printed it: that note is dropped; anything else
+# pip or the build says is shown, and all of it when the install fails.
+log=$(mktemp)
+if ! pip install -q --disable-pip-version-check -e ".[${LEANRL_EXTRAS:-all,dev}]" 2>"$log"; then
+  cat "$log" >&2; rm -f "$log"; exit 1
+fi
+python - "$log" <<'PY'
+import re, sys
+text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
+text = re.sub(r"[^\n]*Editable installation\.\n\s*!!\n.*?\n\s*!!\n[^\n]*\n?", "", text, flags=re.S)
+sys.stderr.write(text)
+PY
+rm -f "$log"
 
 # An editable install reaches leanrl through a finder that Python consults only after its own path
 # search, so from the folder that holds the clone (itself named `leanrl`, with no __init__.py)
