@@ -405,6 +405,28 @@ def test_a_misspelt_toml_key_gets_did_you_mean(
     assert "sampling.zzz: no such option; the options of [sampling] are: max_tokens, n," in err
 
 
+# -- 6. docs that quote a run are made from the run -----------------------------------------------
+
+
+def test_compare_docs_smollm2_figures_are_the_scripts_output_of_the_stored_run() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_compare_doc", DOC.with_name("make_compare_doc.py")
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    data = json.loads(script.DATA.read_text(encoding="utf-8"))
+    doc = script.DOC.read_text(encoding="utf-8")
+    assert script.block_of(doc) == script.render(data)  # not retyped: the script's own output
+    # and the figures in it are the run's: e.g. GRPO's steps and tokens, as its report gave them
+    grpo = next(r for r in data["runs"] if r["method"] == "grpo")
+    row = f"| grpo | 0 | {grpo['steps']} | {grpo['spent']:.0f} |"
+    assert row in script.block_of(doc)
+    assert grpo["evals"][0]["step"] == 0 and len(grpo["evals"]) >= 2
+
+
 # -- 7. plots a person can read -----------------------------------------------------------------
 
 
