@@ -27,11 +27,17 @@ config (made once per mode, in this process, with a REPL that never fails) and c
   bit for bit);
 * resumes: the same command once more on the finished run does nothing and succeeds.
 
+Then two phases with the service and several workers (``benchmarks/soak_phases.py``):
+**hung-start** (REPLs that hang or die while they start: every attempt still gets a verdict,
+``infra`` while Lean cannot start, and starts follow the back-off) and **session-starvation**
+(tactic sessions held open, then abandoned by a killed client, never starve ``/check``).
+
 Run (the defaults: 2 rounds of each mode, about 4 minutes per mode on a 2-core CPU machine that
 other work shares; most of it is the runs' start-up, importing torch and loading the model)::
 
-    python benchmarks/fault_soak.py                 # all three modes, 2 rounds each
+    python benchmarks/fault_soak.py                 # all three modes, 2 rounds each, 2 phases
     python benchmarks/fault_soak.py --only grpo --rounds 5 --seed 3 --out runs/soak
+    python benchmarks/fault_soak.py --only hung-start --only session-starvation
 
 It prints a table and writes the figures to ``OUT/fault_soak.json``; it exits 1 if any
 assertion fails (the failures are printed), 0 otherwise. See docs/faults.md.
@@ -54,6 +60,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import soak_phases
 
 # Before torch/transformers are imported (by leanrl, in this process, for the reference runs):
 # no hub calls, one thread per process (2 cores are shared by the run and its REPLs).
@@ -614,7 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2, help="rounds per mode (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="seeds every fault's choice and moment")
-    ap.add_argument("--only", choices=MODES, help="one mode instead of all three")
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=MODES + soak_phases.PHASES,
+        help="a mode or phase to run instead of all (repeat for several)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "fault-soak")
     ap.add_argument("--tasks", type=int, default=Size.tasks, help="eval tasks (2 samples each)")
     ap.add_argument("--steps", type=int, default=Size.steps, help="GRPO/ES steps (even)")
@@ -637,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     model = tiny_model(work)
     report: dict[str, Any] = {"seed": a.seed, "size": vars(size), "modes": {}, "rounds": []}
     failures: list[str] = []
-    for mode in [a.only] if a.only else list(MODES):
+    chosen = a.only or [*MODES, *soak_phases.PHASES]
+    for mode in [m for m in MODES if m in chosen]:
         ref = reference(mode, work, model, size)
         rounds = []
         for i in range(a.rounds):
@@ -652,12 +666,26 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(r)
         report["modes"][mode] = figures(rounds)
         report["rounds"] += [vars(r) for r in rounds]
+    report["phases"] = {}
+    for name in [x for x in soak_phases.PHASES if x in chosen]:
+        if name == "hung-start":
+            ph = soak_phases.hung_start(a.seed, work, model, size)
+        else:
+            ph = soak_phases.session_starvation(a.seed, work)
+        print(
+            f"{name}: {ph.wall_s:.1f} s: {'; '.join(ph.failures) or 'ok'}\n"
+            f"  {json.dumps(ph.figures)}",
+            flush=True,
+        )
+        failures += [f"phase {name} (--seed {a.seed}): {f}" for f in ph.failures]
+        report["phases"][name] = {**ph.figures, "wall_s": ph.wall_s, "ok": not ph.failures}
     report["ok"] = not failures
     report["failures"] = failures
     report["wall_s"] = time.monotonic() - started
     (a.out / "fault_soak.json").write_text(json.dumps(report, indent=1) + "\n")
     print()
-    print(table(report["modes"]))
+    if report["modes"]:
+        print(table(report["modes"]))
     print(f"\nfigures: {a.out / 'fault_soak.json'}")
     if failures:
         print("\nFAILED:\n" + "\n".join(f"  {f}" for f in failures))

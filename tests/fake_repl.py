@@ -51,9 +51,11 @@ Options: ``--load-time S`` seconds to sleep on the first (import) command, model
 ``import Mathlib``; ``--check-time S`` seconds a trusted check takes, and ``--replay-time S``
 more when it replays through the kernel;
 ``--pid-file F`` appends this process's pid to F; ``--fail-starts N --starts-file F``: the
-first N processes sharing F exit at once (killed during start-up); ``--hang-starts N``: the next
-N processes sharing F (all of them without ``--starts-file``) never answer their first command
-(a REPL that hangs while it loads its imports); ``--check-leak-mb N``: every trusted check keeps
+first N processes sharing F exit at once (killed during start-up; F gets one byte per start);
+``--hang-starts N``: the next N processes sharing F (all of them without ``--starts-file``)
+never answer their first command (a REPL that hangs while it loads its imports);
+``--hang-while F``: neither do processes started while file F exists (an outage that ends when
+F is removed); ``--check-leak-mb N``: every trusted check keeps
 N MiB more (a judge whose memory grows with each pickle it reads); ``--log F`` appends one JSON
 line per request (pid, kind, text) to F, so tests can see which process was asked what.
 """
@@ -414,9 +416,15 @@ def main() -> None:
         help="the N processes after the --fail-starts ones (every process without "
         "--starts-file) never answer their first command (a REPL hung while it starts)",
     )
+    ap.add_argument(
+        "--hang-while",
+        default=None,
+        help="processes started while this file exists never answer their first command (an "
+        "outage of the REPL that ends when the file is removed)",
+    )
     ap.add_argument("--check-leak-mb", type=int, default=0)
     args = ap.parse_args()
-    if (args.fail_starts or args.hang_starts) and args.starts_file:
+    if args.starts_file:
         # One byte per start, appended atomically: the file's size numbers this start.
         fd = os.open(args.starts_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.write(fd, b".")
@@ -427,6 +435,8 @@ def main() -> None:
         if number <= args.fail_starts + args.hang_starts:
             hang_forever()
     elif args.hang_starts:
+        hang_forever()
+    if args.hang_while and os.path.exists(args.hang_while):
         hang_forever()
     if args.pid_file:
         with open(args.pid_file, "a", encoding="utf-8") as f:

@@ -21,6 +21,7 @@ def test_one_soak_round_per_mode_loses_duplicates_and_miscounts_nothing(tmp_path
     out = tmp_path / "soak"
     argv = [sys.executable, str(REPO / "benchmarks" / "fault_soak.py"), "--rounds", "1"]
     argv += ["--tasks", "2", "--steps", "2", "--seed", "0", "--out", str(out)]
+    argv += ["--only", "eval", "--only", "grpo", "--only", "es"]  # phases: test_fault_soak_phases
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
     tail = (done.stdout + done.stderr)[-4000:]
