@@ -219,9 +219,11 @@ class GRPOConfig(TrainConfig):
     stale at most ``max_staleness``; ρ is against the sampler's own log-probs, see the trainer's
     module docstring). ``auto`` (the default): on when the engine is apart from the trainer
     (``vllm``, or a vLLM server) with ``old_logprobs = "sampler"`` and one process, off
-    otherwise (``hf`` generates on the trainer's device and would need a second copy of the
-    weights); the start of a run logs which and why, and a resumed run keeps the mode its run
-    folder recorded. ``false``: synchronous steps, a pure function of (seed, step) that
+    otherwise (``hf`` generates on the trainer's device on a second copy of the weights, and
+    was measured neither faster nor at equal reward there: docs/training-grpo.md, "Against
+    TRL"); the start of a run logs which and why, and a resumed run keeps the mode its run
+    folder recorded. Batch s is made on exactly version ``max(s - max_staleness, start)``, so an
+    async run repeats. ``false``: synchronous steps, a pure function of (seed, step) that
     resumes exactly: the deterministic replay of a run."""
     max_staleness: int = Field(default=1, ge=1)
     """Async mode: most trainer steps between the weights that generated a batch and the
@@ -432,7 +434,7 @@ def _resolve_auto(cfg: GRPOConfig, ranks: int | None, stored: bool | None) -> As
     if backend == "vllm":
         return AsyncChoice(True, "vllm: the engine holds its own copy of the weights")
     if backend == "hf":
-        return AsyncChoice(False, "hf: generation shares the trainer's device; set "
-                           "async_generation = true to overlap anyway, at twice the weight "
-                           "memory")  # fmt: skip
+        return AsyncChoice(False, "hf: generation shares the trainer's device (measured "
+                           "not faster, and at a lower reward, on a CPU); set async_generation "
+                           "= true to overlap anyway, at twice the weight memory")  # fmt: skip
     return AsyncChoice(False, f"auto: the {backend!r} backend cannot receive new weights")
