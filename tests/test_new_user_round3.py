@@ -569,5 +569,5 @@ async def test_countdowns_generate_only_summary_speaks_of_answers(tmp_path: Path
     summary = await run_eval(cfg, policy=ScriptedPolicy(["<answer>1 + 2</answer>"]))
     text = generate_only_message(summary, cfg)
     assert text.startswith("4 completions (4 with an answer) in ")
-    assert "proof" not in text and "leanrl verify" not in text
-    assert "countdown needs no Lean: run the eval without --generate-only" in text
+    assert "proof" not in text and "Lean" not in text
+    assert "nothing was scored (--generate-only); to score the answers: leanrl verify " in text

@@ -95,21 +95,20 @@ class EvalCommand(ConfigCommand, EvalConfig):
 
 
 def generate_only_message(summary: dict[str, Any], config: EvalConfig) -> str:
-    """What ``leanrl eval --generate-only`` prints: how many completions were kept, and what to
-    run next: ``leanrl verify`` for the proofs of an environment checked by Lean; for one that
-    needs no Lean (Countdown, whose completions hold answers, not proofs), the eval itself."""
+    """What ``leanrl eval --generate-only`` prints: how many completions were kept and the
+    ``leanrl verify`` command that checks them; for an environment judged without Lean
+    (Countdown, whose completions hold answers, not proofs) in its own words, and runnable here."""
     from leanrl.eval.report import verify_command
 
     res = summary["results"]
     kept = res["reasons"].get("unchecked", 0)
+    command = verify_command(config.env.model_dump(mode="json"), summary["completions"])
     if not summary.get("lean", True):
         return (
-            f"{res['attempts']} completions ({kept} with an answer) in "
-            f"{summary['completions']}\nnothing was scored (--generate-only); "
-            f"{config.env.id} needs no Lean: run the eval without --generate-only (in another "
-            "--out folder) to score the answers"
+            f"{res['attempts']} completions ({kept} with an answer) in {summary['completions']}\n"
+            "nothing was scored (--generate-only); "
+            + (f"to score the answers: {command}" if kept else "no answer to score")
         )
-    command = verify_command(config.env.model_dump(mode="json"), summary["completions"])
     return (
         f"{res['attempts']} completions ({kept} with a proof) in {summary['completions']}\n"
         "nothing was checked (--generate-only); "
