@@ -9,6 +9,7 @@ Behaviour is chosen by directive lines inside a command's text::
 
     -- fake: {"hang": true}              never answer (until killed)
     -- fake: {"crash": true}             exit(3) without answering
+    -- fake: {"abort": true}             abort() (SIGABRT) without answering
     -- fake: {"oom": true}               allocate memory without limit
     -- fake: {"leak_mb": 50}             allocate 50 MiB, keep it, answer normally
     -- fake: {"delay": 0.2}              sleep, then answer
@@ -30,7 +31,7 @@ Behaviour is chosen by directive lines inside a command's text::
                                          every trusted check with a forged "ok" report
     -- fake: {"steal": "/some/file"}     overwrite the pickle file this process writes next
                                          with the contents of another file (a proof theft)
-    -- fake: {"judge": {...}}            process-level directives ("crash", "hang", "oom",
+    -- fake: {"judge": {...}}            process-level directives ("crash", "abort", "hang", "oom",
                                          "leak_mb", "delay") the JUDGE applies while it checks
                                          this attempt (the elaborating process ignores them):
                                          a restated term that aborts, stalls or fills the
@@ -152,6 +153,8 @@ def behave(d: dict) -> dict | None:
         sys.exit(3)
     if d.get("crash"):
         sys.exit(3)
+    if d.get("abort"):
+        os.abort()  # SIGABRT, as Lean's runtime does on a GMP overflow or a stack overflow
     if d.get("spawn"):
         import subprocess
 

@@ -80,6 +80,7 @@ def judge_pids(p: ReplPool) -> set[int]:
     ("bad", "words"),
     [
         ({"crash": True}, "died while it checked"),
+        ({"abort": True}, "died while it checked"),  # SIGABRT: a GMP overflow, a stack overflow
         ({"oom": True}, "memory cap"),
     ],
 )
@@ -146,6 +147,31 @@ async def test_a_judge_found_dead_before_the_check_costs_nothing(tmp_path: Path)
     assert first[0].accepted
     assert [v.reason for v in later] == [Reason.OK, Reason.OK], [v.detail for v in later]
     assert p.stats.judge_limits == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+async def test_a_judge_killed_from_outside_mid_check_is_not_the_attempts_doing(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    # The kernel's OOM killer or an operator ends a judge while it checks an innocent attempt:
+    # a signal only something outside sends. The check runs again on a fresh judge
+    # (crash_retries), as for any process killed from outside; no `judge_limit`.
+    log = tmp_path / "log"
+    p = make_pool(log, "--check-time", "2", workers=1)
+    try:
+        task = asyncio.ensure_future(p.check([att(0)]))
+        for _ in range(1000):  # until the check has reached a judge
+            rows = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+            checks = [json.loads(r) for r in rows if '"kind": "check"' in r]
+            if checks:
+                break
+            await asyncio.sleep(0.01)
+        os.kill(checks[0]["pid"], sig)
+        (v,) = await asyncio.wait_for(task, 60)
+    finally:
+        await p.close()
+    assert v.reason is Reason.OK, (v.reason, v.detail)
+    assert p.stats.crash_retried == 1 and p.stats.judge_limits == 0, p.stats
 
 
 def _dead(pid: int) -> bool:

@@ -63,6 +63,9 @@ _LINE_LIMIT = 1 << 26  # longest line the stream reader buffers (64 MiB; goals c
 _OOM = re.compile(r"out of memory|MemoryError|bad_alloc|Cannot allocate memory", re.IGNORECASE)
 _EXIT_GRACE_S = 0.5  # after the process exits, how long its last answer may take to arrive
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+"""Signals only something outside sends (an operator, the kernel's OOM killer, a dying
+sandbox); Lean's own failures (an abort, a panic, a crash) end it otherwise."""
 
 
 class ReplDied(RuntimeError):
@@ -116,6 +119,9 @@ class ReplProcess:
         self.on_spawn = on_spawn
         self.proc: asyncio.subprocess.Process | None = None
         self.peak_rss_mb = 0.0
+        self.exit_code: int | None = None
+        """The return code the child ended with on its own, before this class killed it (None:
+        alive, or killed here first). Negative: the signal that ended it."""
         self._stderr: IO[bytes] | None = None
         self._answers: asyncio.Queue[Response | Exception | _Eof] | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -261,6 +267,12 @@ class ReplProcess:
 
     async def _take(self, item: Response | Exception | _Eof) -> Response:
         if isinstance(item, _Eof):
+            # Its output closed: it is exiting. Let it finish, so its own exit status (an
+            # abort, or a kill from outside) is what is recorded, not the kill that follows.
+            for _ in range(int(_EXIT_GRACE_S / 0.01)):
+                if self.proc is None or self.proc.returncode is not None:
+                    break
+                await asyncio.sleep(0.01)
             await self.kill()
             raise ReplDied(self._death_note())
         if isinstance(item, ReplFlood):
@@ -350,6 +362,8 @@ class ReplProcess:
         child itself has already exited)."""
         if self.proc is None:
             return
+        if self.exit_code is None and self.proc.returncode is not None:
+            self.exit_code = self.proc.returncode  # it ended on its own first
         kill_group(self.proc.pid)
         if self.proc.returncode is None and not _exited(self.proc.pid):
             # os.kill, not proc.kill(): Popen.send_signal polls first, and when the group kill
@@ -391,6 +405,16 @@ class ReplProcess:
             return self._stderr.read().decode("utf-8", errors="replace")
         except (OSError, ValueError):
             return ""
+
+    def killed_from_outside(self) -> bool:
+        """Whether the child ended on its own by a signal only something outside sends (SIGKILL,
+        SIGTERM, SIGINT, SIGHUP; or a sandbox's exit code ``128 + signal`` for one) -- as
+        opposed to exiting, aborting or crashing, which only its own work does."""
+        code = self.exit_code
+        if code is None:
+            return False
+        sig = -code if code < 0 else code - 128 if code > 128 else 0
+        return sig in _OUTSIDE_SIGNALS
 
     def out_of_memory(self) -> bool:
         """Whether the child's last words say it ran out of memory."""

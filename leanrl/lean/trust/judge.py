@@ -66,7 +66,10 @@ class JudgeStartError(RuntimeError):
 class JudgeLimit(RuntimeError):
     """The judge died, ran out of time or went over its memory cap while it ran the check of
     one attempt's constants (the judge has been killed). The judge elaborates only trusted
-    text, so it was the attempt's terms that did it: the attempt's ``judge_limit``.
+    text, so it was the attempt's terms that did it: the attempt's ``judge_limit``. A judge
+    killed from outside (SIGKILL, SIGTERM, ... while not near its memory cap) is not: that
+    propagates as the process's own :class:`~leanrl.lean.repl.ReplDied`, and the pool runs
+    the check again on a fresh judge.
 
     ``kind`` is ``"time"``, ``"memory"`` or ``"died"``; ``detail`` is the verdict's detail.
     """
@@ -269,6 +272,10 @@ class JudgeWorker:
                 "judge was replaced",
             ) from e
         except ReplDied as e:
+            if self.proc.killed_from_outside() and not self._near_cap():
+                # SIGKILL/SIGTERM from outside (an operator, another program's memory pressure):
+                # not the attempt's terms. The pool runs the check again (``crash_retries``).
+                raise
             raise JudgeLimit(
                 "died",
                 f"the judge process died while it checked this attempt ({e}); the judge was "
@@ -279,6 +286,11 @@ class JudgeWorker:
         if not isinstance(rep, CommandResponse):
             raise ProtocolError("the REPL answered the check with a proof state")
         return parse_report(rep.messages, nonce)
+
+    def _near_cap(self) -> bool:
+        """The judge was near its memory cap (a kernel OOM kill then is the check's doing)."""
+        cap = self.proc.memory_mb
+        return self.proc.out_of_memory() or bool(cap and self.proc.peak_rss_mb >= 0.8 * cap)
 
     async def close(self) -> None:
         """Stop the process and remove its folder."""
