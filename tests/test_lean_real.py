@@ -397,7 +397,11 @@ async def test_file_checks_go_through_the_judges_run_file(lean_runtime: LocalRun
 
     ok, axiom, sorry, forged = await lean_runtime.check(
         [
-            file("def f : Nat := 1\n\ntheorem f_eq : f = 1 := rfl\n\n#check f_eq"),
+            file(
+                "def f : Nat := 1\n\ntheorem f_eq : f = 1 := rfl\n\n#check f_eq\n\n"
+                "def a : Nat → Nat\n  | 0 => 1\n  | n + 1 => 2 * a n\n\n"
+                "theorem a_one : a 1 = 2 := rfl"
+            ),
             file("axiom bad : False\n\ntheorem b : 1 = 2 := bad.elim"),
             file("theorem s : 1 = 2 := by sorry"),
             file(FORGE_TACTIC + "\ntheorem g : 2 + 2 = 5 := by leanrl_forge", NO_SCAN),

@@ -135,7 +135,7 @@ def test_the_check_finds_the_kernel_only_path_of_the_checker_before_the_rule() -
         ("match ← bounded viaKernel heartbeats with", "match ← (Except.ok <$> viaKernel) with"),
         # literal arithmetic evaluated whatever its size
         (
-            "if let some what := bigComputation? refType stated then",
+            "if let some what := bigComputation? refType stated nonNat then",
             "if let some what := (none : Option String) then",
         ),
         # universes by position

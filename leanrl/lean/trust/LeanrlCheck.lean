@@ -719,7 +719,12 @@ def runFile (path nonce : String) (olean kernelReplay : Bool) : CoreM Unit := do
   let mut status := p.status
   let mut detail := p.detail
   let isNew : Name → Bool := fun n => (lookNew n).isSome && !p.trusted.contains n
-  let roots := (consts.map (·.1)).filter isNew
+  -- Roots: every new constant a proof can use. An unsafe or partial one (the old code
+  -- generator's `_cstage1`/`_cstage2` of every compiled definition, the `_unsafe_rec` of a
+  -- recursive or `partial` one, an `unsafe def`) is compiled code, not logic: the kernel refuses
+  -- a safe declaration that uses it, and one a root does reach is still walked and refused
+  -- below (`badShape`: `not_safe`). lean4checker skips them for the same reason.
+  let roots := (consts.filter fun (n, ci) => isNew n && !notSafe ci).map (·.1)
   let w := walk look (fun n => p.placeholders.contains n) roots
   if status == "ok" && !w.missing.isEmpty then
     status := "missing_dependency"

@@ -91,31 +91,50 @@ def boundFuel : Nat := 100000
 def maxRuntimeExp : Nat := 4294967295
 
 /-- Whether a type argument may be `ℕ`: only natural-number literals reach GMP in the kernel and
-in `whnf`'s literal folding. A named type other than `ℕ` (`ℝ`, `ℤ`) is never computed by it; a
-type that is not a constant (`id ℕ`) might be `ℕ`, so it counts. -/
-def isNatType (e : Expr) : Bool :=
+in `whnf`'s literal folding. `nonNat` says which constants are types known not to be `ℕ` (an
+inductive type of the clean environment other than `Nat`: `ℝ`, `ℤ`, `ℚ`); anything else -- `id ℕ`,
+an attempt's own `abbrev N := ℕ` -- might be `ℕ`, so it counts. -/
+def isNatType (nonNat : Name → Bool) (e : Expr) : Bool :=
   match e.consumeMData with
-  | .const n _ => n == ``Nat
+  | .const n _ => !nonNat n
   | _ => true
 
-/-- The names `natBinOp?` reads, so that a node with another head costs nothing more. -/
-def natOpNames : List Name :=
-  [``Nat.add, ``Nat.mul, ``Nat.pow, ``Nat.shiftLeft, ``Nat.sub, ``Nat.div, ``Nat.mod, ``Nat.gcd,
-   ``Nat.shiftRight, ``Nat.land, ``Nat.lor, ``Nat.xor, ``HAdd.hAdd, ``HMul.hMul, ``HPow.hPow,
-   ``HShiftLeft.hShiftLeft, ``HSub.hSub, ``HDiv.hDiv, ``HMod.hMod, ``HShiftRight.hShiftRight,
-   ``HAnd.hAnd, ``HOr.hOr, ``HXor.hXor, ``Pow.pow, ``Add.add, ``Mul.mul, ``ShiftLeft.shiftLeft,
-   `NatPow.pow, `HomogeneousPow.pow, `Monoid.npow]
+/-- The head of `e` and its number of arguments when it has at most 6 (every form `natBinOp?`
+reads has 2 to 6): constant time however long the spine, where `getAppFn` would walk it all at
+every node of it. -/
+def shortSpine? (e : Expr) : Option (Expr × Nat) := Id.run do
+  let mut h := e
+  let mut k := 0
+  for _ in [0:6] do
+    if let .app f _ := h then
+      h := f
+      k := k + 1
+    else
+      return some (h, k)
+  return if h.isApp then none else some (h, k)
+
+/-- The value of a natural-number literal (`5` raw, or `OfNat.ofNat ℕ 5 (instOfNatNat 5)`, the
+core instance, with the same literal), if `e` is one. A numeral through another `OfNat ℕ`
+instance is not read as its digits: an attempt's own instance could make `(5 : ℕ)` stand for
+anything. -/
+def natLit? (e : Expr) : Option Nat :=
+  match e.consumeMData with
+  | .lit (.natVal n) => some n
+  | e' =>
+    if e'.isAppOfArity ``OfNat.ofNat 3 && e'.appArg!.isAppOfArity ``instOfNatNat 1 then
+      match e'.appFn!.appArg!.consumeMData, e'.appArg!.appArg!.consumeMData with
+      | .lit (.natVal n), .lit (.natVal m) => if n == m then some n else none
+      | _, _ => none
+    else none
 
 /-- `(operation, left, right)` for a binary operation on natural numbers, written with its
 `Nat.*` function, its heterogeneous class (`HPow.hPow ℕ ℕ ℕ _ a b`), its homogeneous class
-(`Pow.pow`, `Mul.mul`, ...), or `Monoid.npow n x` (`x ^ n`). -/
-def natBinOp? (e : Expr) : Option (String × Expr × Expr) :=
+(`Pow.pow`, `Mul.mul`, ...), or `Monoid.npow n x` (`x ^ n`). `nonNat`: see `isNatType`. -/
+def natBinOp? (nonNat : Name → Bool) (e : Expr) : Option (String × Expr × Expr) :=
   let two (op : String) := some (op, e.appFn!.appArg!, e.appArg!)
   let arg (i : Nat) : Expr := e.getArg! i
-  match e.getAppFn with
-  | .const n _ =>
-    -- the head first: counting the arguments of a long spine is paid only for these names
-    let k := if natOpNames.contains n then e.getAppNumArgs else 0
+  match shortSpine? e with
+  | some (.const n _, k) =>
     if k == 2 then
       if n == ``Nat.add then two "add" else if n == ``Nat.mul then two "mul"
       else if n == ``Nat.pow then two "pow" else if n == ``Nat.shiftLeft then two "shl"
@@ -123,15 +142,15 @@ def natBinOp? (e : Expr) : Option (String × Expr × Expr) :=
         n == ``Nat.shiftRight || n == ``Nat.land || n == ``Nat.lor || n == ``Nat.xor then
         two "small"
       else none
-    else if k == 6 && isNatType (arg 0) then
+    else if k == 6 && isNatType nonNat (arg 0) then
       if n == ``HAdd.hAdd then two "add" else if n == ``HMul.hMul then two "mul"
       else if n == ``HPow.hPow then two "pow" else if n == ``HShiftLeft.hShiftLeft then two "shl"
       else if n == ``HSub.hSub || n == ``HDiv.hDiv || n == ``HMod.hMod ||
         n == ``HShiftRight.hShiftRight || n == ``HAnd.hAnd || n == ``HOr.hOr ||
         n == ``HXor.hXor then two "small"
       else none
-    else if k == 5 && isNatType (arg 0) && n == ``Pow.pow then two "pow"
-    else if k == 4 && isNatType (arg 0) then
+    else if k == 5 && isNatType nonNat (arg 0) && n == ``Pow.pow then two "pow"
+    else if k == 4 && isNatType nonNat (arg 0) then
       if n == ``Add.add then two "add" else if n == ``Mul.mul then two "mul"
       else if n == `NatPow.pow || n == `HomogeneousPow.pow then two "pow"
       else if n == ``ShiftLeft.shiftLeft then two "shl"
@@ -140,22 +159,31 @@ def natBinOp? (e : Expr) : Option (String × Expr × Expr) :=
     else none
   | _ => none
 
-/-- The value of a natural-number literal (`5` raw, or `OfNat.ofNat ℕ 5 (instOfNatNat 5)`, the
-core instance), if `e` is one. A numeral through another `OfNat ℕ` instance is not read as its
-digits: an attempt's own instance could make `(5 : ℕ)` stand for anything. -/
-def natLit? (e : Expr) : Option Nat :=
-  match e.consumeMData with
-  | .lit (.natVal n) => some n
-  | e' => if e'.isAppOfArity ``OfNat.ofNat 3 && e'.appArg!.isAppOf ``instOfNatNat then
-      match e'.appFn!.appArg!.consumeMData with
-      | .lit (.natVal n) => some n
-      | _ => none
-    else none
+/-- The exact value of a small literal computation on `ℕ` (below 2^64, at most `depth` levels
+deep), if `e` is one: an exponent is then sized by its value, not by its bits (`2 ^ 2 ^ 16` is a
+number of 65,537 bits, not of up to 2 · 2^17). -/
+partial def smallVal? (nonNat : Name → Bool) (e : Expr) (depth : Nat := 8) : Option Nat := do
+  if let some n := natLit? e then return n
+  if depth == 0 then failure
+  let (op, a, b) ← natBinOp? nonNat e
+  let x ← smallVal? nonNat a (depth - 1)
+  let y ← smallVal? nonNat b (depth - 1)
+  let small (v : Nat) : Option Nat := if v < 18446744073709551616 then some v else none
+  match op with
+  | "add" => small (x + y)
+  | "mul" => small (x * y)
+  | "pow" => if y ≤ 64 then small (x ^ y) else if x ≤ 1 then some x else none
+  | "shl" => if y < 64 then small (x * 2 ^ y) else if x == 0 then some 0 else none
+  | _ => none
 
 /-- Whether `e` holds a `let` or a beta-redex: a bound variable there stands for a value both
-checks substitute before they compute (`let k := 4294967296; 1 <<< k`). -/
+checks substitute before they compute (`let k := 4294967296; 1 <<< k`, `have`). -/
 def bindsValues (e : Expr) : Bool :=
-  (e.find? fun x => x.isLet || (x.isApp && x.getAppFn.consumeMData.isLambda)).isSome
+  -- `appFn!`, not `getAppFn`: the innermost node of a redex's spine has the lambda as its
+  -- function, and `find?` visits it (a long spine is not walked at each of its nodes); `have`
+  -- elaborates to `letFun` on the Lean versions that have it
+  (e.find? fun x => x.isLet || (x.isApp && x.appFn!.consumeMData.isLambda) ||
+    x.isAppOfArity `letFun 4).isSome
 
 /-- A term's address: the key of the maps below. Structural hashing would let an attempt choose
 colliding subterms (a literal's hash is its value mod 2^64) and make each look-up linear; an
@@ -176,6 +204,8 @@ structure BitsState where
   fuel : Nat := boundFuel
   /-- The statement binds values (`bindsValues`): a bound variable may be a number. -/
   valued : Bool := false
+  /-- Types known not to be `ℕ` (`isNatType`). -/
+  nonNat : Name → Bool := fun n => n != ``Nat
 
 abbrev BitsM := StateM BitsState
 
@@ -192,11 +222,12 @@ base (the runtime aborts); one whose exponent is closed -- no bound variable, or
 binds values (`valued`) -- but cannot be sized (`2 ^ (id 1099511627776)`, a helper constant) is
 unbounded too, since both checks would reduce it to a literal of unknown size; so is a closed
 base that cannot be sized under an exponent past `maxLiteralBits`. -/
-def combineBits (op : String) (a b : Expr) (x? y? : Option Nat) (valued : Bool) : Option Nat :=
+def combineBits (op : String) (a b : Expr) (x? y? : Option Nat) (valued : Bool)
+    (nonNat : Name → Bool) : Option Nat :=
   let cap (v : Nat) := Nat.min v bitsCeiling
   let closed (t : Expr) : Bool := !t.hasFVar && (valued || !t.hasLooseBVars)
-  -- an upper bound on the exponent (shift) `b`
-  let e? : Option Nat := match natLit? b, y? with
+  -- an upper bound on the exponent (shift) `b`: its value when it is small, else from its bits
+  let e? : Option Nat := match smallVal? nonNat b, y? with
     | some n, _ => some n
     | none, some y => if y ≥ 40 then none else some (2 ^ y)
     | none, none => none
@@ -230,10 +261,11 @@ partial def natBits (e : Expr) : BitsM (Option Nat) := do
     r := some (Nat.log2 n + 1)
   else if e.isAppOfArity ``Nat.succ 1 then
     r := (← natBits e.appArg!).map (· + 1)
-  else if let some (op, a, b) := natBinOp? e then
+  else if let some (op, a, b) := natBinOp? (← get).nonNat e then
     let x? ← natBits a
     let y? ← natBits b
-    r := combineBits op a b x? y? (← get).valued
+    let st ← get
+    r := combineBits op a b x? y? st.valued st.nonNat
   modify fun st => { st with memo := st.memo.insert (addr e) r }
   return r
 
@@ -245,7 +277,7 @@ partial def bigIn (ref e : Expr) : BitsM (Option String) := do
   modify fun st => { st with seen := st.seen.insert (addr e) () }
   if !(← burn) then
     return some s!"a statement too big to bound (over {boundFuel} nodes)"
-  if (natBinOp? e).isSome then
+  if (natBinOp? (← get).nonNat e).isSome then
     if let some b := (← natBits e) then
       if b > maxLiteralBits && (ref.find? (· == e)).isNone then
         if (← get).fuel == 0 then
@@ -268,8 +300,8 @@ cheap first filter, so that the commonest ways to stall or kill the judge (`1 <<
 `2 ^ (2 ^ 40)`, `let k := 4294967296; 1 <<< k`) cost a clear refusal instead of a judge; what
 it cannot see -- a helper definition or an instance that computes -- is bounded by the pool
 around the judge (`judge_limit`). -/
-def bigComputation? (ref stated : Expr) : Option String :=
-  Id.run ((bigIn ref stated).run' { valued := bindsValues stated })
+def bigComputation? (ref stated : Expr) (nonNat : Name → Bool) : Option String :=
+  Id.run ((bigIn ref stated).run' { valued := bindsValues stated, nonNat := nonNat })
 
 /-- Runs `x` bounded by `heartbeats` (thousands, as the option counts them; the kernel reads the
 option, the elaborator the context) and `maxRecDepth` 512 (the elaborator's default), and returns
@@ -305,7 +337,11 @@ The kernel's check adds `@Eq.refl Prop ref : @Eq Prop ref stated` as a throwaway
 propositions: the target of a proof task is a theorem. -/
 def sameStatement (refType stated : Expr) (lps : List Name) (name : Name) (heartbeats : Nat) :
     CoreM (Option (String × String)) := do
-  if let some what := bigComputation? refType stated then
+  let env ← getEnv
+  -- a type the clean environment holds as an inductive other than `Nat` is not `ℕ`
+  let nonNat : Name → Bool := fun n =>
+    n != ``Nat && (match env.find? n with | some (.inductInfo _) => true | _ => false)
+  if let some what := bigComputation? refType stated nonNat then
     return some ("judge_limit", s!"the restated statement holds {what}; the judge evaluates " ++
       s!"no literal arithmetic on ℕ past {maxLiteralBits} bits")
   -- 1. the elaborator, at reducible transparency
