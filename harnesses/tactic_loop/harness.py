@@ -237,7 +237,8 @@ class TacticLoopHarness(Harness):
         episodes = [_Episode(t, i, "", "") for t in tasks for i in range(sampling.n)]
         wave = self.wave_size
         # A wave holds all its sessions until it ends: never more than the runtime can hold at
-        # once, or the last ones would wait forever for a process (``local``: workers + spares).
+        # once, or the last ones would wait forever for a process (``local``: workers + spares
+        # less the processes kept for checks).
         cap = getattr(runtime, "max_tactic_sessions", None)
         if isinstance(cap, int) and cap > 0:
             wave = min(wave, cap)

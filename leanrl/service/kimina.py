@@ -539,7 +539,8 @@ def kimina_result(
     * ``crash``: a REPL-level ``{"message": ...}`` response: *repl_error*;
     * ``memory``, ``infra``: ``error``: *server_error* (not the proof's fault: retry it);
     * any other rejection (``error``, ``axiom``, ``native``, ``statement_changed``,
-      ``forbidden``, ``no_proof``, ``too_large``): Lean's messages, plus an error message
+      ``forbidden``, ``no_proof``, ``too_large``, ``judge_limit``: the attempt's own terms went
+      past the judge's bounds, no fault of the server): Lean's messages, plus an error message
       ``leanrl <reason>: <detail>`` when Lean reported none (an axiom or a changed statement is
       no Lean error): *lean_error*.
     """

@@ -46,7 +46,7 @@ __all__ = [
 log = logging.getLogger("leanrl.runtime")
 
 
-POOL_OPTIONS = ("start_retries", "start_backoff_s", "max_start_backoff_s")
+POOL_OPTIONS = ("start_retries", "start_backoff_s", "max_start_backoff_s", "check_reserve")
 """Keys of ``RuntimeConfig.options`` passed on to the pool's :class:`PoolConfig` as they are."""
 OPTIONS = ("spares", "repl_command", "lean_command", "cwd", *POOL_OPTIONS)
 """Every key the local runtime reads from ``RuntimeConfig.options``."""
@@ -323,12 +323,17 @@ class LocalRuntime(Runtime):
     @property
     def max_tactic_sessions(self) -> int | None:
         """Tactic sessions that can be open at once: each pins a process, and the pool lets
-        sessions pin all of its ``workers + spares`` but the one kept for checks (at least
-        one; :func:`~leanrl.lean.pool.tactic_capacity`); a caller holding more while waiting
+        sessions pin all of its ``workers + spares`` but those kept for checks
+        (``options.check_reserve``, 1; at least one session;
+        :func:`~leanrl.lean.pool.tactic_capacity`); a caller holding more while waiting
         for another would wait forever. None in one-shot mode (no sessions)."""
         if self.config.mode != "repl":
             return None
-        return tactic_capacity(self._workers(), int(self.config.options.get("spares", 1)))
+        return tactic_capacity(
+            self._workers(),
+            int(self.config.options.get("spares", 1)),
+            int(self.config.options.get("check_reserve", 1)),
+        )
 
     def tactic_session(
         self, header: str, policy: VerificationPolicy | None = None
