@@ -159,16 +159,17 @@ def natBinOp? (nonNat : Name → Bool) (e : Expr) : Option (String × Expr × Ex
     else none
   | _ => none
 
-/-- The exact value of a small literal computation on `ℕ` (below 2^64, at most `depth` levels
-deep), if `e` is one: an exponent is then sized by its value, not by its bits (`2 ^ 2 ^ 16` is a
+/-- The exact value of a small literal computation on `ℕ` (every value below 2^64, at most
+`depth` levels deep: at most 63 nodes looked at), if `e` is one: an exponent is then sized by its value, not by its bits (`2 ^ 2 ^ 16` is a
 number of 65,537 bits, not of up to 2 · 2^17). -/
-partial def smallVal? (nonNat : Name → Bool) (e : Expr) (depth : Nat := 8) : Option Nat := do
-  if let some n := natLit? e then return n
+partial def smallVal? (nonNat : Name → Bool) (e : Expr) (depth : Nat := 5) : Option Nat := do
+  let small (v : Nat) : Option Nat := if v < 18446744073709551616 then some v else none
+  -- a leaf past 2^64 is not small either: nothing big is computed here
+  if let some n := natLit? e then return (← small n)
   if depth == 0 then failure
   let (op, a, b) ← natBinOp? nonNat e
   let x ← smallVal? nonNat a (depth - 1)
   let y ← smallVal? nonNat b (depth - 1)
-  let small (v : Nat) : Option Nat := if v < 18446744073709551616 then some v else none
   match op with
   | "add" => small (x + y)
   | "mul" => small (x * y)
@@ -338,7 +339,9 @@ propositions: the target of a proof task is a theorem. -/
 def sameStatement (refType stated : Expr) (lps : List Name) (name : Name) (heartbeats : Nat) :
     CoreM (Option (String × String)) := do
   let env ← getEnv
-  -- a type the clean environment holds as an inductive other than `Nat` is not `ℕ`
+  -- a type the environment holds as an inductive other than `Nat` is not `ℕ` (it holds the
+  -- attempt's replayed constants here too: its own inductive is not `ℕ` either, and an
+  -- `abbrev N := ℕ` of its own is no inductive, so it counts as `ℕ`)
   let nonNat : Name → Bool := fun n =>
     n != ``Nat && (match env.find? n with | some (.inductInfo _) => true | _ => false)
   if let some what := bigComputation? refType stated nonNat then
