@@ -1,7 +1,8 @@
 """Generated tokens/s of the ``hf`` policy's stream (continuous batching) against today's
 chunked ``generate`` calls, at 8 and 64 sequences at once.
 
-Both modes run in this one process on the same model, prompts and sampling settings:
+Both modes run in this one process on the same model, the same ``--prompts`` prompts (128 by
+default) and sampling settings:
 
 * ``chunked-C``: ``generate`` over consecutive chunks of C prompts (``batch_size`` C), what the
   eval does without ``eval.stream`` (chunk_tasks x samples sequences per call); each call
