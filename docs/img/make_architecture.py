@@ -42,6 +42,7 @@ _COMMANDS = (
     "leanrl.train.es_cli",
     "leanrl.train.sft.cli",
     "leanrl.train.sft.expert_iteration_cli",
+    "leanrl.train.distill.cli",
 )
 
 BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -74,7 +75,17 @@ BOXES: dict[str, tuple[str, tuple[str, ...]]] = {
     "eval/": ("app", ("leanrl.eval",)),
     "train/ (shared)\nrun folder · metrics\nin-run eval · vLLM sync": ("app", ("leanrl.train",)),
     "train/lora.py": ("app", ("leanrl.train.lora",)),
-    "train/grpo/": ("app", ("leanrl.train.grpo",)),
+    "train/grpo/\n+ on-policy distillation": (
+        "app",
+        (
+            "leanrl.train.grpo",
+            "leanrl.train.distill.config",
+            "leanrl.train.distill.teacher",
+            "leanrl.train.distill.objective",
+            "leanrl.train.distill.onpolicy",
+        ),
+    ),
+    "train/distill/\nsequence-level · experts": ("app", ("leanrl.train.distill",)),
     "train/es/": (
         "app",
         (

@@ -43,15 +43,17 @@ async def evaluate(
     tokenizer: Any,
     policy: PolicyConfig,
     live: Policy | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
     """pass@k of the live ``model`` on ``config.env``; the metrics for step ``step``'s row.
 
     ``live``: a policy that already generates with the trained weights (a vLLM server the
-    trainer pushes to), used instead of one over ``model``."""
+    trainer pushes to), used instead of one over ``model``. ``out``: where the evaluation
+    goes (default ``RUN/eval/step-N``; a mixed run's parts each have a folder in it)."""
     from leanrl.eval.runner import run_eval
 
     assert config.env is not None
-    out = run.path / "eval" / f"step-{step}"
+    out = out or run.path / "eval" / f"step-{step}"
     eval_cfg = EvalConfig(
         env=config.env,
         policy=policy,

@@ -16,10 +16,12 @@ from pydantic import Field, field_validator, model_validator
 from leanrl.policy import SamplingConfig
 from leanrl.train.common import TrainConfig
 from leanrl.train.curriculum import CurriculumConfig
+from leanrl.train.distill.config import DistillConfig
 from leanrl.train.distributed import DistributedConfig
 from leanrl.train.grpo.replay import ReplayConfig
 from leanrl.train.grpo.trl_names import TRL_DIFFERENT, TRL_RENAMED, TRL_SAME, translate_trl
 from leanrl.train.lora import LoRAConfig
+from leanrl.train.multienv_config import MixedEnvConfig, check_mixed, mixed_held_out
 from leanrl.train.shaping import FormatRewardConfig, OverlongConfig
 from leanrl.train.vllm_server import VLLMServerConfig
 
@@ -63,6 +65,13 @@ class GRPOConfig(TrainConfig):
     @classmethod
     def _trl_names(cls, data: Any) -> Any:
         return cls.translate_input(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mixed_held_out(cls, data: Any) -> Any:
+        # issue 40: `envs` read in every spelling, and `eval.env` given without an id is the
+        # held-out set of every environment of a mixed run (`--eval.env.taskset.split test`)
+        return mixed_held_out(data)
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -275,6 +284,16 @@ class GRPOConfig(TrainConfig):
     (``RUN_DIR/difficulty.json``): drop solved tasks, oversample the frontier, or draw from
     easy/frontier/hard pools (``--curriculum.mode pools``). Off by default: the seeded epoch
     order."""
+    # -- distillation and mixed runs (issue 40) --
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation: ``--distill.teacher MODEL`` scores every sampled model token
+    and each token's advantage becomes ``A_j - distill.coef · (log π_student - log π_teacher)``
+    (``--distill.only``: the reverse KL alone). Off by default (see docs/training-distill.md)."""
+    envs: list[MixedEnvConfig] = Field(default_factory=list)
+    """Several environments in one run, each with a weight (``--env countdown --env minif2f``,
+    ``--env countdown=3``, or a TOML table per environment): each step's tasks are drawn by
+    weight, metrics and the in-run evaluation are per environment too (``env/NAME/...``,
+    ``eval/NAME/...``), and ``env`` is not used. Empty (the default): ``env`` alone."""
 
     @field_validator("group_size")
     @classmethod
@@ -352,6 +371,22 @@ class GRPOConfig(TrainConfig):
         return self
 
     @model_validator(mode="after")
+    def _distill_and_envs(self) -> GRPOConfig:
+        # issue 40: a mixed run's checks, and distill.only's defaults
+        check_mixed_run(self)
+        if self.distill.only:
+            if "dynamic_sampling" in self.model_fields_set and self.dynamic_sampling != "off":
+                raise ValueError(
+                    f"distill.only with dynamic_sampling = {self.dynamic_sampling!r}: every "
+                    "group carries the teacher's signal, so no group is left out; drop "
+                    "--dynamic-sampling (distill.only turns it off)"
+                )
+            self.dynamic_sampling = "off"
+            if "mask_truncated" not in self.model_fields_set:
+                self.mask_truncated = False  # a cut-off attempt's tokens are still scored
+        return self
+
+    @model_validator(mode="after")
     def _objective_variants(self) -> GRPOConfig:
         # issue 25: pass@k needs k attempts of a group to choose from
         if self.advantage == "pass_at_k":
@@ -376,6 +411,39 @@ class GRPOConfig(TrainConfig):
                     "baseline 'loo_minus_one')"
                 )
         return self
+
+
+def check_mixed_run(cfg: GRPOConfig) -> None:
+    """A mixed run's checks (``ValueError``, for the validator): distinct names, one part or
+    more, no curriculum or failure replay (they draw from one task list), experts named after
+    environments; the run's ``eval.env`` becomes the first part's held-out set."""
+    experts = set(cfg.distill.experts)
+    if not cfg.envs:
+        if experts:
+            raise ValueError(
+                f"distill.experts names environments ({', '.join(sorted(experts))}) but the run "
+                "has one environment: use --distill.teacher, or a mixed run (--env A --env B)"
+            )
+        return
+    check_mixed(cfg.envs)
+    names = {e.name for e in cfg.envs}
+    if experts - names:
+        raise ValueError(
+            f"distill.experts names {sorted(experts - names)}, not environments of this run "
+            f"({sorted(names)})"
+        )
+    if cfg.curriculum.mode != "off":
+        raise ValueError(
+            "curriculum with several environments (envs) is not supported yet: each step's "
+            "tasks are drawn by the environments' weights; drop --curriculum.mode"
+        )
+    if cfg.replay.enabled:
+        raise ValueError(
+            "replay with several environments (envs) is not supported yet: set --replay.fraction 0"
+        )
+    held = [e.eval for e in cfg.envs if e.eval is not None]
+    if cfg.eval.every and held:
+        cfg.eval = cfg.eval.model_copy(update={"env": held[0]})
 
 
 class AsyncChoice(NamedTuple):

@@ -26,6 +26,10 @@ class _Sample:
     ref: list[float] | None = None  # reference log-probs (β > 0), filled before training
     # the sampler's log-probs, kept when ``old`` is recomputed for ``is_correction`` (issue 25)
     sampler: list[float] | None = None
+    # issue 40: the rollout's task (a mixed run's teacher is its environment's), and one
+    # advantage per response token once a teacher has scored it (else ``adv`` for every token)
+    task_id: str = ""
+    tok_adv: list[float] | None = None
 
 
 @dataclass

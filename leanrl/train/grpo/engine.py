@@ -25,6 +25,7 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy
 from leanrl.rollout import Rollout
 from leanrl.train.common import RunDir, resume_line
+from leanrl.train.distill.objective import advantage_tensor
 from leanrl.train.distributed import (
     World,
     full_named_parameters,
@@ -384,7 +385,8 @@ class GRPOEngine:
                 if cfg.mask_truncated and ends_truncated(r):
                     mask = [0] * len(mask)
                 old = [lp if lp is not None else math.nan for lp in lps]
-                out.append(_Sample(prompt=prompt, resp=list(ids), mask=mask, old=old, adv=a))
+                out.append(_Sample(prompt=prompt, resp=list(ids), mask=mask, old=old, adv=a,
+                                   task_id=r.task_id))  # fmt: skip
         return out
 
     def _prompt_ids(self, r: Rollout) -> list[int]:
@@ -511,7 +513,8 @@ class GRPOEngine:
         mask = _right_aligned([s.mask for s in micro], logp.shape[1], 0.0, logp.device)
         old = _right_aligned([s.old for s in micro], logp.shape[1], 0.0, logp.device)
         old = torch.where(mask > 0, old, logp.detach())  # unmasked slots: ratio 1, no NaN
-        adv = torch.tensor([s.adv for s in micro], device=logp.device)  # [n]
+        # [n], or [n, R] once a teacher has scored the tokens (issue 40: on-policy distillation)
+        adv = advantage_tensor(micro, logp.shape[1], logp.device)
         per_tok, clipped = self._policy_loss(logp, old, adv, mask, micro, acc if real else None)
         if cfg.beta > 0:
             ref = _right_aligned([s.ref or [] for s in micro], logp.shape[1], 0.0, logp.device)

@@ -102,9 +102,9 @@ def clipped_token_loss(
     """Per-token clipped surrogate ``-min(ρ·A, clip(ρ, 1-eps_low, 1+eps_high)·A)``.
 
     ``logp``, ``old_logp``: [N, T] (current and behaviour log-probs); ``adv``: [N] (one advantage
-    per sequence, broadcast over its tokens). ``ρ = exp(logp - old_logp)``. With ``dual_clip``
-    = c (> 1), a token of negative advantage has its loss capped at ``c·|A|`` (dual-clip PPO,
-    Ye et al. 2020): without the cap the loss grows with ρ without bound, and a token whose
+    per sequence, broadcast over its tokens) or [N, T] (one per token: on-policy distillation).
+    ``ρ = exp(logp - old_logp)``. With ``dual_clip`` = c (> 1), a token of negative advantage
+    has its loss capped at ``c·|A|`` (dual-clip PPO, Ye et al. 2020): without the cap the loss grows with ρ without bound, and a token whose
     probability rose a lot since sampling (stale data) would dominate the update. Returns the
     loss [N, T] and a float mask [N, T] of the tokens where a clip was taken (clip fraction).
     """
@@ -121,7 +121,7 @@ def clipped_ratio_loss(
     """:func:`clipped_token_loss` for a given ratio ρ [N, T] (token-level, or a sequence-level
     ratio broadcast over the tokens: see :func:`sequence_log_ratio`). Returns the loss [N, T]
     and the float mask of clipped tokens."""
-    a = adv.unsqueeze(-1)  # [N, 1]
+    a = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [N, 1], or [N, T] per token (distill)
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
     loss = -torch.minimum(unclipped, clipped)
@@ -168,11 +168,11 @@ def cispo_token_loss(
     The importance weight is clipped and detached, and every token keeps the gradient
     ``clip(ρ)·A·∇logp`` (the PPO clip instead zeroes the gradient of clipped tokens, which drops
     the rare tokens whose ratio moved most). ``log_ratio`` [N, T] is ``log ρ`` (token-level, or
-    :func:`sequence_log_ratio`); ``adv`` [N]. Returns the loss [N, T] and the float mask of the
-    tokens whose weight was clipped."""
+    :func:`sequence_log_ratio`); ``adv`` [N] or [N, T]. Returns the loss [N, T] and the float
+    mask of the tokens whose weight was clipped."""
     ratio = torch.exp(log_ratio.detach())
     weight = torch.clamp(ratio, w_min, w_max)
-    loss = -weight * adv.unsqueeze(-1) * logp
+    loss = -weight * (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * logp
     return loss, ((ratio > w_max) | (ratio < w_min)).float()
 
 

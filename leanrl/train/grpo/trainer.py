@@ -104,7 +104,7 @@ from typing import Any
 
 from leanrl._dist import install_hint
 from leanrl.decontam import save_taskset_report
-from leanrl.environment import Environment, load_environment
+from leanrl.environment import Environment
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.policy import Policy, SamplingConfig
 from leanrl.proofs import PROOFS_FILE, ProofStore, completion_cap
@@ -119,6 +119,8 @@ from leanrl.train.common import (
     runtime_metrics,
 )
 from leanrl.train.curriculum import Curriculum, rollout_outcomes
+from leanrl.train.distill.onpolicy import OnPolicyDistill, open_distill
+from leanrl.train.distill.onpolicy import prepare as prepare_distill
 from leanrl.train.grpo.clock import GenClock, clock_for
 from leanrl.train.grpo.config import GRPOConfig, resolve_async_generation, torchrun_ranks
 from leanrl.train.grpo.data import _Batch, ends_truncated
@@ -135,6 +137,12 @@ from leanrl.train.grpo.report import (
     _step_line,
 )
 from leanrl.train.infra import infra_metrics, warn_if_mostly_infra
+from leanrl.train.multienv import (
+    env_batch,
+    evaluate_mixed,
+    load_training_environment,
+    mixed_metrics,
+)
 from leanrl.train.shaping import check_shaping, shape_groups, shaping_metrics
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ends_truncated", "train_grpo"]
@@ -182,6 +190,7 @@ class GRPOTrainer:
         self._warned_top_p = False
         self._replay: Replayer | None = None  # failure replay (issue 25): opened lazily
         self._curriculum: Curriculum | None = None  # set when the run starts (after the load)
+        self._distill: OnPolicyDistill | None = None  # issue 40: the teachers, after the load
         self._kept = ProofStore(
             self.run.path / PROOFS_FILE,
             completion_chars=completion_cap(config.env.taskset.policy.max_proof_chars),
@@ -196,6 +205,9 @@ class GRPOTrainer:
         """Cheap checks before anything is loaded (clear :class:`ConfigError` s)."""
         cfg = self.config
         check_model_path(cfg.policy.model)
+        # issue 40: every teacher resolved, its tokenizer checked against the student's and its
+        # revision written into the config (config.json records it; a changed one is refused)
+        self.config = cfg = prepare_distill(cfg, self.run.path)
         from leanrl.train.grpo.engine import device_and_precision
 
         device, _ = device_and_precision(cfg)
@@ -254,7 +266,7 @@ class GRPOTrainer:
         world = World.from_env(self.config.distributed, device_and_precision(self.config)[0].type)
         self._world = world
         engine = GRPOEngine(self.config, self.run, world)
-        env = self.env or load_environment(self.config.env)
+        env = self.env or load_training_environment(self.config)  # `envs`: a mixed one
         gen: Policy | None = None
         rows: list[dict[str, Any]] = []
         logger: Any = _NoLog()
@@ -284,6 +296,10 @@ class GRPOTrainer:
             # preflight cannot see (a Docker daemon, a Modal sandbox) also fails first.
             async with env:
                 await asyncio.to_thread(engine.load, resumed)
+                # on-policy distillation: the teachers, on the student's device (None: off)
+                self._distill = await asyncio.to_thread(
+                    open_distill, self.config, env, engine.device
+                )
                 # the difficulty table as of the step the run resumes at (curriculum.mode)
                 self._curriculum = Curriculum.open(
                     self.config.curriculum,
@@ -313,6 +329,8 @@ class GRPOTrainer:
             logger.close()
             if gen is not None:
                 await gen.close()
+            if self._distill is not None:
+                await self._distill.close()
             engine.close()
             if world.is_main:
                 try:
@@ -408,6 +426,9 @@ class GRPOTrainer:
                 if self._curriculum is not None:  # pool sizes the step's tasks came from
                     row.update(self._curriculum.metrics(batch.step))
                 row.update(runtime_metrics(env))  # Lean pool counters, sandbox/CPU-seconds
+                if self._distill is not None:  # reverse KL per token, its share of the advantage
+                    row.update(self._distill.metrics(batch.step))
+                row.update(mixed_metrics(env, batch.groups[: cfg.tasks_per_step]))  # per env
                 row.update(self._costs.row(env))  # GPU-s, sandbox-s and $ (step and total)
                 self._budget.update(row)
                 spent = self._spent()
@@ -459,7 +480,7 @@ class GRPOTrainer:
             batch_tasks = (
                 self._curriculum.select(step, cfg.tasks_per_step, r_seed)
                 if self._curriculum is not None
-                else batch_for_step(tasks, step, cfg.tasks_per_step, r_seed)
+                else env_batch(env, tasks, step, cfg.tasks_per_step, r_seed)  # by weight if mixed
             )
             if r == 0 and replayed:
                 batch_tasks = batch_tasks[: cfg.tasks_per_step - len(replayed)]
@@ -509,6 +530,8 @@ class GRPOTrainer:
         # scale_rewards = "batch": the std of everything sampled, before groups were dropped
         batch_rewards = [r.reward for g in groups for r in g if not r.infra]
         samples = engine.make_samples(kept, batch_rewards)
+        if self._distill is not None:  # issue 40: the teacher scores every model token
+            await self._distill.apply(step, samples)
         return _Batch(
             step=step,
             groups=groups,
@@ -547,9 +570,8 @@ class GRPOTrainer:
         world = getattr(self, "_world", None)
         if world is None or not world.distributed:
             # The step has finished: nothing writes the weights while they are evaluated.
-            return await evaluate(
-                self.config.eval, step, self.run, engine.model, engine.tokenizer, self.config.policy
-            )
+            # a mixed run evaluates each environment's held-out set (issue 40)
+            return await evaluate_mixed(self.config, step, self.run, engine.model, engine.tokenizer)
         await asyncio.to_thread(engine.sync_generation_weights)  # every rank: FSDP gathers
         row: dict[str, Any] = {}
         if world.is_main:
