@@ -4,7 +4,9 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
 
 1. **Tasks.** ``batch_for_step(tasks, step, tasks_per_step, seed)``: B tasks, the same batches
    whatever happens (resume included). With ``curriculum.mode`` set, the tasks are chosen by
-   difficulty instead (:mod:`leanrl.train.curriculum`), as repeatably.
+   difficulty instead (:mod:`leanrl.train.curriculum`), as repeatably. With ``envs`` (several
+   environments in one run), each task is drawn from an environment chosen by weight, in that
+   environment's own epoch order (:mod:`leanrl.train.multienv`).
 2. **Rollouts.** ``env.rollout(tasks, policy, sampling(n=G))``: G attempts per task through the
    harness (whole-proof, tactic-loop, self-correction), verified by the runtime, rewarded by the
    taskset. Each rollout carries the token ids of the prompt, of the model's turns (loss mask 1) and of the
@@ -22,6 +24,18 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
    "group"``) or of the batch's (``"batch"``). ``unlikeliness`` replaces r_ij by
    ``r_ij · (1 - β_rank · rank_ij / n)`` (rank 0 = lowest mean sampler log-prob of the group)
    before the formula above.
+
+   **On-policy distillation** (``distill.teacher``; issue 40, :mod:`leanrl.train.distill`): a
+   teacher π_T scores every token of the kept sequences (in process through its tiled head, or
+   a server's prompt log-probs) and each model token gets its own advantage::
+
+       A_jt = A_j - λ · (log μ(o_t | ctx) - log π_T(o_t | ctx))        λ = distill.coef
+
+   with μ the sampler's log-prob (the rollout's): the one-sample estimate of the reverse KL
+   ``KL(μ || π_T)`` at the token, fixed for the batch. ``distill.only`` sets A_j = 0 (the
+   reverse KL alone; every group is kept). Environment tokens (mask 0) carry no KL. A_jt then
+   stands for A_j in the loss below, token by token. In a mixed run (``envs``) a sequence's
+   teacher is its environment's expert (``distill.experts``), else ``distill.teacher``.
 4. **Loss.** For each model token t of sequence j, with ``ρ_t = π_θ(o_t | ctx) / μ(o_t | ctx)``
    where μ is the *behaviour* policy that sampled the token (its log-probs come with the rollout)::
 
