@@ -1,4 +1,4 @@
-"""Run a function on N real ranks (spawned processes, gloo over loopback), as torchrun would.
+"""Run a function on N real ranks (fresh processes, gloo over loopback), as torchrun would.
 
 Each child gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, exactly the variables
 ``torchrun`` sets, so the code under test initialises ``torch.distributed`` itself. On ranks
@@ -45,7 +45,18 @@ def _forbid_writes(rank: int) -> None:
         setattr(ProofStore, name, refuse(f"ProofStore.{name} (proofs.jsonl)"))
 
 
-def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def _child(
+    rank: int,
+    world: int,
+    port: int,
+    env: dict[str, str],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    # The caller's environment as it is now (a forked rank would otherwise have the fork
+    # server's, from when it started), as a spawned process gets it.
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -66,10 +77,36 @@ def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
     fn(*args)
 
 
+# What every rank imports anyway. A fork server imports these once per test process, and each
+# rank is forked from it instead of importing them afresh (spawned: ~3 s of CPU per rank, most
+# of a short test's). The server is a fresh interpreter that imported modules and ran nothing
+# (no model, no thread pool, no CUDA), so a rank forked from it starts as clean as a spawned
+# one; it gets the caller's environment (``_child``), working folder and ``sys.path``.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "safetensors.torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+]
+
+
+def _start_method() -> str:
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"  # Windows
+    multiprocessing.set_forkserver_preload(_PRELOAD)  # only read when the server starts
+    return "forkserver"
+
+
 def run_ranks(world: int, fn: Callable[..., Any], *args: Any) -> None:
-    """``fn(*args)`` on ``world`` spawned ranks; raises if any rank fails (with its traceback)."""
+    """``fn(*args)`` on ``world`` fresh ranks; raises if any rank fails (with its traceback)."""
     import torch.multiprocessing as mp
 
     mp.start_processes(
-        _child, args=(world, free_port(), fn, args), nprocs=world, start_method="spawn"
+        _child,
+        args=(world, free_port(), dict(os.environ), fn, args),
+        nprocs=world,
+        start_method=_start_method(),
     )
