@@ -185,6 +185,8 @@ def test_a_server_teacher_scores_like_the_model_and_its_tokenizer_is_checked(
         cfg = DistillConfig(teacher=srv.url)
         src = resolve(srv.url, cfg)
         assert (src.kind, src.model) == ("server", "teacher")
+        with pytest.raises(ConfigError, match=r"not distill\.server_model"):
+            resolve(srv.url, DistillConfig(teacher=srv.url, server_model="other"))
         server = ServerTeacher(src, cfg)
 
         async def go() -> list[list[float]]:
@@ -314,3 +316,62 @@ def test_distill_only_on_countdown_from_the_cli(
         assert r["groups_kept"] == 2 and r["skipped"] is False  # rewards all 0: still trained
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["dynamic_sampling"] == "off" and cfg["mask_truncated"] is False
+
+
+def test_coef_scales_the_term_and_zero_is_plain_grpo(
+    tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
+    """distill.coef = 0 trains exactly as GRPO without a teacher (the term is additive, A_j
+    untouched), while the reverse KL is still logged; λ = 2 changes the update."""
+    from safetensors.torch import load_file
+
+    kw: dict[str, Any] = dict(steps=2, save_every=2)
+    plain = _train(_config(tiny_model_dir, tmp_path / "plain", **kw))
+    zero = _train(_config(tiny_model_dir, tmp_path / "zero", **kw,
+                          distill={"teacher": str(teacher_dir), "coef": 0.0}))  # fmt: skip
+    two = _train(_config(tiny_model_dir, tmp_path / "two", **kw,
+                         distill={"teacher": str(teacher_dir), "coef": 2.0}))  # fmt: skip
+    assert [r["loss"] for r in zero] == [r["loss"] for r in plain]
+    assert zero[0]["distill/kl_share"] == 0.0 and zero[0]["distill/reverse_kl"] != 0.0
+    assert two[0]["distill/kl_share"] > 0.0 and two[0]["loss"] != plain[0]["loss"]
+    w = {n: load_file(str(tmp_path / n / "checkpoint-2" / "model.safetensors")) for n in
+         ("plain", "zero", "two")}  # fmt: skip
+    assert all(torch.equal(w["plain"][k], w["zero"][k]) for k in w["plain"])
+    assert not all(torch.equal(w["plain"][k], w["two"][k]) for k in w["plain"])
+
+
+def test_the_teachers_temperature_divides_its_logits(
+    tiny_model_dir: Path, teacher_dir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from leanrl.train.distill.teacher import LocalTeacher, resolve
+
+    cfg = DistillConfig(teacher=str(teacher_dir), temperature=2.0, vocab_tile=100)
+    t = LocalTeacher(resolve(str(teacher_dir), cfg), cfg, torch.device("cpu"), torch.float32)
+    [(p, r)] = _seqs(tiny_model_dir, 1)
+    [got] = t.score([(p, r)])
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
+    want = torch.log_softmax(logits / 2.0, -1).gather(1, torch.tensor(r)[:, None])[:, 0]
+    assert got == pytest.approx(want.tolist(), abs=1e-4)
+    with pytest.raises(ValueError, match="raw logits"):
+        DistillConfig(teacher="http://127.0.0.1:1/v1", temperature=2.0)
+
+
+def test_leanrl_train_distill_on_policy_runs_grpo_with_the_teacher(
+    tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
+    from leanrl.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "distill", "--mode", "on-policy", "--env", "countdown",
+            "--env.taskset.split", "train", "--student", str(tiny_model_dir),
+            "--teacher", str(teacher_dir), "--steps", "1", "--tasks-per-step", "2",
+            "--on-policy.group-size", "2", "--sampling.max-tokens", "4", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    [row] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["distill/kl_share"] == 1.0 and (out / "checkpoint-1").is_dir()
+    cfg = json.loads((out / "config.json").read_text())  # a GRPO run's config
+    assert cfg["distill"]["only"] is True and cfg["group_size"] == 2
