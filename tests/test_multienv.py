@@ -145,3 +145,21 @@ def test_each_environments_tokens_are_scored_by_its_own_expert(
     assert set(revs) == set(experts.values())
     with pytest.raises(ValueError, match="not environments of this run"):
         _config(tiny_model_dir, tmp_path / "x", envs=envs, distill={"experts": {"c": "m"}})
+
+
+def test_each_held_out_set_is_checked_against_its_own_training_tasks(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The second environment's held-out set overlaps its training tasks (the first's does
+    not): refused before the model loads, as a single environment's would be."""
+    envs = {
+        "a": {"id": "countdown", "taskset": {"split": "train", "limit": 8},
+              "eval": {"taskset": {"split": "train", "names": ["countdown_train_0500"]}}},
+        "b": {"id": "countdown", "taskset": {"split": "test", "limit": 4},
+              "eval": {"taskset": {"split": "test", "limit": 2}}},
+    }  # fmt: skip
+    cfg = _config(tiny_model_dir, tmp_path / "run", steps=1, envs=envs, eval={"every": 1})
+    assert cfg.eval.env.taskset.names == ["countdown_train_0500"]  # the run's own check: a's
+    with pytest.raises(ConfigError, match="shares 2 of its 2 tasks with the training set"):
+        _train(cfg)
+    assert not (tmp_path / "run" / "checkpoint-1").exists()

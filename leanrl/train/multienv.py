@@ -54,8 +54,13 @@ class MixedEnvironment(Environment):
     name = "mixed"
     description = "several environments in one run, each with a weight"
 
-    def __init__(self, parts: Sequence[tuple[str, float, Environment]]) -> None:
+    def __init__(
+        self, parts: Sequence[tuple[str, float, Environment]], held_out: Any = None
+    ) -> None:
         super().__init__(EnvironmentConfig(id="mixed"))
+        self.held_out: list[tuple[str, Any]] = list(held_out or [])
+        """(part name, the run's ``eval`` section with that part's held-out ``env``): what
+        :meth:`check_parts` checks for overlap with the part's training tasks."""
         if not parts:
             raise ConfigError("a mixed environment needs at least one part")
         names = [n for n, _, _ in parts]
@@ -73,15 +78,24 @@ class MixedEnvironment(Environment):
         self._runtime = self._mixed_runtime  # what `runtime_metrics` reads
 
     @classmethod
-    def from_configs(cls, envs: Sequence[MixedEnvConfig]) -> MixedEnvironment:
-        """The environments ``envs`` names, loaded (nothing is started or read yet)."""
+    def from_configs(
+        cls, envs: Sequence[MixedEnvConfig], eval_config: Any = None
+    ) -> MixedEnvironment:
+        """The environments ``envs`` names, loaded (nothing is started or read yet).
+        ``eval_config``: the run's ``eval`` section (each part's held-out set is checked
+        against its training tasks by :meth:`check_parts`)."""
         parts = []
         for e in envs:
             plain = EnvironmentConfig(
                 id=e.id, taskset=e.taskset, harness=e.harness, runtime=e.runtime
             )
             parts.append((e.name, e.weight, load_environment(plain)))
-        return cls(parts)
+        held = [
+            (e.name, eval_config.model_copy(update={"env": e.eval}))
+            for e in envs
+            if eval_config is not None and e.eval is not None
+        ]
+        return cls(parts, held)
 
     # -- the parts ------------------------------------------------------------------------------
 
@@ -180,8 +194,12 @@ class MixedEnvironment(Environment):
         return self._mixed_runtime
 
     def check_parts(self) -> None:
+        """Each part's harness and runtime, and each held-out set against its part's training
+        tasks (refused when they share tasks, unless ``eval.allow_overlap``)."""
         for _, _, e in self.parts:
             e.check_parts()
+        for name, ev in self.held_out:
+            ev.check_held_out(t.name for t in self.tasks_of(name))
 
     async def start(self) -> None:
         for _, _, e in self.parts:
@@ -330,7 +348,7 @@ def load_training_environment(config: Any) -> Environment:
     ``envs`` when it names several, else ``env``."""
     envs = getattr(config, "envs", None)
     if envs:
-        return MixedEnvironment.from_configs(envs)
+        return MixedEnvironment.from_configs(envs, getattr(config, "eval", None))
     return load_environment(config.env)
 
 

@@ -158,6 +158,8 @@ class OnPolicyDistill:
             env = self.env_of(s.task_id) if self.env_of is not None and s.task_id else None
             env_names[id(s)] = env
             spec = self.cfg.teacher_for(env)
+            if not any(s.mask):  # masked whole (a cut-off attempt): no loss, nothing to score
+                continue
             if spec is None:  # an environment without a teacher: its own advantage only
                 if self.cfg.only:
                     s.tok_adv = [0.0] * len(s.resp)

@@ -134,7 +134,7 @@ class SequenceDistill(ExpertIteration):
 
     def __init__(self, config: SequenceDistillConfig, env: Environment | None = None) -> None:
         if env is None and config.envs:
-            env = MixedEnvironment.from_configs(config.envs)
+            env = MixedEnvironment.from_configs(config.envs, config.eval)
         super().__init__(config, env)
 
     def check(self) -> None:
@@ -271,7 +271,7 @@ class _LayoutMixed(MixedEnvironment):
     """A mixed environment whose harness lays SFT examples out per environment."""
 
     def __init__(self, env: MixedEnvironment) -> None:
-        super().__init__(env.parts)
+        super().__init__(env.parts, env.held_out)
         self._tasks, self._env_of = env._tasks, env._env_of
 
     @property

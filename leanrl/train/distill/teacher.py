@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -476,8 +475,3 @@ def describe(src: TeacherSource) -> str:
     if src.kind == "server":
         return f"{src.model} at {src.where}"
     return src.where if src.where == src.spec else f"{src.spec} ({src.where})"
-
-
-def dump(sources: Sequence[TeacherSource]) -> str:
-    """The sources as JSON (for debugging logs)."""
-    return json.dumps([s.__dict__ for s in sources])
