@@ -375,3 +375,43 @@ def test_leanrl_train_distill_on_policy_runs_grpo_with_the_teacher(
     assert row["distill/kl_share"] == 1.0 and (out / "checkpoint-1").is_dir()
     cfg = json.loads((out / "config.json").read_text())  # a GRPO run's config
     assert cfg["distill"]["only"] is True and cfg["group_size"] == 2
+
+
+def test_multi_turn_sequences_are_scored_token_exactly(
+    toy_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Self-correction episodes (the model's turns, Lean's errors fed back between them): with
+    the student as its own teacher, every model token's reverse KL is 0 at step 1, the later
+    turns' too, so the teacher saw each token at the position the student sampled it, the
+    feedback in context; the feedback tokens themselves are not scored."""
+    from leanrl.environment import EnvironmentConfig
+    from leanrl.harness import HarnessConfig
+    from leanrl.policy import PolicyConfig, SamplingConfig
+    from leanrl.train.distill.onpolicy import OnPolicyDistill
+    from leanrl.train.grpo import GRPOConfig, GRPOTrainer
+    from tests.test_harness_self_correction import _env
+
+    seen: list[Any] = []
+    apply = OnPolicyDistill.apply
+
+    async def spy(self: Any, step: int, samples: Any) -> None:
+        await apply(self, step, samples)
+        seen.extend(samples)
+
+    monkeypatch.setattr(OnPolicyDistill, "apply", spy)
+    cfg = GRPOConfig(
+        policy=PolicyConfig(model=str(toy_model_dir)),
+        sampling=SamplingConfig(max_tokens=8, top_p=1.0, seed=0),
+        env=EnvironmentConfig(id="toy-sc", harness=HarnessConfig(name="self-correction")),
+        out=tmp_path / "run", steps=1, tasks_per_step=2, group_size=2, lr=1e-3,
+        dynamic_sampling="off", mask_truncated=False,
+        distill={"teacher": str(toy_model_dir)},
+    )  # fmt: skip
+    trainer = GRPOTrainer(cfg, env=_env("deepseek"))
+    [row] = trainer.train_sync()
+    feedback = [s for s in seen if 0 in s.mask and 1 in s.mask[s.mask.index(0) :]]
+    assert feedback, "no episode with a turn after the environment's feedback"
+    assert row["distill/tokens"] == row["loss_tokens"] == sum(sum(s.mask) for s in seen)
+    assert abs(row["distill/reverse_kl"]) < 1e-4
+    for s in feedback:  # the term is the group's advantage, to the last token
+        assert s.tok_adv == pytest.approx([s.adv] * len(s.resp), abs=1e-4)
