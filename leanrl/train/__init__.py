@@ -7,13 +7,16 @@ One package per trainer, and here only what they share:
 - :mod:`leanrl.train.es`: evolution strategies (``ESConfig``, ``ESTrainer``);
 - :mod:`leanrl.train.sft`: SFT on verified proofs and expert iteration (``SFTConfig``,
   ``SFTTrainer``, ``ExpertIterationConfig``, ``ExpertIteration``);
+- :mod:`leanrl.train.distill`: distillation from teachers, on-policy (GRPO's ``distill``
+  section) and sequence-level (``leanrl train distill``);
 - shared: ``common.py`` (config base, data order, the run folder, metrics), ``budget.py`` and
   ``run_costs.py`` (spend limits, what a run cost), ``infra.py`` (attempts lost to the
   infrastructure), ``lora.py``, ``distributed.py`` (ranks), ``hf_policy.py`` (a policy over the
   model being trained), ``prompt_ids.py`` (a prompt's token ids, as ``leanrl eval`` makes
   them), ``vllm_sync.py`` and ``vllm_server.py`` (trained weights into vLLM), ``inrun_eval.py``
   and ``inrun_eval_config.py`` (held-out pass@k during a run), ``curriculum.py``
-  (difficulty-aware task sampling: the per-task table and its samplers).
+  (difficulty-aware task sampling: the per-task table and its samplers), ``multienv.py`` and
+  ``multienv_config.py`` (several environments in one run, drawn by weight).
 
 ``GRPOTrainer``, ``ESTrainer`` and ``SFTTrainer`` take the same inputs (an Environment config, a
 model, a run folder) and write the same run folder; ``ExpertIteration`` runs rounds of sampling
