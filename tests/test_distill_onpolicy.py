@@ -154,6 +154,7 @@ class _Server:
         self.proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["prompt_logprobs", "echo"])
 def test_a_server_teacher_scores_like_the_model_and_its_tokenizer_is_checked(
     tiny_model_dir: Path, teacher_dir: Path, toy_model_dir: Path, form: str
@@ -243,6 +244,7 @@ def digit_teacher(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     return out  # a run folder: its newest checkpoint is the teacher
 
 
+@pytest.mark.slow
 def test_opd_pulls_the_student_toward_the_teacher(
     tiny_model_dir: Path, digit_teacher: Path, tmp_path: Path
 ) -> None:
@@ -318,6 +320,7 @@ def test_distill_only_on_countdown_from_the_cli(
     assert cfg["dynamic_sampling"] == "off" and cfg["mask_truncated"] is False
 
 
+@pytest.mark.slow
 def test_coef_scales_the_term_and_zero_is_plain_grpo(
     tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path
 ) -> None:
@@ -377,6 +380,7 @@ def test_leanrl_train_distill_on_policy_runs_grpo_with_the_teacher(
     assert cfg["distill"]["only"] is True and cfg["group_size"] == 2
 
 
+@pytest.mark.slow
 def test_multi_turn_sequences_are_scored_token_exactly(
     toy_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,6 +23,8 @@ from tests.test_distill_sequence import RT, TOY, omega_teacher  # noqa: F401 - t
 
 HERE = Path(__file__).resolve().parent
 
+pytestmark = pytest.mark.slow  # real `leanrl` processes killed and rerun, 8-10 s each
+
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file

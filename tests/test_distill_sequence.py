@@ -25,6 +25,8 @@ from leanrl.proofs import read_proofs
 TOY = Path(__file__).parent / "fixtures" / "toy_tasks.jsonl"
 RT = "tests._scripted_runtime:ScriptedRuntime"
 
+pytestmark = pytest.mark.slow  # the teacher's SFT (4 s), then an eval and an SFT per test
+
 
 @pytest.fixture(scope="module")
 def omega_teacher(toy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
