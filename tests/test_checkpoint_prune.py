@@ -31,7 +31,9 @@ def test_a_resumed_launched_es_run_keeps_the_checkpoint_it_started_from(
     from leanrl.train.es.weights import ESWeights
 
     monkeypatch.chdir(tmp_path)
-    launcher = _launcher(tmp_path, orchestrator="function")  # the run folder is on the Volume
+    # the run folder is on the Volume; one member container starts a member's engine (which
+    # rebuilds θ from the start checkpoint) as well as two would
+    launcher = _launcher(tmp_path, orchestrator="function", member_containers=1)
 
     def cfg(steps: int) -> object:
         kw = {"steps": steps, "save_every": 1, "keep_checkpoints": 1, "launcher": launcher}

@@ -174,10 +174,12 @@ def _es_config(model: Path, out: Path | str, **kw: Any) -> Any:
 
 
 def _launcher(tmp_path: Path, **m: Any) -> LauncherConfig:
+    """The local Modal backend; 2 member containers unless ``m`` says otherwise (each container
+    is a process that imports torch: a test that is not about the fan-out takes 1)."""
     return LauncherConfig(
         name="modal",
         modal=ModalLaunchConfig(
-            backend="local", local_volume=tmp_path / "vol", member_containers=2, **m
+            backend="local", local_volume=tmp_path / "vol", **{"member_containers": 2, **m}
         ),
     )
 
@@ -251,7 +253,10 @@ def test_a_killed_orchestrator_resumes_from_the_volume(
     reference.train_sync()
     monkeypatch.chdir(tmp_path)
     cfg = _es_config(
-        toy_model_dir, "runs/es", steps=4, launcher=_launcher(tmp_path, orchestrator="function")
+        toy_model_dir,
+        "runs/es",
+        steps=4,
+        launcher=_launcher(tmp_path, orchestrator="function", member_containers=1),
     )
     metrics = tmp_path / "vol" / "runs/es/metrics.jsonl"
     killed: list[int] = []

@@ -52,6 +52,7 @@ def _cli_env() -> dict[str, str]:
 
 
 def _es_cli(model: Path, volume: Path, out: str, steps: int) -> list[str]:
+    # one member container: each is a process that imports torch, and one shows the members
     env = {"id": TOY_ENV, "harness": {"name": "es-target", "options": {"mode": "logprob"}}}
     return [
         sys.executable, "-m", "leanrl.cli", "train", "es", "--env", json.dumps(env),
@@ -59,7 +60,7 @@ def _es_cli(model: Path, volume: Path, out: str, steps: int) -> list[str]:
         "--sampling.max-tokens", "3", "--out", out, "--steps", str(steps),
         "--tasks-per-step", "2", "--population", "4", "--sigma", "0.02", "--alpha", "0.02",
         "--save-every", "1000", "--launcher.name", "modal", "--launcher.modal.backend", "local",
-        "--launcher.modal.local-volume", str(volume), "--launcher.modal.member-containers", "2",
+        "--launcher.modal.local-volume", str(volume), "--launcher.modal.member-containers", "1",
     ]  # fmt: skip
 
 
@@ -227,7 +228,7 @@ def test_secrets_reach_launched_containers_intact_and_no_volume_file_holds_them(
     monkeypatch.chdir(tmp_path)
     cfg = _es_config(
         toy_model_dir, "runs/es", steps=1, population=2,
-        launcher=_launcher(tmp_path, orchestrator="function"),
+        launcher=_launcher(tmp_path, orchestrator="function", member_containers=1),
     )  # fmt: skip
     env = cfg.env.model_copy(
         update={

@@ -421,6 +421,7 @@ async def test_a_crash_whose_child_holds_the_pipe_is_reported_at_once() -> None:
     """Fault: a crashed REPL whose child kept stdout open turned into a 60 s timeout, and the
     child survived close(). Now the exit is seen at once, and the child is killed."""
     p = make_pool(timeout_s=30.0)
+    since = time.time() - 1.0  # orphans of this test only, not of a run beside it
     try:
         t0 = time.monotonic()
         (v,) = await p.check([att(orphan=True)])
@@ -428,12 +429,15 @@ async def test_a_crash_whose_child_holds_the_pipe_is_reported_at_once() -> None:
         await asyncio.sleep(0.2)
     finally:
         await p.close()
+    # The outcome, not a time: a crash seen only when the child let go of the pipe would have
+    # ended in the 30 s limit (timeout); well before it, however loaded the machine is.
     assert v.reason is Reason.CRASH, v.detail
-    assert took < 10, took
+    assert took < 25, took
     orphans = [
         q
-        for q in psutil.process_iter(["cmdline"])
+        for q in psutil.process_iter(["cmdline", "create_time"])
         if "time.sleep(119.5)" in " ".join(q.info["cmdline"] or [])
+        and (q.info["create_time"] or 0) >= since
     ]
     assert not [q for q in orphans if q.status() != psutil.STATUS_ZOMBIE]
 
