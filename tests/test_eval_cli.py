@@ -42,7 +42,8 @@ def test_bad_input_stops_early_with_a_clear_message(
     )
     assert (
         code == 2
-        and "unknown harness 'nosuch'. Known: external, self-correction, tactic-loop, tool-use, whole-proof" in err
+        and "unknown harness 'nosuch'. Known: external, self-correction, tactic-loop, tool-use, whole-proof"
+        in err
     )
     code, err = run_cli([*base, "--env", "minif2f", "--model", "./no/such/folder"], capsys)
     assert code == 2 and "model folder" in err and "does not exist" in err
