@@ -12,8 +12,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import compileall
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from leanrl.lean.trust.containment import isolation_problem
@@ -24,6 +26,12 @@ if isolation_problem() is not None:
     os.environ.setdefault("LEANRL_ALLOW_UNSANDBOXED", "1")
 
 import pytest
+
+# Byte code is written even where PYTHONDONTWRITEBYTECODE is set (CI images set it): otherwise
+# each pytest worker rewrites and compiles every test file again (5 s of CPU a worker), and the
+# suite's hundreds of Python processes compile the leanrl modules they import (pytest_configure
+# below compiles those once). The caches are __pycache__ folders, which git ignores.
+sys.dont_write_bytecode = False
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("LEANRL_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -254,6 +262,12 @@ RUN_FIRST = (
     "test_grpo_speed_pipeline.py",  # 16
     "test_lora.py",  # 16
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # once, in the first process (xdist's workers follow)
+        for folder in ("leanrl", "environments", "harnesses", "runtimes", "tests", "benchmarks"):
+            compileall.compile_dir(REPO / folder, quiet=1, workers=1)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
