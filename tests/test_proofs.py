@@ -171,11 +171,12 @@ async def test_proofs_are_kept_before_their_attempts_are_recorded(
 
 
 async def test_a_huge_completion_is_stored_cut_with_its_length_and_hash(tmp_path: Path) -> None:
-    """A 1 MB completion (an API that ignored max_tokens) is not written whole, neither to
+    """A 0.9 MB completion (an API that ignored max_tokens) is not written whole, neither to
     results.jsonl nor to proofs.jsonl: at most 4 x max_proof_chars of it, with the length and
-    sha256 of the whole text."""
+    sha256 of the whole text. (It stays under the 1,000,000 characters extraction reads: a
+    longer output is refused as ``too_large`` before extraction, tested in test_size_caps.)"""
     out = tmp_path / "run"
-    huge = "\n  omega\n```\n" + "y" * 1_000_000  # the proof, then a megabyte after the fence
+    huge = "\n  omega\n```\n" + "y" * 900_000  # the proof, then 0.9 MB after the fence
     long_proof = "\n  simp" + " <;> simp" * 300  # 2,707 characters: over max_proof_chars
     cfg = _eval_config(out)
     cfg = cfg.model_copy(

@@ -243,8 +243,10 @@ async def test_expert_iteration_hands_each_proofs_episode_to_sft(
     got: dict[str, Any] = {}
 
     class FakeSFT:
-        def __init__(self, config: Any, pairs: Any = None, episodes: Any = None) -> None:
-            got.update(config=config, pairs=pairs, episodes=episodes)
+        def __init__(
+            self, config: Any, env: Any = None, pairs: Any = None, episodes: Any = None
+        ) -> None:
+            got.update(config=config, env=env, pairs=pairs, episodes=episodes)
             self.run = type("Run", (), {"metrics": staticmethod(lambda: [])})()
 
         def train_sync(self) -> None:
