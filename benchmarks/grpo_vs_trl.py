@@ -31,15 +31,16 @@ Two modes bring the workload closer to proving (issue 23's "Measure"):
   path, so ``rollout_chunks`` and ``async_generation`` can hide it); for TRL the reward function
   blocks the same way.
 
-``--leanrl-modes default,batched,chunks,async,async-is`` runs leanrl with its default settings
+``--leanrl-modes default,batched,chunks,async,async-clip`` runs leanrl with its default settings
 (``async_generation = "auto"``, off for ``hf``; the rollouts stream, each attempt checked as its
 row of the batch ends, as leanrl's harnesses do), with the rollouts generated and then checked
 as one batch (``batched``, how TRL does it), with ``rollout_chunks = --chunks`` and with
 ``async_generation = true`` (the one-step pipeline: step t+1 generated and checked on a copy of
-the weights while step t trains) and with that plus ``is_correction = "token_truncate"``
-(``async-is``: decoupled PPO, the clip around the current weights and the stale sampler
-corrected by the weight π_old/μ, at the cost of a no-grad forward per step), each against the
-same seed's TRL run.
+the weights while step t trains; its default objective is decoupled PPO, ``is_correction =
+"auto"``: the clip around the weights being trained, the stale sampler corrected by the
+truncated weight π_old/μ) and with the pipeline's objective before issue 38's fix
+(``async-clip``: ``is_correction = "off"``, ρ against the stale sampler's μ and the clip around
+it), each against the same seed's TRL run.
 
 Wall time and CPU time, both (issue 38's goal: a leanrl step at <= 0.7x TRL's wall time at equal
 reward, and <= 1.0x its CPU time). Wall time is each step's (median per seed, warm-up left out).
@@ -92,7 +93,7 @@ PROMPTS = [f"theorem t{i} : {i} + {i} = {2 * i} := by" for i in range(8)]
 SIZES = {"0.1M": (64, 2), "2.4M": (256, 4), "23M": (512, 10)}
 
 #: leanrl configurations ``--leanrl-modes`` can name (fields given to its GRPOConfig)
-MODES = ("default", "batched", "chunks", "async", "async-is")
+MODES = ("default", "batched", "chunks", "async", "async-clip")
 
 
 def digit_share(text: str) -> float:
@@ -441,8 +442,8 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
         extra["rollout_chunks"] = args.chunks
     elif mode == "async":
         extra["async_generation"] = True
-    elif mode == "async-is":  # decoupled PPO: the clip around the current weights, π_old/μ weight
-        extra.update(async_generation=True, is_correction="token_truncate")
+    elif mode == "async-clip":  # the pipeline's objective before issue 38: the clip around μ
+        extra.update(async_generation=True, is_correction="off")
     cfg = GRPOConfig(
         policy=PolicyConfig(model=str(model), batch_size=64),
         sampling=SamplingConfig(max_tokens=args.max_tokens, temperature=1.0, top_p=1.0, seed=0),

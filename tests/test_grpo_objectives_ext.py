@@ -344,7 +344,7 @@ def test_default_objective_is_bitwise_unchanged(dual: float | None) -> None:
     from leanrl.train.grpo import GRPOConfig
 
     cfg = GRPOConfig()
-    assert (cfg.advantage, cfg.importance_sampling_level, cfg.loss, cfg.is_correction) == (
+    assert (cfg.advantage, cfg.importance_sampling_level, cfg.loss, cfg.is_mode) == (
         "group", "token", "clip", "off",
     )  # fmt: skip
 

@@ -201,17 +201,23 @@ class GRPOConfig(TrainConfig):
     cispo_min: float = Field(default=0.0, ge=0.0, lt=1.0)
     """``loss = "cispo"``: lower bound of the weight (1 - ε_low^IS). 0: none, as in MiniMax-M1."""
     is_correction: Literal[
-        "off", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
-    ] = "off"
-    """Correct for the gap between the sampler's log-probs μ (vLLM kernels, bf16) and the
-    trainer's own forward π_old of the same weights (TRL's ``vllm_importance_sampling_mode``).
-    When on, π_old is recomputed (a no-grad forward before the first pass) and is ρ's
-    denominator, and each token's loss is multiplied by the detached weight π_old/μ, per token
-    or per sequence (the product over its tokens), truncated at ``is_cap`` (TIS, Yao et al. 2025,
-    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training") or zeroed outside
-    [``is_floor``, ``is_cap``] (masked IS; prime-rl's token mask). In async mode this is
-    decoupled PPO (Hilton et al. 2021): the clip is around the current weights and the weight
-    also corrects for the stale sampler. ``off`` (the default): ρ is against μ directly."""
+        "auto", "off", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = "auto"
+    """Correct for the gap between the sampler's log-probs μ (vLLM kernels, bf16, or weights one
+    step stale in async mode) and the trainer's own forward π_old of the weights at the step's
+    start (TRL's ``vllm_importance_sampling_mode``). When on, π_old is ρ's denominator (the
+    detached log-probs of the loss forward itself with one pass and one mini-batch, else a no-grad
+    forward before the first pass), and each token's loss is multiplied by the detached weight
+    π_old/μ, per token or per sequence (the product over its tokens), truncated at ``is_cap``
+    (TIS, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training") or zeroed outside [``is_floor``, ``is_cap``] (masked IS; prime-rl's token mask).
+    In async mode this is decoupled PPO (Hilton et al. 2021): the clip is around the weights
+    being trained and the weight corrects for the stale sampler. ``auto`` (the default):
+    ``token_truncate`` in async mode, ``off`` in synchronous steps. (With ρ against a sampler
+    one update behind, the clip zeroes the gradient of every token the last update already moved
+    past 1 ± eps in its advantage's direction: measured on the 23M benchmark, 30-50% of the loss
+    tokens of every stale step, and half the learning speed; docs/training-grpo.md, "Against
+    TRL".) ``off``: ρ is against μ directly."""
     is_cap: float = Field(default=3.0, gt=1.0)
     """``is_correction``: the cap C of the weight π_old/μ (TRL's ``vllm_importance_sampling_cap``,
     default 3)."""
@@ -326,6 +332,14 @@ class GRPOConfig(TrainConfig):
     def async_mode(self) -> bool:
         """``async_generation`` resolved for this process (:func:`resolve_async_generation`)."""
         return resolve_async_generation(self, torchrun_ranks()).on
+
+    @property
+    def is_mode(self) -> str:
+        """``is_correction`` resolved: ``auto`` is ``token_truncate`` in async mode (decoupled
+        PPO), ``off`` otherwise."""
+        if self.is_correction == "auto":
+            return "token_truncate" if self.async_mode else "off"
+        return self.is_correction
 
     @property
     def dual_clip_c(self) -> float | None:

@@ -102,6 +102,7 @@ class GRPOEngine:
         self.source = config.policy.model
         self.gen_policy: Policy | None = None
         self._tiles: dict[int, HeadTiles | None] = {}  # logprob_chunk: per model, checked once
+        self._old_inline = False  # this step's π_old is the loss forward's own (train_step)
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -411,9 +412,17 @@ class GRPOEngine:
         need_old = cfg.old_logprobs == "recompute" or any(
             math.isnan(o) for s in samples for o, m in zip(s.old, s.mask, strict=True) if m
         )
-        if cfg.is_correction != "off":
-            # issue 25: the sampler's log-probs become the IS weights' denominator and a
-            # no-grad forward of the current weights is π_old (ρ's denominator)
+        is_mode = cfg.is_mode
+        # π_old is the weights at the step's start. With one pass of one mini-batch every
+        # sample's loss forward comes before the step's only update, so its detached log-probs
+        # are π_old (dropout off: the forward the sampler's policy is): no separate forward.
+        self._old_inline = (
+            is_mode != "off" and cfg.ppo_epochs == 1 and cfg.minibatches == 1
+            and cfg.disable_dropout
+        )  # fmt: skip
+        if is_mode != "off":
+            # issue 25: the sampler's log-probs become the IS weights' denominator and the
+            # current weights' are π_old (ρ's denominator): decoupled PPO in async mode
             for s in samples:
                 if any(math.isnan(o) for o, m in zip(s.old, s.mask, strict=True) if m):
                     raise PolicyError(
@@ -422,7 +431,8 @@ class GRPOEngine:
                         "them (hf, vllm) or is_correction = 'off'"
                     )
                 s.sampler = list(s.old)
-            self._fill_logprobs(samples, "old")
+            if not self._old_inline:
+                self._fill_logprobs(samples, "old")
         elif need_old:
             if cfg.async_mode:
                 raise PolicyError(
@@ -436,7 +446,7 @@ class GRPOEngine:
         norm_len = cfg.norm_len or cfg.sampling.max_tokens * _turns_per_attempt(cfg.env.harness)
         acc = {"loss": 0.0, "kl": 0.0, "kl_mu": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0}
         acc["tok"] = 0.0
-        if cfg.is_correction != "off":
+        if is_mode != "off":
             acc["is_hit"] = acc["is_w"] = 0.0
         grad_norms: list[float] = []
         updates = 0
@@ -487,7 +497,7 @@ class GRPOEngine:
         the share of loss tokens whose weight π_old/μ was truncated or masked, and
         ``is_weight_mean``, the mean weight over loss tokens after the cap (None when skipped).
         """
-        if self.config.is_correction == "off":
+        if self.config.is_mode == "off":
             return {}
         if acc is None:
             return {"is_capped_frac": None, "is_weight_mean": None}
@@ -511,8 +521,15 @@ class GRPOEngine:
         cfg = self.config
         logp, ent = self._logprobs(micro, self.module, want_entropy and real)  # [n, R] each
         mask = _right_aligned([s.mask for s in micro], logp.shape[1], 0.0, logp.device)
-        old = _right_aligned([s.old for s in micro], logp.shape[1], 0.0, logp.device)
-        old = torch.where(mask > 0, old, logp.detach())  # unmasked slots: ratio 1, no NaN
+        if self._old_inline:  # π_old: this very forward, before the step's update (above)
+            old = logp.detach()
+            if real:  # kept on the samples, as the recomputing forward keeps it
+                rows = old.cpu()
+                for k, s in enumerate(micro):
+                    s.old = rows[k, rows.shape[1] - len(s.resp) :].tolist()
+        else:
+            old = _right_aligned([s.old for s in micro], logp.shape[1], 0.0, logp.device)
+            old = torch.where(mask > 0, old, logp.detach())  # unmasked slots: ratio 1, no NaN
         # [n], or [n, R] once a teacher has scored the tokens (issue 40: on-policy distillation)
         adv = advantage_tensor(micro, logp.shape[1], logp.device)
         per_tok, clipped = self._policy_loss(logp, old, adv, mask, micro, acc if real else None)
@@ -552,14 +569,15 @@ class GRPOEngine:
         the ``is_correction`` counts."""
         cfg = self.config
         mu = None
-        if cfg.is_correction != "off":
+        is_mode = cfg.is_mode
+        if is_mode != "off":
             mu = _right_aligned([s.sampler or [] for s in micro], logp.shape[1], 0.0, logp.device)
             mu = torch.where(mask > 0, mu, old)  # unmasked slots: weight 1
         per_tok, clipped, w, hit = policy_loss(
             logp, old, adv, mask, level=cfg.importance_sampling_level, loss=cfg.loss,
             eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip_c,
             cispo_min=cfg.cispo_min, cispo_max=cfg.cispo_max, sampler_logp=mu,
-            is_mode=cfg.is_correction, is_cap=cfg.is_cap, is_floor=cfg.is_floor,
+            is_mode=is_mode, is_cap=cfg.is_cap, is_floor=cfg.is_floor,
         )  # fmt: skip
         if acc is not None and w is not None and hit is not None:
             acc["is_hit"] += float((hit * mask).sum())

@@ -97,9 +97,16 @@ is generated with weights of version ``v_s = max(s - max_staleness, start)`` and
 version s (:mod:`leanrl.train.grpo.pipeline`: the update of step ``v_s`` waits until the
 generation weights for batch s were taken, so the versions do not depend on timing). Before a
 batch is generated the generation weights are refreshed to that version (in place: a copy of
-the parameters for ``hf``, a ``load_weights`` push for ``vllm``). The importance ratio ρ is then against μ = π_{v_s}, the
-stale policy that really produced the tokens (its log-probs come with the rollout), and the clip
-bounds the update around μ, as in PPO with off-policy data. ``hf`` keeps a second copy of the
+the parameters for ``hf``, a ``load_weights`` push for ``vllm``). The tokens come from μ =
+π_{v_s}, the stale policy that really produced them (its log-probs come with the rollout). The
+default objective is then decoupled PPO (``is_correction = "auto"`` resolves to
+``token_truncate``): ρ = π_θ/π_old with π_old the weights at the step's start (the loss
+forward's own log-probs with one pass of one mini-batch), so the clip bounds the update around
+the weights being trained, and each token's loss is weighted by ``min(π_old/μ, is_cap)``. With
+``is_correction = "off"`` ρ is against μ and the clip is around μ, as in PPO with off-policy
+data; where one update moves token probabilities past 1 ± eps, that clip zeroes the gradient of
+every token the last update already moved in its advantage's direction, and the pipeline learns
+at half speed or less (issue 38). ``hf`` keeps a second copy of the
 model for generation in async mode (double the weight memory). Async runs repeat exactly; a
 resumed async run restarts its pipeline from the checkpoint weights (its first batches less
 stale), so it is repeatable but not identical to an uninterrupted one; synchronous CPU runs
