@@ -51,7 +51,10 @@ thread) and update (the trainer's ``train_step``), the rest being the event loop
 checks and bookkeeping; TRL's ``_generate``, its reward call (the simulated checks) and the rest
 of generate-and-score, training being the rest of the step. The report gives the load average
 during the runs. The summary line gives, per seed (min / median / max), leanrl/TRL wall step
-time and CPU per step, and whether each goal is met.
+time and CPU per step, and whether each goal is met. "Equal reward" there means the paired gap
+(TRL - leanrl, last 5 steps) is within two of its standard errors: with a few seeds that passes
+large gaps (async at 23M, seeds 1003..1005: 0.39 +- 0.21, two seeds far behind), so read the
+per-seed rewards (``reward_last5_per_seed``) as well.
 
 TRL runs in its own virtual environment (it pins its own dependencies)::
 
