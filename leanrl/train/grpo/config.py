@@ -517,7 +517,7 @@ def _resolve_auto(cfg: GRPOConfig, ranks: int | None, stored: bool | None) -> As
     if backend == "vllm":
         return AsyncChoice(True, "vllm: the engine holds its own copy of the weights")
     if backend == "hf":
-        return AsyncChoice(False, "hf: generation shares the trainer's device (measured "
-                           "not faster, and at a lower reward, on a CPU); set async_generation "
+        return AsyncChoice(False, "hf: generation shares the trainer's device (the one-step "
+                           "pipeline measured at a lower reward on a CPU); set async_generation "
                            "= true to overlap anyway, at twice the weight memory")  # fmt: skip
     return AsyncChoice(False, f"auto: the {backend!r} backend cannot receive new weights")
