@@ -105,8 +105,14 @@ async def test_an_attempt_that_kills_its_judge_gets_judge_limit_and_the_batch_go
     checks = [r for r in rows if r["kind"] == "check"]
     assert len(checks) == 5, len(checks)  # a3's sorry is rejected before any judge
     assert p.stats.crash_retried == 0 and p.stats.judge_limits == 1, p.stats
-    # The judge was killed and a fresh one served the rest.
-    assert killed == 1 and len(judges) >= 2, (killed, judges)
+    # The judge was killed and a fresh one served whatever came after it: the checks ran on at
+    # most two judges, one after the other, never back on the dead one. (Which check comes last
+    # depends on which elaboration ends last; where the killer was last, no fresh judge is
+    # needed, so the count of judges started is not the outcome to assert.)
+    pids = [r["pid"] for r in checks]
+    runs = [pid for i, pid in enumerate(pids) if i == 0 or pids[i - 1] != pid]
+    assert killed == 1 and len(runs) == len(set(runs)) <= 2, (killed, pids)
+    assert set(runs) <= judges, (runs, judges)
 
 
 async def test_an_attempt_that_stalls_its_judge_gets_judge_limit_at_the_wall_clock_limit(

@@ -4,7 +4,7 @@ A replay through the *same* kernel cannot catch a bug of that kernel, so the jud
 away from the shapes each known bug needs. This table is the list a reviewer checks that claim
 against: every row names the bug (lean4 issues and the fixing pull requests), the first release
 with the fix, the pinned toolchains it affects, what an attacker must give the kernel, and the
-rule of the judge that stops it. ``tests/test_kernel_bugs.py`` runs one test per row over the
+rule of the judge that stops it. ``tests/test_trust_restatement.py`` runs one test per row over the
 checker's report (the rule turns the report into a rejection) or its source (the guard is there);
 ``docs/verification.md`` prints the same table.
 
@@ -20,7 +20,7 @@ from typing import Literal
 __all__ = ["KERNEL_BUGS", "PINNED", "KernelBug", "Rule"]
 
 PINNED: tuple[str, ...] = ("v4.8.0-rc1", "v4.9.0", "v4.20.0", "v4.24.0", "v4.27.0")
-"""The Lean versions the built-in tasksets pin (``tests/test_kernel_bugs.py`` checks the list
+"""The Lean versions the built-in tasksets pin (``tests/test_trust_restatement.py`` checks the list
 against the tasksets)."""
 
 Rule = Literal[
