@@ -101,10 +101,14 @@ async def test_crash_garbage_and_memory_each_cost_one_attempt() -> None:
     assert "200 MiB" in vs[3].detail
     # A death is retried once on a fresh process (it could have come from outside); the crash
     # repeats there, so it is the attempt's own. Garbage is what the process printed (no kill
-    # does that): not retried. 2 + 1 + 1 processes killed.
+    # does that): not retried. 2 + 1 + 1 processes killed, and one more where the memory death
+    # was first seen as a plain death: the peak is sampled, and on a loaded machine the sample
+    # can miss it (seen once in issue 42's loaded runs), so that attempt is retried and its
+    # second death is named for the cap. Either way each attempt gets its own verdict above.
     assert "on 2 fresh processes in a row" in vs[0].detail
-    assert p.stats.crash_retried == 1
-    assert p.stats.killed == 4
+    assert "fresh processes" not in vs[2].detail
+    assert p.stats.crash_retried in (1, 2), p.stats
+    assert p.stats.killed == 3 + p.stats.crash_retried, p.stats
 
 
 def _pids(path: Path) -> list[int]:
