@@ -155,10 +155,11 @@ async def test_a_pool_whose_starts_hung_heals_with_several_workers(tmp_path: Pat
     assert set(seen) <= {Reason.INFRA, Reason.OK}, seen
     assert seen[-4:] == [Reason.OK] * 4, seen
     # The three hung starts failed; a normal start may also miss the 0.5 s start timeout on a
-    # loaded machine (seen: 5 failures beside a busy CPU), so count outcomes, not a number:
-    # every start either came up or is a counted failure.
+    # loaded machine (seen: 5 failures beside a busy CPU), and a start may still be under way
+    # when the pool closes (seen: 8 starts, 2 up, 5 failed), so bound the counts rather than
+    # fix them: no start counted twice, none made up.
     assert p.stats.start_failures >= 3, p.stats
-    assert p.stats.start_failures + p.stats.started == starts_in(starts), p.stats
+    assert p.stats.start_failures + p.stats.started <= starts_in(starts), p.stats
 
 
 async def test_eval_writes_infra_results_while_the_repl_hangs_at_start(
