@@ -8,10 +8,11 @@ connection errors, and bounded by ``request_timeout_s``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from leanrl.errors import PolicyError
@@ -223,43 +224,72 @@ class OpenAIPolicy(Policy):
         return list(await asyncio.gather(*(one(i) for i in range(start, sampling.n))))
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        import httpx
-
         assert self._client is not None and self._sem is not None
-        last = ""
-        for attempt in range(self.config.max_retries + 1):
-            delay = min(30.0, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
-            async with self._sem:
-                try:
-                    r = await self._client.post(path, json=body)
-                except (httpx.TransportError, httpx.TimeoutException) as e:
-                    last = f"{type(e).__name__}: {e}"
-                else:
-                    if r.status_code == 200:
-                        try:
-                            out = r.json()
-                        except ValueError:
-                            out = None
-                        if isinstance(out, dict):
-                            return out
-                        # A proxy or a dying server can answer 200 with something else.
-                        last = f"HTTP 200 with a body that is not a JSON object: {r.text[:300]!r}"
-                    else:
-                        last = f"HTTP {r.status_code}: {r.text[:300]}"
-                    if r.status_code != 200 and r.status_code not in _RETRY_STATUS:
-                        raise PolicyError(
-                            f"{self.config.base_url}/{path} rejected the request ({last})"
-                        )
-                    after = r.headers.get("retry-after")
-                    if after and after.replace(".", "", 1).isdigit():
-                        delay = min(60.0, float(after))
-            if attempt < self.config.max_retries:
-                self.retries += 1
-                await asyncio.sleep(delay)
-        raise PolicyError(
-            f"{self.config.base_url}/{path} failed {self.config.max_retries + 1} times; "
-            f"last: {last}"
+
+        def counted() -> None:
+            self.retries += 1
+
+        return await post_json(
+            self._client,
+            path,
+            body,
+            where=self.config.base_url,
+            max_retries=self.config.max_retries,
+            backoff_s=self.backoff_s,
+            sem=self._sem,
+            on_retry=counted,
         )
+
+
+async def post_json(
+    client: Any,
+    path: str,
+    body: dict[str, Any],
+    *,
+    where: str,
+    max_retries: int,
+    backoff_s: float,
+    sem: asyncio.Semaphore | None = None,
+    on_retry: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """POST ``body`` to ``path`` on an ``httpx.AsyncClient`` of an OpenAI-compatible server and
+    return the JSON object it answers, retrying transport errors, timeouts, a 200 whose body is
+    not a JSON object and the statuses in ``_RETRY_STATUS`` up to ``max_retries`` times
+    (exponential backoff from ``backoff_s`` with jitter, capped at 30 s; a numeric
+    ``Retry-After`` is honoured up to 60 s). Other statuses raise :class:`PolicyError` at once.
+    ``sem`` (when given) is held for each request, not while waiting to retry."""
+    import httpx
+
+    last = ""
+    for attempt in range(max_retries + 1):
+        delay = min(30.0, backoff_s * 2**attempt) * (0.5 + random.random() / 2)
+        async with sem if sem is not None else contextlib.nullcontext():
+            try:
+                r = await client.post(path, json=body)
+            except (httpx.TransportError, httpx.TimeoutException) as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if r.status_code == 200:
+                    try:
+                        out = r.json()
+                    except ValueError:
+                        out = None
+                    if isinstance(out, dict):
+                        return out
+                    # A proxy or a dying server can answer 200 with something else.
+                    last = f"HTTP 200 with a body that is not a JSON object: {r.text[:300]!r}"
+                else:
+                    last = f"HTTP {r.status_code}: {r.text[:300]}"
+                if r.status_code != 200 and r.status_code not in _RETRY_STATUS:
+                    raise PolicyError(f"{where}/{path} rejected the request ({last})")
+                after = r.headers.get("retry-after")
+                if after and after.replace(".", "", 1).isdigit():
+                    delay = min(60.0, float(after))
+        if attempt < max_retries:
+            if on_retry is not None:
+                on_retry()
+            await asyncio.sleep(delay)
+    raise PolicyError(f"{where}/{path} failed {max_retries + 1} times; last: {last}")
 
 
 def _completions(

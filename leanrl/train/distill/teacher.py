@@ -403,11 +403,10 @@ class ServerTeacher:
         return list(await asyncio.gather(*(one(s) for s in seqs)))
 
     async def _score(self, prompt: list[int], resp: list[int]) -> list[float]:
-        import httpx
+        from leanrl.policies.openai import post_json
 
         ids = prompt + resp
-        last: Exception | None = None
-        for attempt in range(3):
+        for _ in range(2):  # the echo form, where the first answer had no prompt_logprobs field
             body: dict[str, Any] = {"model": self.src.model, "prompt": ids, "max_tokens": 1}
             body["temperature"] = 1.0
             echo = self._echo  # this request's form (others in flight may switch it)
@@ -415,31 +414,26 @@ class ServerTeacher:
                 body.update(echo=True, logprobs=1)
             else:
                 body["prompt_logprobs"] = 1
-            try:
-                r = await self._client.post("completions", json=body)
-                if r.status_code >= 500 or r.status_code in (408, 429):
-                    raise httpx.HTTPStatusError("retry", request=r.request, response=r)
-                if r.status_code >= 400:
-                    raise PolicyError(
-                        f"the teacher server {self.src.where} refused a scoring request "
-                        f"(HTTP {r.status_code}: {r.text[:200]})"
-                    )
-                choice = r.json()["choices"][0]
-            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
-                last = e
-                await asyncio.sleep(0.5 * 2**attempt)
-                continue
-            got = self._read(choice, ids)
+            try:  # transient failures retried as the openai policy retries them
+                data = await post_json(
+                    self._client, "completions", body, where=self.src.where, max_retries=2,
+                    backoff_s=0.5,
+                )  # fmt: skip
+            except PolicyError as e:
+                raise PolicyError(f"the teacher server could not score a sequence: {e}") from e
+            choices = data.get("choices")
+            choice = choices[0] if isinstance(choices, list) and choices else None
+            got = self._read(choice, ids) if isinstance(choice, dict) else None
             if got is None and not echo:
-                self._echo = True  # no prompt_logprobs field: the OpenAI echo form
+                self._echo = True
                 continue
             if got is None:
-                raise PolicyError(
-                    f"the teacher server {self.src.where} returned no prompt log-probs: neither "
-                    "vLLM's prompt_logprobs nor echo with logprobs (serve the teacher with vLLM)"
-                )
+                break
             return got[len(prompt) :]
-        raise PolicyError(f"the teacher server {self.src.where} failed 3 scoring requests ({last})")
+        raise PolicyError(
+            f"the teacher server {self.src.where} returned no prompt log-probs: neither "
+            "vLLM's prompt_logprobs nor echo with logprobs (serve the teacher with vLLM)"
+        )
 
     def _read(self, choice: dict[str, Any], ids: list[int]) -> list[float] | None:
         """The log-prob of each of ``ids`` from a choice (position 0 has none: NaN)."""
