@@ -102,7 +102,18 @@ class GRPOEngine:
         self.source = config.policy.model
         self.gen_policy: Policy | None = None
         self._tiles: dict[int, HeadTiles | None] = {}  # logprob_chunk: per model, checked once
-        self._old_inline = False  # this step's π_old is the loss forward's own (train_step)
+
+    @property
+    def _old_inline(self) -> bool:
+        """Whether π_old is the loss forward's own log-probs. π_old is the weights at the step's
+        start; with one pass of one mini-batch every sample's loss forward comes before the
+        step's only update, so its detached log-probs are π_old (dropout off: the forward the
+        sampler's policy is), and no separate forward is needed."""
+        cfg = self.config
+        return (
+            cfg.is_mode != "off" and cfg.ppo_epochs == 1 and cfg.minibatches == 1
+            and cfg.disable_dropout
+        )  # fmt: skip
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -413,13 +424,6 @@ class GRPOEngine:
             math.isnan(o) for s in samples for o, m in zip(s.old, s.mask, strict=True) if m
         )
         is_mode = cfg.is_mode
-        # π_old is the weights at the step's start. With one pass of one mini-batch every
-        # sample's loss forward comes before the step's only update, so its detached log-probs
-        # are π_old (dropout off: the forward the sampler's policy is): no separate forward.
-        self._old_inline = (
-            is_mode != "off" and cfg.ppo_epochs == 1 and cfg.minibatches == 1
-            and cfg.disable_dropout
-        )  # fmt: skip
         if is_mode != "off":
             # issue 25: the sampler's log-probs become the IS weights' denominator and the
             # current weights' are π_old (ρ's denominator): decoupled PPO in async mode
