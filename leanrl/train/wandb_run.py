@@ -60,7 +60,8 @@ def start_wandb(run_path: str | Path, name: str, config: dict[str, Any]) -> Any:
         import wandb
     except ImportError:
         raise ConfigError(
-            "log_to includes 'wandb' but wandb is not installed: pip install wandb"
+            "log_to includes 'wandb' but wandb is not installed: pip install wandb (or leanrl's "
+            "[wandb] extra)"
         ) from None
     folder = Path(run_path).expanduser()
     rid = wandb_id(folder)
