@@ -157,7 +157,9 @@ async def test_checks_run_in_isolated_containers_removed_on_close(
         verdicts = await rt.check([attempt(p, id=p) for p in ("ok", "bad", "sorry")])
         owner = rt.pool.backend.owner  # type: ignore[union-attr,attr-defined]
         ids = containers_of(owner)
-        infos = json.loads(_docker("inspect", *ids).stdout)
+        # A container that served its batch may be removed between the listing and this
+        # inspect (seen once on a fresh clone): docker inspect then still prints the others.
+        infos = json.loads(_docker("inspect", *ids, check=False).stdout or "[]")
         m = rt.metrics()
     assert [v.reason for v in verdicts] == [Reason.OK, Reason.ERROR, Reason.SORRY]
     # the warm container, plus one started on demand or as refill (max_sandboxes=2)
