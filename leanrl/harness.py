@@ -8,7 +8,9 @@ Subclass :class:`Harness` and implement :meth:`Harness.run`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,7 +27,45 @@ if TYPE_CHECKING:
     from leanrl.task import Task
     from leanrl.taskset import Taskset
 
-__all__ = ["Harness", "HarnessConfig", "SFTEpisode", "SFTTurn"]
+__all__ = [
+    "GroupListener",
+    "Harness",
+    "HarnessConfig",
+    "SFTEpisode",
+    "SFTTurn",
+    "listen_for_groups",
+    "report_group",
+]
+
+GroupListener = Callable[["Task", "Sequence[Rollout]"], None]
+"""Called with a task and its group once the group's rewards are final (:func:`report_group`)."""
+
+_LISTENER: contextvars.ContextVar[GroupListener | None] = contextvars.ContextVar(
+    "leanrl_group_listener", default=None
+)
+
+
+def report_group(task: Task, group: Sequence[Rollout]) -> None:
+    """Say that ``task``'s group of rollouts is final: verdicts in, rewards set, nothing about
+    it will change before :meth:`Harness.run` returns it. A harness that knows a group is done
+    before its other groups are calls this then, so that whoever runs the rollout can start on
+    it at once (GRPO's ``stream_training`` accumulates its gradient while the other groups are
+    still generated and checked). Optional: a group never reported is taken when ``run``
+    returns, so a harness that never calls it is still correct, only not overlapped. Does
+    nothing when nobody listens; called on the event loop, it returns at once."""
+    listener = _LISTENER.get()
+    if listener is not None:
+        listener(task, group)
+
+
+@contextlib.contextmanager
+def listen_for_groups(listener: GroupListener | None) -> Iterator[None]:
+    """Within this block (and the tasks it starts), :func:`report_group` calls ``listener``."""
+    token = _LISTENER.set(listener)
+    try:
+        yield
+    finally:
+        _LISTENER.reset(token)
 
 
 class HarnessConfig(BaseModel):

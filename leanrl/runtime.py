@@ -148,6 +148,15 @@ class Runtime(abc.ABC):
         progress bar moves per attempt. 0 (the default): keep batches whole."""
         return 0
 
+    def check_capacity(self) -> int:
+        """About how many attempts this runtime checks at once (its Lean processes); 0 (the
+        default): unknown. A streaming harness that knows it keeps about that many attempts in
+        flight and hands over the others in task order, so that a step's groups get their
+        verdicts one after another instead of all near the end (GRPO's ``stream_training``
+        then trains each early group while the later ones are checked); 0 sends every attempt
+        at once, in the order it arrived."""
+        return 0
+
     async def lean_version(self) -> str | None:
         """The version of the Lean that checks attempts, as that Lean reports it (e.g.
         ``4.24.0``), so that reports show what ran rather than what the taskset asked for.

@@ -46,6 +46,15 @@ def test_registered_under_local() -> None:
     assert cls is LocalRuntime and cls.name == "local" and cls.description
 
 
+def test_check_capacity_counts_workers_and_judges() -> None:
+    """What the whole-proof harness keeps in flight (the rest go in task order): the elaborating
+    workers plus the judges (an attempt being judged holds no worker); one-shot: the workers."""
+    assert runtime(workers=4).check_capacity() == 5  # judges default: one per four workers
+    assert runtime(workers=5).check_capacity() == 7
+    assert runtime(workers=4, judges=3).check_capacity() == 7
+    assert runtime(workers=4, mode="oneshot").check_capacity() == 4
+
+
 def test_check_sync_from_plain_code() -> None:
     hang = 'rfl\n  -- fake: {"hang": true}'
     vs = runtime(timeout_s=1.0).check_sync([att("rfl", 0), att(hang, 1), att("rfl", 2)])

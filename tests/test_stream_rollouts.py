@@ -167,3 +167,92 @@ async def test_the_grpo_generation_clock_takes_ids_exactly_when_its_policy_does(
     assert ids.seen == [[5, 6, 7]] and [c.text for c in got[0]] == [TEXTS[0]] * 2
     assert clock.take() > 0  # counted as generation time
     assert not ids_capable(clock_for(ScriptedPolicy(TEXTS)), chat=False)
+
+
+async def test_each_group_is_reported_once_final_before_the_rollout_ends(bench_data: Path) -> None:
+    """The streamed whole-proof rollout reports every group (``report_group``) as soon as its
+    rewards are set, with exactly the rollouts and rewards it then returns; with the last
+    completion held back until Lean has checked something, the groups that do not wait for it
+    are reported before it even exists (what lets GRPO's stream_training start on them)."""
+    from leanrl.harness import listen_for_groups
+
+    seen: list[tuple[str, list[Any], list[float], bool]] = []
+    sampling = SamplingConfig(n=3, seed=5, temperature=0.0)
+    policy_state: dict[str, bool] = {"last": False}  # has the last completion been sent?
+    async with env_of(bench_data) as env:
+        policy = HeldBack(TEXTS, env)
+        inner_stream = policy.stream
+
+        async def stream(requests: Sequence[StreamRequest]) -> AsyncIterator[StreamCompletion]:
+            items = inner_stream(requests)
+            n = len(requests) * sampling.n
+            k = 0
+            async for sc in items:
+                k += 1
+                if k == n:  # the last completion waits for a report (else: the timeout below)
+                    while not seen:
+                        await asyncio.sleep(0.01)
+                    policy_state["last"] = True
+                yield sc
+
+        policy.stream = stream  # type: ignore[method-assign]
+
+        def listener(task: Any, group: Sequence[Any]) -> None:
+            seen.append((task.id, list(group), [r.reward for r in group], policy_state["last"]))
+
+        with listen_for_groups(listener):
+            groups = await asyncio.wait_for(env.rollout(env.tasks(), policy, sampling), 30)
+    assert sorted(t for t, *_ in seen) == sorted(g[0].task_id for g in groups)  # once each
+    final = {g[0].task_id: g for g in groups}
+    for task_id, group, rewards, _ in seen:
+        assert [id(r) for r in group] == [id(r) for r in final[task_id]]
+        assert rewards == [r.reward for r in final[task_id]]
+    assert any(not after_last for *_, after_last in seen)  # reported before the last arrived
+
+
+async def test_attempts_beyond_the_runtimes_capacity_go_in_task_order() -> None:
+    """CheckBatcher with a capacity: never more attempts in flight than that; the waiting ones
+    go by their order key (task, sample), not by arrival; a cancelled waiter or holder gives
+    its place back."""
+    from harnesses.whole_proof.stream import CheckBatcher
+
+    from leanrl import Rollout, Task
+
+    started: list[str] = []
+    live = [0, 0]  # in flight now, most ever
+    gate = asyncio.Event()
+
+    class Slow:
+        async def check_rollouts(self, items: Any, runtime: Any, taskset: Any) -> None:
+            live[0] += 1
+            live[1] = max(live)
+            started.extend(r.task_id for _, r in items)
+            try:
+                await gate.wait()
+            finally:
+                live[0] -= 1
+
+    batcher = CheckBatcher(Slow(), Any, Any, 1, 0.0, capacity=2)  # type: ignore[arg-type]
+    task = Task(id="t", name="t", header="", formal_statement="theorem t : True := by")
+
+    def go(name: str, order: tuple[int, ...]) -> asyncio.Future[None]:
+        return asyncio.ensure_future(batcher.check(task, Rollout(task_id=name, sample=0, prompt="p"), order))
+
+    jobs = [go("late-a", (3, 0)), go("late-b", (3, 1))]  # these take both places
+    await asyncio.sleep(0.01)
+    jobs += [go("t2", (2, 0)), go("t0", (0, 1)), go("t1", (1, 0)), go("t0-first", (0, 0))]
+    jobs.append(go("cancelled", (0, 0)))
+    await asyncio.sleep(0.01)
+    jobs[-1].cancel()  # waiting: it must not hold a place
+    await asyncio.sleep(0.01)
+    assert live[1] == 2 and started == ["late-a", "late-b"]
+    # A holder cancelled (the stream failed): its place goes to the next by order at once (its
+    # call, if still running, is the batcher's to cancel on close).
+    jobs[0].cancel()
+    await asyncio.sleep(0.01)
+    assert started[2:] == ["t0-first"]
+    gate.set()
+    await asyncio.gather(*jobs, return_exceptions=True)
+    assert started == ["late-a", "late-b", "t0-first", "t0", "t1", "t2"]
+    assert batcher.busy == 0 and not batcher.waiting
+    batcher.close()

@@ -99,6 +99,7 @@ class WholeProofHarness(Harness):
             checking=True,
             record=record,
             check_size=runtime.check_piece(),
+            capacity=runtime.check_capacity(),
         )
         return out
 

@@ -1,7 +1,8 @@
 """Streamed whole-proof rollouts: every prompt goes to the policy at once (:meth:`Policy.stream`);
 each completion is extracted and sent to Lean as it arrives, small groups of arrivals batched
-for the runtime; a group's rewards are computed once all its attempts have verdicts, and a chunk
-is handed to ``record`` once all its groups are done. The eval runner streams many chunks
+for the runtime; a group's rewards are computed once all its attempts have verdicts (and the group is
+reported: :func:`leanrl.harness.report_group`), and a chunk is handed to ``record`` once all its
+groups are done. The eval runner streams many chunks
 (``eval.stream``), the harness's own ``run`` one (the trainers' rollouts).
 
 What a chunk records does not depend on the order completions arrive in: every attempt is
@@ -12,11 +13,13 @@ complete, and the chunk's rows are handed over in task and sample order.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
 from leanrl.errors import PolicyError
-from leanrl.harness import Harness
+from leanrl.harness import Harness, report_group
 from leanrl.policy import Policy, SamplingConfig, StreamCompletion, StreamRequest
 from leanrl.rollout import Rollout
 from leanrl.runtime import Runtime
@@ -82,18 +85,67 @@ class CheckBatcher:
     sent at most ``wait`` seconds after its first attempt arrived; several calls may be in
     flight (the runtime bounds its own workers). ``harness.check_rollouts(items, runtime,
     taskset)`` checks one call's attempts (the whole-proof harness's; the self-correction
-    harness streams its rounds through it too)."""
+    harness streams its rounds through it too).
+
+    ``capacity`` (the runtime's :meth:`~leanrl.runtime.Runtime.check_capacity`, with ``size``
+    1): at most that many attempts in flight; the others wait here and go in the order of
+    their ``order`` keys (task order), not of arrival. The runtime is as busy either way, but a
+    task's attempts are checked together, so groups finish one after another rather than all
+    near the end of the step. A cancelled waiter or holder gives its place back at once
+    (cancelling comes with a failed stream, whose calls :meth:`close` cancels)."""
 
     def __init__(
-        self, harness: Any, runtime: Runtime, taskset: Taskset, size: int, wait: float
+        self,
+        harness: Any,
+        runtime: Runtime,
+        taskset: Taskset,
+        size: int,
+        wait: float,
+        capacity: int = 0,
     ) -> None:
         self.harness, self.runtime, self.taskset = harness, runtime, taskset
         self.size, self.wait = max(1, size), wait
         self.items: list[tuple[Task, Rollout, asyncio.Future[None]]] = []
         self.timer: asyncio.TimerHandle | None = None
         self.jobs: set[asyncio.Future[None]] = set()
+        self.capacity = capacity if self.size == 1 else 0
+        self.busy = 0
+        self.waiting: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []  # a heap
+        self._arrived = itertools.count()
 
-    async def check(self, task: Task, r: Rollout) -> None:
+    async def check(self, task: Task, r: Rollout, order: tuple[int, ...] = ()) -> None:
+        if not self.capacity:
+            await self._check(task, r)
+            return
+        await self._turn(order)
+        try:
+            await self._check(task, r)
+        finally:
+            self.busy -= 1
+            self._pump()
+
+    async def _turn(self, order: tuple[int, ...]) -> None:
+        """Wait until this attempt may go: a free place, and no waiting attempt before it."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.waiting, (order, next(self._arrived), fut))  # ties: arrival order
+        self._pump()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # given a place, then cancelled: give it back
+                self.busy -= 1
+                self._pump()
+            raise
+
+    def _pump(self) -> None:
+        while self.waiting and self.busy < self.capacity:
+            *_, fut = heapq.heappop(self.waiting)
+            if fut.done():  # its waiter was cancelled
+                continue
+            self.busy += 1
+            fut.set_result(None)
+
+    async def _check(self, task: Task, r: Rollout) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.items.append((task, r, fut))
         if len(self.items) >= self.size:
@@ -145,11 +197,13 @@ async def stream_chunks(
     checking: bool,
     record: Callable[[int, list[list[Rollout]]], int],
     check_size: int = 0,
+    capacity: int = 0,
 ) -> int:
     """Run the ``pending`` chunks as one stream; ``record(i, groups)`` writes chunk ``i`` once
     all its attempts are done (verdicts and rewards in). Returns what ``record`` wrote.
     ``check_size``: attempts per ``runtime.check`` call (the runtime's ``check_piece``; 0 for
-    one that takes batches whole)."""
+    one that takes batches whole). ``capacity``: the runtime's ``check_capacity`` (attempts
+    beyond it wait and go in task order: :class:`CheckBatcher`)."""
     n_of: dict[int, int] = {}
     requests: list[StreamRequest] = []
     prompts: dict[tuple[int, int], Any] = {}
@@ -167,7 +221,7 @@ async def stream_chunks(
     task_left = {(i, pos): n_of[i] for i in pending for pos in range(len(chunks[i]))}
     chunk_left = {i: len(chunks[i]) * n_of[i] for i in pending}
     size = check_size if check_size > 0 else _WHOLE_BATCH
-    batcher = CheckBatcher(harness, runtime, taskset, size, MAX_WAIT_S)
+    batcher = CheckBatcher(harness, runtime, taskset, size, MAX_WAIT_S, capacity)
     written = 0
 
     def done(i: int, pos: int, sample: int, r: Rollout) -> None:
@@ -183,6 +237,7 @@ async def stream_chunks(
             group = [x for x in slots[i][pos] if x is not None]
             for x, reward in zip(group, taskset.group_rewards(task, group), strict=True):
                 x.reward = reward
+            report_group(task, group)  # final now: a trainer may start on it (stream_training)
         chunk_left[i] -= 1
         if chunk_left[i] == 0:
             groups = [[x for x in g if x is not None] for g in slots.pop(i)]
@@ -197,7 +252,7 @@ async def stream_chunks(
         else:  # a long (or hostile) text is read off the loop, as the harness does it
             r = await asyncio.to_thread(harness.stream_rollout, task, sc.sample, prompt, c, took)
         if checking and r.verdict is None and r.proof is not None:
-            await batcher.check(task, r)
+            await batcher.check(task, r, (i, pos, sc.sample))  # task order, where it matters
         done(i, pos, sc.sample, r)
 
     handles: set[asyncio.Future[None]] = set()

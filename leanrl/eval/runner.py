@@ -230,6 +230,7 @@ async def run_eval(
                         checking=checking,
                         record=record,
                         check_size=counted.piece,
+                        capacity=counted.inner.check_capacity(),  # chunks finish in order
                     )
                 else:
                     new = sum(await asyncio.gather(*jobs))

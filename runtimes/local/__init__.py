@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -222,6 +223,14 @@ class LocalRuntime(Runtime):
     def check_piece(self) -> int:
         """1: the pool checks each attempt on its own process anyway."""
         return 1
+
+    def check_capacity(self) -> int:
+        """The pool's elaborating workers and its judges (an attempt that is being judged no
+        longer holds a worker); one-shot mode: its ``workers``."""
+        workers = self._workers()
+        if self.config.mode != "repl":
+            return workers
+        return workers + (self.config.judges or max(1, math.ceil(workers / 4)))
 
     def supports_tactic_sessions(self) -> bool:
         """Only warm REPL processes have tactic mode (not one-shot ``lean``)."""
