@@ -214,9 +214,8 @@ async def test_attempts_beyond_the_runtimes_capacity_go_in_task_order() -> None:
     """CheckBatcher with a capacity: never more attempts in flight than that; the waiting ones
     go by their order key (task, sample), not by arrival; a cancelled waiter or holder gives
     its place back."""
-    from harnesses.whole_proof.stream import CheckBatcher
-
     from leanrl import Rollout, Task
+    from leanrl.harnesses.whole_proof.stream import CheckBatcher
 
     started: list[str] = []
     live = [0, 0]  # in flight now, most ever
@@ -236,7 +235,9 @@ async def test_attempts_beyond_the_runtimes_capacity_go_in_task_order() -> None:
     task = Task(id="t", name="t", header="", formal_statement="theorem t : True := by")
 
     def go(name: str, order: tuple[int, ...]) -> asyncio.Future[None]:
-        return asyncio.ensure_future(batcher.check(task, Rollout(task_id=name, sample=0, prompt="p"), order))
+        return asyncio.ensure_future(
+            batcher.check(task, Rollout(task_id=name, sample=0, prompt="p"), order)
+        )
 
     jobs = [go("late-a", (3, 0)), go("late-b", (3, 1))]  # these take both places
     await asyncio.sleep(0.01)
