@@ -91,6 +91,9 @@ def _config(model: Path, out: Path, **kw: Any) -> Any:
         weight_decay=0.0,
         save_every=100,
         dynamic_sampling="off",
+        # one rank would train each group as it is reported (stream_training), two cannot:
+        # the same micro-batches on both sides, so only the ranks' summation order differs
+        stream_training=False,
     )
     base.update(kw)
     return GRPOConfig(**base)

@@ -12,6 +12,8 @@ Where each step lives:
   advantages, skipped steps, metrics, checkpoints, in-run eval, resume;
 - ``overlap.py``: rollouts cut into chunks, so chunk j+1 generates while Lean checks chunk j
   (``rollout_chunks``);
+- ``streamed.py``: each group's gradient accumulated as soon as the harness reports it checked,
+  the update after the last (``stream_training``);
 - ``data.py``: a step's rollouts as the sequences the loss sees (shared by loop and engine);
 - ``engine.py``: :class:`GRPOEngine`, everything with weights in it: the model, the reference,
   the optimizer, one optimisation step, the generation policy and its weight sync, ranks,

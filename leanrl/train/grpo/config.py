@@ -241,6 +241,16 @@ class GRPOConfig(TrainConfig):
     folder recorded. Batch s is made on exactly version ``max(s - max_staleness, start)``, so an
     async run repeats. ``false``: synchronous steps, a pure function of (seed, step) that
     resumes exactly: the deterministic replay of a run."""
+    stream_training: bool | Literal["auto"] = "auto"
+    """Synchronous steps: run each group's forward and backward as soon as the harness reports
+    the group checked (``whole-proof`` does), while later groups are still generated and
+    checked; the step's one update follows the last group. The same update as training after
+    the last verdict, up to float rounding, and as repeatable (groups in task order);
+    :mod:`leanrl.train.grpo.streamed` has the objective and what rules it out (``scale_rewards
+    = "batch"``, several passes or mini-batches, async mode, refill, replay, a distillation
+    teacher, several ranks, dropout, LoRA with ``beta`` > 0). ``auto`` (the default): on for
+    ``hf`` where nothing rules it out (the start of a run logs which and why); ``true``: on,
+    refused where ruled out; ``false``: train after the last verdict."""
     max_staleness: int = Field(default=1, ge=1)
     """Async mode: most trainer steps between the weights that generated a batch and the
     weights it is trained on."""

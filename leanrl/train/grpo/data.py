@@ -7,6 +7,7 @@ Shared by the trainer loop (:mod:`leanrl.train.grpo.trainer`) and the torch side
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from leanrl.rollout import Rollout
 from leanrl.verdict import Reason
@@ -41,6 +42,9 @@ class _Batch:
     version: int  # weights version that generated it
     t_rollout: float
     t_generate: float
+    # stream_training: the step's gradient, accumulated group by group during the rollout
+    # (a ``streamed.StepSums``; None: train on ``samples`` after it)
+    streamed: Any = None
 
 
 def ends_truncated(r: Rollout) -> bool:

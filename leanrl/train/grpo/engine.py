@@ -14,6 +14,7 @@ import logging
 import math
 import random
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +30,6 @@ from leanrl.train.distill.objective import advantage_tensor
 from leanrl.train.distributed import (
     World,
     full_named_parameters,
-    full_optimizer_state,
-    full_state_dict,
     load_optimizer_state,
     resolve_strategy,
     shard_model,
@@ -54,13 +53,14 @@ from leanrl.train.grpo.model_io import (
     _Null,
     _python_rng_state,
     _right_aligned,
-    _Saver,
     _split,
     _turns_per_attempt,
     device_and_precision,
     disable_dropout,
     load_optimizer_file,
+    save_engine_checkpoint,
 )
+from leanrl.train.grpo.streamed import StepSums
 from leanrl.train.grpo.tiled import HeadTiles, full_entropy
 from leanrl.train.hf_policy import TrainPolicy
 from leanrl.train.optim import adamw, kernel_of, set_kernel
@@ -408,18 +408,103 @@ class GRPOEngine:
     # -- one optimisation step ------------------------------------------------------------------
 
     def train_step(self, batch: _Batch) -> dict[str, Any]:
-        """ppo_epochs × minibatches optimizer steps on one batch; returns the step's metrics."""
+        """ppo_epochs × minibatches optimizer steps on one batch; returns the step's metrics.
+        A streamed batch (``batch.streamed``) has its gradient accumulated already: only the
+        update is left (:meth:`finish_streamed`)."""
+        if batch.streamed is not None:
+            return self.finish_streamed(batch.streamed)
         cfg = self.config
         samples = [s for s in batch.samples if any(s.mask)]
         lr = self.optimizer.param_groups[0]["lr"]
         if not samples:  # every group equal (or masked): nothing to learn, but time moves on
-            with warnings.catch_warnings():  # "scheduler before optimizer": intended here
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()
-            self.step += 1
-            return {"loss": None, "kl": None, "kl_behaviour": None, "entropy": None,
-                    "clip_frac": None, "lr": lr, "grad_norm": None, "optimizer_steps": 0,
-                    "skipped": True, **self._is_metrics(None)}  # fmt: skip
+            return self._skipped_step(lr)
+        self._prepare(samples)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch.step)
+        norm_len = self._norm_len
+        acc = self._new_acc()
+        grad_norms: list[float] = []
+        updates = 0
+        for epoch in range(cfg.ppo_epochs):
+            order = torch.randperm(len(samples), generator=gen).tolist()
+            for mb_idx in _split(order, cfg.minibatches):
+                mb = [samples[i] for i in mb_idx]
+                if not mb:
+                    continue
+                n_tokens = sum(sum(s.mask) for s in mb)
+                n_seqs = len(mb)
+                mb_loss = 0.0
+                # This rank's share of the mini-batch, in equal numbers of micro-steps on every
+                # rank (each backward is a collective); the denominators stay the whole
+                # mini-batch's, so the ranks' gradients sum to the single-process gradient.
+                for micro, real in self._my_micro_batches(mb):
+                    got = self._micro_step(micro, epoch == 0, n_seqs, n_tokens, norm_len, acc, real)
+                    mb_loss += got
+                grad_norms.append(self._update())
+                acc["loss"] += mb_loss
+                updates += 1
+        return self._stepped(acc, grad_norms, updates, lr)
+
+    # -- streamed steps (stream_training; leanrl.train.grpo.streamed) --------------------------
+
+    def accumulate(self, sums: StepSums, samples: list[_Sample]) -> None:
+        """Forward and backward of one group's ``samples`` before the step's update, with the
+        unnormalised sums (denominators 1); :meth:`finish_streamed` divides the gradient by
+        the batch's denominator once every group is in. Runs in a worker thread while the
+        sampler may be generating on the same weights (nothing writes them until the update)."""
+        samples = [s for s in samples if any(s.mask)]
+        if not samples:
+            return
+        t0 = time.perf_counter()
+        if not sums.acc:
+            sums.acc = self._new_acc()
+        self._prepare(samples)
+        for micro, _ in self._my_micro_batches(samples):  # one rank: all of them, real
+            sums.loss += self._micro_step(micro, True, 1, 1, 1, sums.acc)
+        sums.n_seqs += len(samples)
+        sums.n_tokens += sum(sum(s.mask) for s in samples)
+        sums.samples += samples
+        sums.seconds += time.perf_counter() - t0
+
+    def finish_streamed(self, sums: StepSums) -> dict[str, Any]:
+        """The update of a streamed step: gradient ÷ the batch's denominator, clip, AdamW."""
+        cfg = self.config
+        lr = self.optimizer.param_groups[0]["lr"]
+        if sums.n_seqs == 0:
+            return self._skipped_step(lr)
+        denom = {
+            "grpo": sums.n_seqs,
+            "dapo": sums.n_tokens,
+            "dr_grpo": sums.n_seqs * self._norm_len,
+        }[cfg.loss_agg]
+        scale = 1.0 / max(denom, 1)
+        with torch.no_grad():
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        gn = self._update()
+        sums.acc["loss"] = sums.loss * scale
+        row = self._stepped(sums.acc, [gn], 1, lr)
+        row["time_train_streamed"] = sums.seconds
+        return row
+
+    # -- shared by both ---------------------------------------------------------------------------
+
+    @property
+    def _norm_len(self) -> int:
+        cfg = self.config
+        return cfg.norm_len or cfg.sampling.max_tokens * _turns_per_attempt(cfg.env.harness)
+
+    def _new_acc(self) -> dict[str, float]:
+        acc = {"loss": 0.0, "kl": 0.0, "kl_mu": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0}
+        acc["tok"] = 0.0
+        if self.config.is_mode != "off":
+            acc["is_hit"] = acc["is_w"] = 0.0
+        return acc
+
+    def _prepare(self, samples: list[_Sample]) -> None:
+        """What the loss needs beyond the samples: π_old (the sampler's log-probs, or recomputed),
+        the sampler's kept apart for ``is_correction``, the reference's for the KL term."""
+        cfg = self.config
         need_old = cfg.old_logprobs == "recompute" or any(
             math.isnan(o) for s in samples for o, m in zip(s.old, s.mask, strict=True) if m
         )
@@ -446,38 +531,34 @@ class GRPOEngine:
         if cfg.beta > 0:
             self._fill_logprobs(samples, "ref")
 
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch.step)
-        norm_len = cfg.norm_len or cfg.sampling.max_tokens * _turns_per_attempt(cfg.env.harness)
-        acc = {"loss": 0.0, "kl": 0.0, "kl_mu": 0.0, "ent": 0.0, "ent_n": 0.0, "clip": 0.0}
-        acc["tok"] = 0.0
-        if is_mode != "off":
-            acc["is_hit"] = acc["is_w"] = 0.0
-        grad_norms: list[float] = []
-        updates = 0
-        for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(len(samples), generator=gen).tolist()
-            for mb_idx in _split(order, cfg.minibatches):
-                mb = [samples[i] for i in mb_idx]
-                if not mb:
-                    continue
-                n_tokens = sum(sum(s.mask) for s in mb)
-                n_seqs = len(mb)
-                mb_loss = 0.0
-                # This rank's share of the mini-batch, in equal numbers of micro-steps on every
-                # rank (each backward is a collective); the denominators stay the whole
-                # mini-batch's, so the ranks' gradients sum to the single-process gradient.
-                for micro, real in self._my_micro_batches(mb):
-                    got = self._micro_step(micro, epoch == 0, n_seqs, n_tokens, norm_len, acc, real)
-                    mb_loss += got
-                gn = torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.module.parameters() if p.requires_grad], cfg.max_grad_norm
-                )
-                grad_norms.append(float(gn))
-                with self.weights_lock:
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                acc["loss"] += mb_loss
-                updates += 1
+    def _update(self) -> float:
+        """Clip the accumulated gradient, take the optimizer step, clear it; the norm."""
+        gn = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.module.parameters() if p.requires_grad], self.config.max_grad_norm
+        )
+        with self.weights_lock:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(gn)
+
+    def _skipped_step(self, lr: float) -> dict[str, Any]:
+        with warnings.catch_warnings():  # "scheduler before optimizer": intended here
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        self.step += 1
+        return {"loss": None, "kl": None, "kl_behaviour": None, "entropy": None,
+                "clip_frac": None, "lr": lr, "grad_norm": None, "optimizer_steps": 0,
+                "skipped": True, **self._is_metrics(None)}  # fmt: skip
+
+    def _stepped(
+        self,
+        acc: dict[str, float],
+        grad_norms: list[float],
+        updates: int,
+        lr: float,
+    ) -> dict[str, Any]:
+        """End the step (schedule, counter) and its metrics from the loss's sums."""
+        cfg = self.config
         self.scheduler.step()
         self.step += 1
         keys = sorted(acc)
@@ -710,52 +791,6 @@ class GRPOEngine:
 
     def save_checkpoint(self, row: dict[str, Any]) -> Path | None:
         """HF model folder (with LoRA: the adapters, peft layout) + trainer_state.json +
-        optimizer.pt (optimizer state by parameter name, schedule, RNG).
-
-        Every rank takes part (the full state is gathered from the shards); only rank 0 writes
-        and gets the folder, the others get None. The files do not depend on the number of
-        ranks, so a run resumes with any number."""
-        cfg = self.config
-        with self.weights_lock:
-            sd = full_state_dict(self.module, self.world) if self.world.distributed else None
-            optim = full_optimizer_state(self.module, self.optimizer)
-        if not self.world.is_main:
-            self.world.barrier()
-            return None
-
-        def extra(folder: Path) -> None:
-            torch.save(
-                {
-                    "format": "named",
-                    "optimizer": optim,
-                    "scheduler": self.scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state(),
-                    "python_rng": random.getstate(),
-                },
-                folder / OPTIMIZER_FILE,
-            )
-            if cfg.lora.enabled and cfg.lora.save_merged:
-                from leanrl.train.lora import MERGED_DIR, save_merged
-
-                save_merged(self.model, self.tokenizer, folder / MERGED_DIR, cfg.lora.scale, sd)
-
-        state = {
-            "trainer": "grpo",
-            "policy_version": self.step,
-            "optimizer_file": OPTIMIZER_FILE,
-            "base_model": cfg.policy.model,
-            "reward_mean": row.get("reward_mean"),
-            "world_size": self.world.size,
-            "lora": cfg.lora.enabled,
-        }
-        with self.weights_lock:
-            path = self.run.save_checkpoint(
-                self.step,
-                _Saver(self.model, sd),
-                self.tokenizer,
-                state,
-                keep=cfg.keep_checkpoints,
-                extra=extra,
-            )
-        self.world.barrier()
-        return path
+        optimizer.pt (:func:`~leanrl.train.grpo.model_io.save_engine_checkpoint`); rank 0 gets
+        the folder, the other ranks (which take part in the gathers) None."""
+        return save_engine_checkpoint(self, row, OPTIMIZER_FILE)

@@ -6,6 +6,7 @@ Apart from the engine so that it reads as the optimisation step alone; nothing h
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,12 +14,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from leanrl.errors import ConfigError, PolicyError
-from leanrl.train.distributed import World
+from leanrl.train.distributed import World, full_optimizer_state, full_state_dict
 
 if TYPE_CHECKING:
     from leanrl.train.grpo.config import GRPOConfig
 
-__all__ = ["device_and_precision", "disable_dropout", "load_optimizer_file"]
+__all__ = [
+    "device_and_precision",
+    "disable_dropout",
+    "load_optimizer_file",
+    "save_engine_checkpoint",
+]
 
 
 class _Saver:
@@ -173,3 +179,56 @@ class _Null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def save_engine_checkpoint(engine: Any, row: dict[str, Any], optimizer_file: str) -> Path | None:
+    """The GRPO engine's checkpoint: HF model folder (with LoRA: the adapters, peft layout) +
+    trainer_state.json + ``optimizer_file`` (optimizer state by parameter name, schedule, RNG).
+
+    Every rank takes part (the full state is gathered from the shards); only rank 0 writes
+    and gets the folder, the others get None. The files do not depend on the number of
+    ranks, so a run resumes with any number."""
+    cfg = engine.config
+    with engine.weights_lock:
+        sd = full_state_dict(engine.module, engine.world) if engine.world.distributed else None
+        optim = full_optimizer_state(engine.module, engine.optimizer)
+    if not engine.world.is_main:
+        engine.world.barrier()
+        return None
+
+    def extra(folder: Path) -> None:
+        torch.save(
+            {
+                "format": "named",
+                "optimizer": optim,
+                "scheduler": engine.scheduler.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(),
+            },
+            folder / optimizer_file,
+        )
+        if cfg.lora.enabled and cfg.lora.save_merged:
+            from leanrl.train.lora import MERGED_DIR, save_merged
+
+            save_merged(engine.model, engine.tokenizer, folder / MERGED_DIR, cfg.lora.scale, sd)
+
+    state = {
+        "trainer": "grpo",
+        "policy_version": engine.step,
+        "optimizer_file": optimizer_file,
+        "base_model": cfg.policy.model,
+        "reward_mean": row.get("reward_mean"),
+        "world_size": engine.world.size,
+        "lora": cfg.lora.enabled,
+    }
+    with engine.weights_lock:
+        path = engine.run.save_checkpoint(
+            engine.step,
+            _Saver(engine.model, sd),
+            engine.tokenizer,
+            state,
+            keep=cfg.keep_checkpoints,
+            extra=extra,
+        )
+    engine.world.barrier()
+    return path

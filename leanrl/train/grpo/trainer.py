@@ -74,7 +74,10 @@ One step, top to bottom (``GRPOTrainer._train_loop``):
    ``minibatches`` optimizer steps; each mini-batch is cut into micro-batches of
    ``micro_batch_size`` sequences whose gradients accumulate (the denominators are the whole
    mini-batch's, so accumulation is exact). Gradient clipping at ``max_grad_norm``, AdamW, and a
-   learning-rate schedule stepped once per trainer step.
+   learning-rate schedule stepped once per trainer step. With ``stream_training`` (one pass of
+   one mini-batch; :mod:`leanrl.train.grpo.streamed`) each group's micro-batches run as soon
+   as the harness reports the group checked, with denominators 1, and the accumulated gradient
+   is divided by the batch's denominator before the clip: the same update, in task order.
 
 Where this departs from the papers, and why:
 
@@ -127,6 +130,7 @@ from leanrl._dist import install_hint
 from leanrl.decontam import save_taskset_report
 from leanrl.environment import Environment
 from leanrl.errors import ConfigError, PolicyError
+from leanrl.harness import listen_for_groups
 from leanrl.policy import Policy, SamplingConfig
 from leanrl.proofs import PROOFS_FILE, ProofStore, completion_cap
 from leanrl.rollout import Rollout, check_rewards
@@ -157,6 +161,7 @@ from leanrl.train.grpo.report import (
     _std,
     _step_line,
 )
+from leanrl.train.grpo.streamed import GroupStream, StepSums, resolve_stream_training
 from leanrl.train.infra import infra_metrics, warn_if_mostly_infra
 from leanrl.train.multienv import (
     env_batch,
@@ -202,6 +207,8 @@ class GRPOTrainer:
         # the checkpoint holds all either mode needs, an async run restarts its pipeline from
         # it anyway, and `auto` depends on the ranks (which may change): see _resolve_async
         "async_generation",
+        # when each group's gradient is computed, not what it is (float rounding aside)
+        "stream_training",
     )
 
     def __init__(self, config: GRPOConfig, env: Environment | None = None) -> None:
@@ -212,6 +219,7 @@ class GRPOTrainer:
         self._replay: Replayer | None = None  # failure replay (issue 25): opened lazily
         self._curriculum: Curriculum | None = None  # set when the run starts (after the load)
         self._distill: OnPolicyDistill | None = None  # issue 40: the teachers, after the load
+        self._stream_on = False  # stream_training, resolved when the run starts
         self._kept = ProofStore(
             self.run.path / PROOFS_FILE,
             completion_chars=completion_cap(config.env.taskset.policy.max_proof_chars),
@@ -286,6 +294,10 @@ class GRPOTrainer:
         # torchrun: every rank runs this; rank 0 alone writes the run folder
         world = World.from_env(self.config.distributed, device_and_precision(self.config)[0].type)
         self._world = world
+        stream = resolve_stream_training(self.config, world.size)  # refused here if it can't
+        self._stream_on = stream.on
+        if world.is_main:
+            log.info(stream.line())
         engine = GRPOEngine(self.config, self.run, world)
         env = self.env or load_training_environment(self.config)  # `envs`: a mixed one
         gen: Policy | None = None
@@ -493,6 +505,7 @@ class GRPOTrainer:
         replayed = await self._replay_groups(engine, env, tasks, clock, step)
         kept += [g for g in replayed if _informative(g, cfg.dynamic_sampling)]
         drawn: list[Task] = []  # every round's tasks, in the order of `groups`
+        sums: StepSums | None = None  # stream_training: the step's gradient sums
         rounds = 1 + (cfg.max_refill_rounds if cfg.dynamic_sampling == "refill" else 0)
         for r in range(rounds):
             # Round 0 is the step's own batch; refill rounds draw from a differently seeded
@@ -507,15 +520,28 @@ class GRPOTrainer:
                 batch_tasks = batch_tasks[: cfg.tasks_per_step - len(replayed)]
             seed = None if base_seed is None else base_seed + cfg.seed * 1_000_003 + step * 101 + r
             sampling = cfg.sampling.model_copy(update={"n": cfg.group_size, "seed": seed})
-            got = await self._rollout(env, batch_tasks, clock, sampling)
-            # Before anything uses a reward: one NaN makes every advantage, then every weight,
-            # NaN (and the run would end "successfully" with a NaN checkpoint).
-            check_rewards(
-                (x for g in got for x in g),
-                f"step {step + 1}" + (f" (refill round {r})" if r else ""),
-                "a NaN or inf would make every weight NaN",
-            )
-            shape_groups(got, cfg.format_reward, cfg.overlong, cfg.sampling.max_tokens)
+            if self._stream_on:  # each group trained as the harness reports it (streamed.py)
+                sums = sums or StepSums()  # the step's, over its refill rounds
+                room = cfg.tasks_per_step - len(kept) if cfg.dynamic_sampling == "refill" else None
+                label = f"step {step + 1}" + (f" (refill round {r})" if r else "")
+                stream = GroupStream(engine, cfg, label, batch_tasks, sums, room)
+                stream.start()
+                try:
+                    with listen_for_groups(stream.listener):
+                        got = await self._rollout(env, batch_tasks, clock, sampling)
+                    await stream.finish(got)  # checks and shapes each group, as below
+                finally:
+                    await stream.cancel()
+            else:
+                got = await self._rollout(env, batch_tasks, clock, sampling)
+                # Before anything uses a reward: one NaN makes every advantage, then every
+                # weight, NaN (and the run would end "successfully" with a NaN checkpoint).
+                check_rewards(
+                    (x for g in got for x in g),
+                    f"step {step + 1}" + (f" (refill round {r})" if r else ""),
+                    "a NaN or inf would make every weight NaN",
+                )
+                shape_groups(got, cfg.format_reward, cfg.overlong, cfg.sampling.max_tokens)
             if self._is_main():  # every rank has the gathered groups; rank 0 keeps the proofs
                 self._kept.add_rollouts(
                     batch_tasks,
@@ -550,7 +576,10 @@ class GRPOTrainer:
         t_rollout = time.perf_counter() - t0
         # scale_rewards = "batch": the std of everything sampled, before groups were dropped
         batch_rewards = [r.reward for g in groups for r in g if not r.infra]
-        samples = engine.make_samples(kept, batch_rewards)
+        if sums is not None:  # trained on already, in this order (the streams kept `kept`)
+            samples = sums.samples
+        else:
+            samples = engine.make_samples(kept, batch_rewards)
         if self._distill is not None:  # issue 40: the teacher scores every model token
             await self._distill.apply(step, samples)
         return _Batch(
@@ -561,6 +590,7 @@ class GRPOTrainer:
             version=gen_version,
             t_rollout=t_rollout,
             t_generate=clock.take(),
+            streamed=sums,
         )
 
     async def _replay_groups(
@@ -687,6 +717,7 @@ class GRPOTrainer:
             sum(len(t.completion_ids) for t in r.turns) for g in batch.groups for r in g
         )
         step_time = t2 - t0
+        streamed_s = float(train.get("time_train_streamed") or 0.0)
         return {
             "step": engine.step,
             "reward_mean": _mean(rewards),
@@ -732,10 +763,11 @@ class GRPOTrainer:
             "time_generate": batch.t_generate,
             "time_verify": max(batch.t_rollout - batch.t_generate, 0.0),
             "time_wait": (t1 - t0) if self.config.async_mode else 0.0,
-            "time_train": t2 - t1,
-            # share of the step the model neither generated nor trained (waited for Lean)
+            "time_train": t2 - t1,  # after the rollout (streamed: only the update)
+            # share of the step the model neither generated nor trained (waited for Lean);
+            # streamed groups trained during the rollout (time_train_streamed) count as busy
             "gpu_idle_frac": (
-                max(0.0, 1.0 - (batch.t_generate + (t2 - t1)) / step_time)
+                max(0.0, 1.0 - (batch.t_generate + (t2 - t1) + streamed_s) / step_time)
                 if step_time > 0 and not self.config.async_mode
                 else None
             ),
