@@ -31,10 +31,15 @@ Two modes bring the workload closer to proving (issue 23's "Measure"):
   path, so ``rollout_chunks`` and ``async_generation`` can hide it); for TRL the reward function
   blocks the same way.
 
-``--leanrl-modes default,batched,chunks,async,async-clip`` runs leanrl with its default settings
-(``async_generation = "auto"``, off for ``hf``; the rollouts stream, each attempt checked as its
-row of the batch ends, as leanrl's harnesses do), with the rollouts generated and then checked
-as one batch (``batched``, how TRL does it), with ``rollout_chunks = --chunks`` and with
+``--leanrl-modes default,unstreamed,batched,chunks,async,async-clip`` runs leanrl with its
+default settings (``async_generation = "auto"``, off for ``hf``; the rollouts stream, each
+attempt checked as its row of the batch ends, at most the runtime's ``check_capacity`` (the
+``--lean-workers``) in flight and the others in task order, and each group reported final once
+its attempts have verdicts, as leanrl's whole-proof harness does; ``stream_training = "auto"``,
+on for ``hf``: each group's forward and backward run as soon as it is reported), with the
+update after the last verdict (``unstreamed``: ``stream_training = false``, the default before
+it), with the rollouts generated and then checked as one batch (``batched``, how TRL does it;
+unstreamed too), with ``rollout_chunks = --chunks`` and with
 ``async_generation = true`` (the one-step pipeline: step t+1 generated and checked on a copy of
 the weights while step t trains; its default objective is decoupled PPO, ``is_correction =
 "auto"``: the clip around the weights being trained, the stale sampler corrected by the
@@ -48,7 +53,8 @@ CPU time is the process's (every thread) between consecutive step ends, so it is
 costs whatever overlaps, and it is far less sensitive than wall time to other work on a shared
 machine; it is split into phases, each timed where it runs: leanrl's decode (the sampler's
 thread) and update (the trainer's ``train_step``), the rest being the event loop, harness,
-checks and bookkeeping; TRL's ``_generate``, its reward call (the simulated checks) and the rest
+checks and bookkeeping (a streamed step's group passes, ``GRPOEngine.accumulate``, count as
+update); TRL's ``_generate``, its reward call (the simulated checks) and the rest
 of generate-and-score, training being the rest of the step. The report gives the load average
 during the runs. The summary line gives, per seed (min / median / max), leanrl/TRL wall step
 time and CPU per step, and whether each goal is met. "Equal reward" there means the paired gap
@@ -75,6 +81,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import heapq
 import json
 import math
 import os
@@ -100,7 +107,7 @@ SIZES = {"0.1M": (64, 2), "2.4M": (256, 4), "23M": (512, 10)}
 EQUAL_REWARD_TOL = 0.05
 
 #: leanrl configurations ``--leanrl-modes`` can name (fields given to its GRPOConfig)
-MODES = ("default", "batched", "chunks", "async", "async-clip")
+MODES = ("default", "unstreamed", "batched", "chunks", "async", "async-clip")
 
 
 def digit_share(text: str) -> float:
@@ -307,6 +314,7 @@ def _timed(meter: CpuMeter, phase: str, fn: Any, clock: Any = time.thread_time) 
 
 def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> dict[str, Any]:
     from leanrl import Environment, Harness, Rollout, Runtime, Task, Taskset, Turn
+    from leanrl.harness import report_group
     from leanrl.policy import (
         Policy,
         PolicyConfig,
@@ -361,28 +369,9 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
                     sampler.model.register_forward_hook(_force_hook, with_kwargs=True)
                     hooked.add(id(sampler.model))
                 token = _GENERATING.set(_Generating(lengths, eos_id, sampler))
-            try:
-                if streams:
-                    got: list[list[Any]] = [[None] * sampling.n for _ in prompts]
-                    requests = [
-                        StreamRequest(key=i, prompt=p, sampling=sampling, slot=i)
-                        for i, p in enumerate(prompts)
-                    ]
-                    async for sc in policy.stream(requests):
-                        got[cast(int, sc.key)][sc.sample] = sc.completion
-                        if pool is not None:  # its check starts now, beside the decode
-                            a = Attempt(name="t", header="", formal_statement="t", proof="")
-                            checks.append(asyncio.ensure_future(runtime.check([a])))
-                    comps = got
-                else:
-                    comps = await policy.generate(prompts, sampling)
-            finally:
-                if token is not None:
-                    _GENERATING.reset(token)
-            await asyncio.gather(*checks)
-            out = []
-            for task, cs in zip(tasks, comps, strict=True):
-                g = [
+
+            def group_of(task: Task, cs: Sequence[Any]) -> list[Rollout]:
+                return [
                     Rollout(
                         task_id=task.id,
                         sample=j,
@@ -399,7 +388,73 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
                     )
                     for j, c in enumerate(cs)
                 ]
-                out.append(g)
+
+            # As leanrl's whole-proof harness does (its CheckBatcher with the runtime's
+            # check_capacity): at most that many attempts in flight, the others handed over in
+            # task order, so that groups get their verdicts one after another.
+            waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+            busy = [0]
+            capacity = runtime.check_capacity()
+
+            def pump() -> None:
+                while waiting and busy[0] < capacity:
+                    *_, fut = heapq.heappop(waiting)
+                    busy[0] += 1
+                    fut.set_result(None)
+
+            async def slot(i: int, j: int) -> None:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                heapq.heappush(waiting, (i, j, fut))
+                pump()
+                await fut
+
+            def free() -> None:
+                busy[0] -= 1
+                pump()
+
+            finished: dict[int, list[Rollout]] = {}
+            got: list[list[Any]] = [[None] * sampling.n for _ in prompts]
+            left = [sampling.n] * len(prompts)
+
+            async def checked(i: int, j: int, c: Any) -> None:
+                # As leanrl's whole-proof harness does: the attempt is checked as it arrives,
+                # and a group whose attempts all have verdicts gets its rewards and is reported
+                # final (report_group: stream_training trains on it while the rest go on).
+                got[i][j] = c
+                if pool is not None:
+                    a = Attempt(name="t", header="", formal_statement="t", proof="")
+                    await slot(i, j)
+                    try:
+                        await runtime.check([a])
+                    finally:
+                        free()
+                left[i] -= 1
+                if left[i] == 0:
+                    g = finished[i] = group_of(tasks[i], got[i])
+                    for r, w in zip(g, taskset.group_rewards(tasks[i], g), strict=True):
+                        r.reward = w
+                    report_group(tasks[i], g)
+
+            try:
+                if streams:
+                    requests = [
+                        StreamRequest(key=i, prompt=p, sampling=sampling, slot=i)
+                        for i, p in enumerate(prompts)
+                    ]
+                    async for sc in policy.stream(requests):
+                        i = cast(int, sc.key)
+                        checks.append(asyncio.ensure_future(checked(i, sc.sample, sc.completion)))
+                    comps = got
+                else:
+                    comps = await policy.generate(prompts, sampling)
+            finally:
+                if token is not None:
+                    _GENERATING.reset(token)
+            await asyncio.gather(*checks)
+            out = [
+                finished.get(i) or group_of(task, cs)
+                for i, (task, cs) in enumerate(zip(tasks, comps, strict=True))
+            ]
             if pool is not None and not streams:  # check every attempt, then reward
                 attempts = [
                     Attempt(
@@ -416,13 +471,17 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
                 for g in out:
                     for r in g:
                         r.verdict = next(verdicts)
-            for task, g in zip(tasks, out, strict=True):
-                for r, w in zip(g, taskset.group_rewards(task, g), strict=True):
-                    r.reward = w
+            for i, (task, g) in enumerate(zip(tasks, out, strict=True)):
+                if i not in finished:
+                    for r, w in zip(g, taskset.group_rewards(task, g), strict=True):
+                        r.reward = w
             return out
 
     class SimulatedLean(Runtime):
         """Each attempt holds one of the pool's threads for ``--lean-s-per-attempt`` s."""
+
+        def check_capacity(self) -> int:
+            return int(args.lean_workers)
 
         async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:
             assert pool is not None
@@ -447,6 +506,8 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
     extra: dict[str, Any] = {}
     if mode == "chunks":
         extra["rollout_chunks"] = args.chunks
+    elif mode in ("unstreamed", "batched"):  # every group trained after the last verdict
+        extra["stream_training"] = False
     elif mode == "async":
         extra["async_generation"] = True
     elif mode == "async-clip":  # the pipeline's objective before issue 38: the clip around μ
@@ -473,7 +534,7 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
 
     # CPU per phase: the sampler's decode and the trainer's update, each in its own thread
     meter = CpuMeter()
-    plain = TrainPolicy.generate_ids_sync, GRPOEngine.train_step
+    plain = TrainPolicy.generate_ids_sync, GRPOEngine.train_step, GRPOEngine.accumulate
     timed_train = _timed(meter, "train", plain[1])
 
     def train_step(self: Any, batch: Any) -> Any:
@@ -484,13 +545,15 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
 
     TrainPolicy.generate_ids_sync = _timed(meter, "generate", plain[0])  # type: ignore[method-assign]
     GRPOEngine.train_step = train_step  # type: ignore[method-assign]
+    # stream_training: a group's forward and backward, in a worker thread during the rollout
+    GRPOEngine.accumulate = _timed(meter, "train", plain[2])  # type: ignore[method-assign]
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
         trainer = GRPOTrainer(cfg, env=Env())
         trainer.train_sync()
     finally:
-        TrainPolicy.generate_ids_sync, GRPOEngine.train_step = plain  # type: ignore[method-assign]
+        TrainPolicy.generate_ids_sync, GRPOEngine.train_step, GRPOEngine.accumulate = plain  # type: ignore[method-assign]
         if pool is not None:
             pool.shutdown()
     wall = time.perf_counter() - t0
