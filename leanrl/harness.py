@@ -52,7 +52,8 @@ def report_group(task: Task, group: Sequence[Rollout]) -> None:
     it at once (GRPO's ``stream_training`` accumulates its gradient while the other groups are
     still generated and checked). Optional: a group never reported is taken when ``run``
     returns, so a harness that never calls it is still correct, only not overlapped. Does
-    nothing when nobody listens; called on the event loop, it returns at once."""
+    nothing when nobody listens; it returns at once, and may be called from a worker thread
+    started within the rollout (``asyncio.to_thread`` carries the listener along)."""
     listener = _LISTENER.get()
     if listener is not None:
         listener(task, group)

@@ -169,8 +169,13 @@ class ReportingHarness(PromptHarness):
             await asyncio.sleep(random.uniform(0, 0.02) if self.order == "shuffled" else 0)
             if n == 0 and self.hold:
                 assert self.trained is not None
-                got = await asyncio.to_thread(self.trained.wait, 60)
-                type(self).held_ok.append(got)
+                for _ in range(6000):  # up to 60 s, cancellable (a thread's wait is not)
+                    if self.trained.is_set():
+                        break
+                    await asyncio.sleep(0.01)
+                type(self).held_ok.append(self.trained.is_set())
+        if self.tamper == "raise":
+            raise RuntimeError("the harness failed after reporting its groups")
         if self.tamper == "reward":
             out[0][0].reward += 0.5
         elif self.tamper == "swap":
@@ -263,6 +268,51 @@ def test_a_group_changed_after_its_report_is_refused(
         _run(_config(tiny_model_dir, tmp_path / "run", steps=1, dynamic_sampling="off"))
 
 
+def test_a_rollout_that_fails_after_reports_fails_the_step_with_its_error(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Groups already trained on do not hide the harness's own error, and the step never
+    updates the weights (the run folder has no checkpoint, so a rerun starts over)."""
+    monkeypatch.setattr(ReportingHarness, "tamper", "raise")
+    with pytest.raises(RuntimeError, match="failed after reporting"):
+        _run(_config(tiny_model_dir, tmp_path / "run", steps=1, dynamic_sampling="off"))
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_a_failed_group_pass_stops_the_rollout_at_once(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's pass that fails (here: raises) cancels the rollout still going on instead of
+    waiting for its end: the holding harness never gets past its wait."""
+    from leanrl.train.grpo.engine import GRPOEngine
+
+    def accumulate(self: Any, sums: StepSums, samples: list[_Sample]) -> None:
+        raise RuntimeError("the group's pass ran out of memory")
+
+    monkeypatch.setattr(GRPOEngine, "accumulate", accumulate)
+    monkeypatch.setattr(ReportingHarness, "hold", True)
+    monkeypatch.setattr(ReportingHarness, "trained", threading.Event())  # never set
+    monkeypatch.setattr(ReportingHarness, "held_ok", [])
+    with pytest.raises(RuntimeError, match="ran out of memory"):
+        _run(_config(tiny_model_dir, tmp_path / "run", steps=1, dynamic_sampling="off"))
+    assert ReportingHarness.held_ok == []  # cancelled while it waited (else [False] after 60 s)
+
+
+def test_masked_samples_still_count_in_the_step_metrics(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """mask_truncated masks every cut-off attempt: their samples train nothing but are the
+    batch's still, so the advantage and token metrics are the unstreamed step's."""
+    kw = dict(steps=2, dynamic_sampling="off", mask_truncated=True,
+              sampling=SamplingConfig(max_tokens=8, top_p=1.0, seed=0))  # fmt: skip
+    a = _run(_config(tiny_model_dir, tmp_path / "a", **kw))
+    b = _run(_config(tiny_model_dir, tmp_path / "b", stream_training=False, **kw))
+    assert any(r["truncated_frac"] and r["truncated_frac"] < 1 for r in a)  # some masked
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("adv_mean", "adv_std", "adv_min", "adv_max", "loss_tokens", "groups_kept"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-6, abs=1e-9), key
+
+
 def test_report_group_outside_a_listener_does_nothing_and_listeners_nest() -> None:
     task = Task(id="t", name="t", header="", formal_statement="theorem t : True := by")
     report_group(task, [])  # nobody listens: no error
@@ -296,6 +346,9 @@ def _cfg(tmp_path: Path, **kw: Any) -> GRPOConfig:
         ({"replay": {"fraction": 0.5}}, 1, "replay"),
         ({"disable_dropout": False}, 1, "dropout"),
         ({"lora": {"rank": 4}, "beta": 0.1}, 1, "LoRA"),
+        ({"lora": {"rank": 4, "dropout": 0.1}}, 1, "LoRA dropout"),
+        ({"gradient_checkpointing": True}, 1, "gradient checkpointing"),
+        ({"logprob_chunk": 64}, 1, "logprob_chunk"),
     ],
 )
 def test_what_rules_it_out(tmp_path: Path, kw: dict[str, Any], ranks: int, why: str) -> None:
@@ -304,6 +357,14 @@ def test_what_rules_it_out(tmp_path: Path, kw: dict[str, Any], ranks: int, why: 
     with pytest.raises(ConfigError, match=why):
         resolve_stream_training(_cfg(tmp_path, stream_training=True, **kw), ranks)
     assert not resolve_stream_training(_cfg(tmp_path, stream_training=False, **kw), ranks).on
+
+
+def test_what_the_hf_sampler_shares_rules_out_only_hf(tmp_path: Path) -> None:
+    """vLLM generates on its own copy: the model's modes and head are the trainer's alone."""
+    vllm = PolicyConfig(model="m", backend="vllm")
+    for kw in ({"gradient_checkpointing": True}, {"logprob_chunk": 64}, {"disable_dropout": False}):
+        cfg = _cfg(tmp_path, policy=vllm, async_generation=False, stream_training=True, **kw)
+        assert resolve_stream_training(cfg, 1).on
 
 
 def test_auto_is_on_for_hf_only(tmp_path: Path) -> None:

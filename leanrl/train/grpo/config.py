@@ -247,8 +247,9 @@ class GRPOConfig(TrainConfig):
     checked; the step's one update follows the last group. The same update as training after
     the last verdict, up to float rounding, and as repeatable (groups in task order);
     :mod:`leanrl.train.grpo.streamed` has the objective and what rules it out (``scale_rewards
-    = "batch"``, several passes or mini-batches, async mode, refill, replay, a distillation
-    teacher, several ranks, dropout, LoRA with ``beta`` > 0). ``auto`` (the default): on for
+    = "batch"``, several passes or mini-batches, async mode, replay, a distillation teacher,
+    several ranks, LoRA with ``beta`` > 0; with ``hf``, whose sampler shares the model: dropout,
+    gradient checkpointing, ``logprob_chunk``). ``auto`` (the default): on for
     ``hf`` where nothing rules it out (the start of a run logs which and why); ``true``: on,
     refused where ruled out; ``false``: train after the last verdict."""
     max_staleness: int = Field(default=1, ge=1)

@@ -455,8 +455,9 @@ class GRPOEngine:
         if not samples:
             return
         t0 = time.perf_counter()
-        if not sums.acc:
+        if not sums.acc:  # the step's first group: nothing left over from a failed step
             sums.acc = self._new_acc()
+            self.optimizer.zero_grad(set_to_none=True)
         self._prepare(samples)
         for micro, _ in self._my_micro_batches(samples):  # one rank: all of them, real
             sums.loss += self._micro_step(micro, True, 1, 1, 1, sums.acc)
@@ -482,6 +483,9 @@ class GRPOEngine:
                 if p.grad is not None:
                     p.grad.mul_(scale)
         gn = self._update()
+        # the hf sampler switched the shared model to eval mode and back during the passes; in
+        # some interleavings with _fill_logprobs "back" is eval: train mode, as load() set it
+        self.model.train()
         sums.acc["loss"] = sums.loss * scale
         row = self._stepped(sums.acc, [gn], 1, lr)
         row["time_train_streamed"] = sums.seconds

@@ -23,8 +23,11 @@ sums are not linear in the groups, or the weights are touched between groups, it
 (:func:`resolve_stream_training` says why): ``scale_rewards = "batch"``, several passes or
 mini-batches, async mode (the pipeline already overlaps), failure replay (its groups join the
 step's), a distillation teacher (it scores the kept groups after the rollout), several ranks,
-dropout (the sampler switches the shared model to eval mode while a group trains), and LoRA
-with a KL term (its reference is the model with the adapters off, which the sampler would see).
+and LoRA with a KL term (its reference is the model with the adapters off, which the sampler
+would see). With ``hf`` the sampler generates on the model being trained and switches it to
+eval mode while it decodes, so whatever depends on that mode is ruled out as well: dropout
+(the model's or LoRA's), gradient checkpointing, and ``logprob_chunk`` (its tiles replace the
+shared head's forward during a pass).
 
 The groups that finish first are trained first only if the checks finish group by group: a
 runtime that says how many attempts it checks at once (:meth:`Runtime.check_capacity`) gets
@@ -35,9 +38,9 @@ get their verdicts one after another rather than all near its end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from leanrl.errors import ConfigError, PolicyError
 from leanrl.rollout import Rollout, check_rewards
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
     from leanrl.train.grpo.config import GRPOConfig
 
 __all__ = ["GroupStream", "StepSums", "StreamChoice", "resolve_stream_training"]
+
+T = TypeVar("T")
 
 
 class StreamChoice(NamedTuple):
@@ -76,10 +81,21 @@ def _blockers(cfg: GRPOConfig, world_size: int) -> list[str]:
         out.append("failure replay (its groups join the step's)")
     if cfg.distill.teacher is not None or cfg.distill.experts:
         out.append("a distillation teacher (it scores the kept groups after the rollout)")
-    if not cfg.disable_dropout:
-        out.append("dropout is on (the sampler switches the shared model to eval mode)")
     if cfg.lora.enabled and cfg.beta > 0:
         out.append("LoRA with beta > 0 (the reference turns the adapters off)")
+    if cfg.policy.backend == "hf":
+        # The hf sampler generates on the very model being trained, in eval mode (it switches
+        # the shared model there and back): a group's pass during a decode runs in eval mode.
+        shared = "the hf sampler switches the shared model to eval mode mid-pass"
+        if not cfg.disable_dropout:
+            out.append(f"dropout is on ({shared})")
+        if cfg.lora.enabled and cfg.lora.dropout > 0:
+            out.append(f"LoRA dropout > 0 ({shared})")
+        if cfg.gradient_checkpointing:
+            out.append(f"gradient checkpointing ({shared}, which turns checkpointing off)")
+        if cfg.logprob_chunk is not None:
+            out.append("logprob_chunk (its tiles replace the head's forward that the hf sampler "
+                       "shares)")  # fmt: skip
     return out
 
 
@@ -116,7 +132,8 @@ class StepSums:
     loss: float = 0.0  # Σ of the unnormalised micro-batch losses
     n_seqs: int = 0  # sequences with a loss token
     n_tokens: int = 0  # loss tokens
-    samples: list[_Sample] = field(default_factory=list)  # in the order they were trained
+    samples: list[_Sample] = field(default_factory=list)  # trained (with a loss token), in order
+    made: list[_Sample] = field(default_factory=list)  # every sample of the kept groups
     seconds: float = 0.0  # wall time of the groups' forward/backward, overlapped or not
 
 
@@ -147,6 +164,9 @@ class GroupStream:
         self.n = len(tasks)
         self.room = room
         ids = [id(t) for t in tasks]
+        # A task twice in one batch (an epoch boundary, a small taskset): which of its groups
+        # a report is cannot be told, so both are taken at the end (and the groups after them
+        # wait: task order).
         self.where = {i: k for k, i in enumerate(ids) if ids.count(i) == 1}
         self.ready: dict[int, list[Rollout]] = {}
         self.reported: dict[int, list[Rollout]] = {}
@@ -156,15 +176,44 @@ class GroupStream:
         self._next = 0
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._pass: asyncio.Future[None] | None = None  # the group pass running in a thread
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._worker = asyncio.ensure_future(self._run())
 
+    async def guard(self, rollout: Awaitable[T]) -> T:
+        """Await ``rollout`` (started in the listener's context), failing as soon as a group's
+        pass fails (out of memory, a NaN reward) instead of after the whole rollout."""
+        job = asyncio.ensure_future(rollout)
+        worker = self._worker
+        assert worker is not None
+        # The worker ends before the rollout only when it failed, or when every group was
+        # reported and trained already; it normally outlives the rollout (finish() ends it).
+        await asyncio.wait({job, worker}, return_when=asyncio.FIRST_COMPLETED)
+        if not job.done() and worker.exception() is not None:
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
+            raise cast(BaseException, worker.exception())
+        return await job
+
     def listener(self, task: Task, group: Sequence[Rollout]) -> None:
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:  # reported from a harness's worker thread
+            on_loop = False
+        if not on_loop:
+            assert self._loop is not None  # start() ran before the rollout
+            self._loop.call_soon_threadsafe(self._file, task, list(group))
+            return
+        self._file(task, list(group))
+
+    def _file(self, task: Task, group: list[Rollout]) -> None:
         k = self.where.get(id(task))
         if k is None or k in self.reported or k < self._next:
             return
-        self.reported[k] = self.ready[k] = list(group)
+        self.reported[k] = self.ready[k] = group
         self._wake.set()
 
     async def finish(self, groups: Sequence[Sequence[Rollout]]) -> None:
@@ -197,6 +246,8 @@ class GroupStream:
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
+        if self._pass is not None:  # a thread cannot be stopped: let its pass end first, so
+            await asyncio.gather(self._pass, return_exceptions=True)  # nothing writes later
 
     async def _run(self) -> None:
         while self._next < self.n:
@@ -219,4 +270,7 @@ class GroupStream:
             return  # refill: past the step's tasks_per_step, cut off as _collect cuts it
         self.kept.append(g)
         samples = self.engine.make_samples([g])
-        await asyncio.to_thread(self.engine.accumulate, self.sums, samples)
+        self.sums.made += samples  # the batch's samples, as _collect would make them
+        loop = asyncio.get_running_loop()
+        self._pass = loop.run_in_executor(None, self.engine.accumulate, self.sums, samples)
+        await asyncio.shield(self._pass)  # cancelled: cancel() still waits for the thread

@@ -527,8 +527,9 @@ class GRPOTrainer:
                 stream = GroupStream(engine, cfg, label, batch_tasks, sums, room)
                 stream.start()
                 try:
-                    with listen_for_groups(stream.listener):
-                        got = await self._rollout(env, batch_tasks, clock, sampling)
+                    with listen_for_groups(stream.listener):  # the rollout's tasks inherit it
+                        rollout = self._rollout(env, batch_tasks, clock, sampling)
+                        got = await stream.guard(rollout)  # a failed group pass fails it now
                     await stream.finish(got)  # checks and shapes each group, as below
                 finally:
                     await stream.cancel()
@@ -577,7 +578,7 @@ class GRPOTrainer:
         # scale_rewards = "batch": the std of everything sampled, before groups were dropped
         batch_rewards = [r.reward for g in groups for r in g if not r.infra]
         if sums is not None:  # trained on already, in this order (the streams kept `kept`)
-            samples = sums.samples
+            samples = sums.made
         else:
             samples = engine.make_samples(kept, batch_rewards)
         if self._distill is not None:  # issue 40: the teacher scores every model token
@@ -765,7 +766,8 @@ class GRPOTrainer:
             "time_wait": (t1 - t0) if self.config.async_mode else 0.0,
             "time_train": t2 - t1,  # after the rollout (streamed: only the update)
             # share of the step the model neither generated nor trained (waited for Lean);
-            # streamed groups trained during the rollout (time_train_streamed) count as busy
+            # streamed group passes count as busy too, and where one overlapped generation it
+            # is counted twice: then a lower bound
             "gpu_idle_frac": (
                 max(0.0, 1.0 - (batch.t_generate + (t2 - t1) + streamed_s) / step_time)
                 if step_time > 0 and not self.config.async_mode
