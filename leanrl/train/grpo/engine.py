@@ -45,6 +45,7 @@ from leanrl.train.grpo.loss import (
     aggregate,
     group_advantages,
     kl_k3,
+    loss_denominator,
     policy_loss,
     token_logprobs,
 )
@@ -472,12 +473,9 @@ class GRPOEngine:
         lr = self.optimizer.param_groups[0]["lr"]
         if sums.n_seqs == 0:
             return self._skipped_step(lr)
-        denom = {
-            "grpo": sums.n_seqs,
-            "dapo": sums.n_tokens,
-            "dr_grpo": sums.n_seqs * self._norm_len,
-        }[cfg.loss_agg]
-        scale = 1.0 / max(denom, 1)
+        scale = 1.0 / loss_denominator(
+            cfg.loss_agg, n_seqs=sums.n_seqs, n_tokens=sums.n_tokens, norm_len=self._norm_len
+        )
         with torch.no_grad():
             for p in self.module.parameters():
                 if p.grad is not None:

@@ -23,6 +23,7 @@ __all__ = [
     "group_advantages",
     "is_correction_weights",
     "kl_k3",
+    "loss_denominator",
     "policy_loss",
     "sequence_log_ratio",
     "token_logprobs",
@@ -227,13 +228,24 @@ def aggregate(
     """
     m = mask.to(per_token.dtype)
     masked = per_token * m  # [N, T]
+    denom = loss_denominator(mode, n_seqs=n_seqs, n_tokens=n_tokens, norm_len=norm_len)
     if mode == "grpo":
         lengths = m.sum(dim=-1).clamp(min=1.0)  # [N]
-        return (masked.sum(dim=-1) / lengths).sum() / max(n_seqs, 1)
+        return (masked.sum(dim=-1) / lengths).sum() / denom
+    return masked.sum() / denom
+
+
+def loss_denominator(mode: LossAgg, *, n_seqs: int, n_tokens: int, norm_len: int) -> int:
+    """What :func:`aggregate` divides the mini-batch's sum by (at least 1): ``n_seqs``
+    (``grpo``, after each sequence's token mean), ``n_tokens`` (``dapo``) or ``n_seqs ·
+    norm_len`` (``dr_grpo``). A streamed step (``stream_training``) sums with denominators 1
+    and divides the gradient by this once the batch is known."""
+    if mode == "grpo":
+        return max(n_seqs, 1)
     if mode == "dapo":
-        return masked.sum() / max(n_tokens, 1)
+        return max(n_tokens, 1)
     if mode == "dr_grpo":
-        return masked.sum() / max(n_seqs * norm_len, 1)
+        return max(n_seqs * norm_len, 1)
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 

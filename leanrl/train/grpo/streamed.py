@@ -46,6 +46,7 @@ from leanrl.errors import ConfigError, PolicyError
 from leanrl.rollout import Rollout, check_rewards
 from leanrl.task import Task
 from leanrl.train.grpo.data import _Sample
+from leanrl.train.grpo.report import _informative
 from leanrl.train.shaping import shape_groups
 
 if TYPE_CHECKING:
@@ -263,9 +264,8 @@ class GroupStream:
         check_rewards(g, self.label, "a NaN or inf would make every weight NaN")
         shape_groups([g], cfg.format_reward, cfg.overlong, cfg.sampling.max_tokens)
         self.rewards[k] = [x.reward for x in g]
-        judged = [x.reward for x in g if not x.infra]
-        if cfg.dynamic_sampling != "off" and not (len(judged) > 1 and len(set(judged)) > 1):
-            return  # not informative: dropped, as _collect drops it
+        if not _informative(g, cfg.dynamic_sampling):
+            return  # dropped, as _collect drops it
         if self.room is not None and len(self.kept) >= self.room:
             return  # refill: past the step's tasks_per_step, cut off as _collect cuts it
         self.kept.append(g)

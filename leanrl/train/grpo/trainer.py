@@ -520,10 +520,10 @@ class GRPOTrainer:
                 batch_tasks = batch_tasks[: cfg.tasks_per_step - len(replayed)]
             seed = None if base_seed is None else base_seed + cfg.seed * 1_000_003 + step * 101 + r
             sampling = cfg.sampling.model_copy(update={"n": cfg.group_size, "seed": seed})
+            label = f"step {step + 1}" + (f" (refill round {r})" if r else "")
             if self._stream_on:  # each group trained as the harness reports it (streamed.py)
                 sums = sums or StepSums()  # the step's, over its refill rounds
                 room = cfg.tasks_per_step - len(kept) if cfg.dynamic_sampling == "refill" else None
-                label = f"step {step + 1}" + (f" (refill round {r})" if r else "")
                 stream = GroupStream(engine, cfg, label, batch_tasks, sums, room)
                 stream.start()
                 try:
@@ -538,9 +538,7 @@ class GRPOTrainer:
                 # Before anything uses a reward: one NaN makes every advantage, then every
                 # weight, NaN (and the run would end "successfully" with a NaN checkpoint).
                 check_rewards(
-                    (x for g in got for x in g),
-                    f"step {step + 1}" + (f" (refill round {r})" if r else ""),
-                    "a NaN or inf would make every weight NaN",
+                    (x for g in got for x in g), label, "a NaN or inf would make every weight NaN"
                 )
                 shape_groups(got, cfg.format_reward, cfg.overlong, cfg.sampling.max_tokens)
             if self._is_main():  # every rank has the gathered groups; rank 0 keeps the proofs
@@ -559,11 +557,8 @@ class GRPOTrainer:
                     )
             groups += got
             drawn += batch_tasks
-            for g in got:
-                # informative: two judged outcomes that differ (infra ones are no outcome)
-                judged = [x.reward for x in g if not x.infra]
-                if cfg.dynamic_sampling == "off" or (len(judged) > 1 and len(set(judged)) > 1):
-                    kept.append(g)
+            # informative: two judged outcomes that differ (infra ones are no outcome)
+            kept += [g for g in got if _informative(g, cfg.dynamic_sampling)]
             if cfg.dynamic_sampling != "refill" or len(kept) >= cfg.tasks_per_step:
                 break
         kept = kept[: cfg.tasks_per_step] if cfg.dynamic_sampling == "refill" else kept
