@@ -81,7 +81,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
-import heapq
 import json
 import math
 import os
@@ -315,6 +314,7 @@ def _timed(meter: CpuMeter, phase: str, fn: Any, clock: Any = time.thread_time) 
 def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> dict[str, Any]:
     from leanrl import Environment, Harness, Rollout, Runtime, Task, Taskset, Turn
     from leanrl.harness import report_group
+    from leanrl.harnesses.whole_proof.stream import CheckBatcher
     from leanrl.policy import (
         Policy,
         PolicyConfig,
@@ -389,29 +389,12 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
                     for j, c in enumerate(cs)
                 ]
 
-            # As leanrl's whole-proof harness does (its CheckBatcher with the runtime's
-            # check_capacity): at most that many attempts in flight, the others handed over in
-            # task order, so that groups get their verdicts one after another.
-            waiting: list[tuple[int, int, asyncio.Future[None]]] = []
-            busy = [0]
-            capacity = runtime.check_capacity()
-
-            def pump() -> None:
-                while waiting and busy[0] < capacity:
-                    *_, fut = heapq.heappop(waiting)
-                    busy[0] += 1
-                    fut.set_result(None)
-
-            async def slot(i: int, j: int) -> None:
-                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                heapq.heappush(waiting, (i, j, fut))
-                pump()
-                await fut
-
-            def free() -> None:
-                busy[0] -= 1
-                pump()
-
+            # leanrl's whole-proof harness's CheckBatcher with the runtime's check_capacity: at
+            # most that many attempts in flight, the others handed over in task order, so that
+            # groups get their verdicts one after another.
+            batcher = CheckBatcher(
+                SimulatedChecks(), runtime, taskset, 1, 0.0, runtime.check_capacity()
+            )
             finished: dict[int, list[Rollout]] = {}
             got: list[list[Any]] = [[None] * sampling.n for _ in prompts]
             left = [sampling.n] * len(prompts)
@@ -422,12 +405,7 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
                 # final (report_group: stream_training trains on it while the rest go on).
                 got[i][j] = c
                 if pool is not None:
-                    a = Attempt(name="t", header="", formal_statement="t", proof="")
-                    await slot(i, j)
-                    try:
-                        await runtime.check([a])
-                    finally:
-                        free()
+                    await batcher.check(tasks[i], group_of(tasks[i], [c])[0], (i, j))
                 left[i] -= 1
                 if left[i] == 0:
                     g = finished[i] = group_of(tasks[i], got[i])
@@ -450,7 +428,10 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
             finally:
                 if token is not None:
                     _GENERATING.reset(token)
-            await asyncio.gather(*checks)
+            try:
+                await asyncio.gather(*checks)
+            finally:
+                batcher.close()
             out = [
                 finished.get(i) or group_of(task, cs)
                 for i, (task, cs) in enumerate(zip(tasks, comps, strict=True))
@@ -489,6 +470,13 @@ def run_leanrl(model: Path, args: argparse.Namespace, out: Path, mode: str) -> d
             s = args.lean_s_per_attempt
             await asyncio.gather(*(loop.run_in_executor(pool, time.sleep, s) for _ in attempts))
             return [Verdict(accepted=True, reason=Reason.OK, time_s=s, id=a.id) for a in attempts]
+
+    class SimulatedChecks:
+        """What CheckBatcher calls to check a piece: one simulated Lean check per attempt."""
+
+        async def check_rollouts(self, items: Sequence[Any], runtime: Runtime, _: Any) -> None:
+            a = Attempt(name="t", header="", formal_statement="t", proof="")
+            await runtime.check([a for _ in items])
 
     class NoLean(Runtime):
         async def check(self, attempts: Sequence[Attempt]) -> list[Verdict]:

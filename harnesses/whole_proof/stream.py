@@ -1,9 +1,9 @@
 """Streamed whole-proof rollouts: every prompt goes to the policy at once (:meth:`Policy.stream`);
 each completion is extracted and sent to Lean as it arrives, small groups of arrivals batched
-for the runtime; a group's rewards are computed once all its attempts have verdicts (and the group is
-reported: :func:`leanrl.harness.report_group`), and a chunk is handed to ``record`` once all its
-groups are done. The eval runner streams many chunks
-(``eval.stream``), the harness's own ``run`` one (the trainers' rollouts).
+for the runtime; a group's rewards are computed once all its attempts have verdicts (and the
+group is reported: :func:`leanrl.harness.report_group`), and a chunk is handed to ``record``
+once all its groups are done. The eval runner streams many chunks (``eval.stream``), the
+harness's own ``run`` one (the trainers' rollouts).
 
 What a chunk records does not depend on the order completions arrive in: every attempt is
 filed under its (chunk, task, sample), a task's rewards are computed once its group is
