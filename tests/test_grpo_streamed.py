@@ -101,9 +101,10 @@ def test_a_streamed_step_is_the_synchronous_step(
 
     a = sync.train_step(_batch_of([s for g in copy.deepcopy(groups) for s in g]))
     sums = StepSums()
-    for g in copy.deepcopy(groups):
+    copies = copy.deepcopy(groups)
+    for g in copies:
         streamed.accumulate(sums, g)
-    batch = _batch_of(sums.samples)
+    batch = _batch_of([s for g in copies for s in g])
     batch.streamed = sums
     b = streamed.train_step(batch)
 

@@ -464,7 +464,6 @@ class GRPOEngine:
             sums.loss += self._micro_step(micro, True, 1, 1, 1, sums.acc)
         sums.n_seqs += len(samples)
         sums.n_tokens += sum(sum(s.mask) for s in samples)
-        sums.samples += samples
         sums.seconds += time.perf_counter() - t0
 
     def finish_streamed(self, sums: StepSums) -> dict[str, Any]:

@@ -133,7 +133,6 @@ class StepSums:
     loss: float = 0.0  # Σ of the unnormalised micro-batch losses
     n_seqs: int = 0  # sequences with a loss token
     n_tokens: int = 0  # loss tokens
-    samples: list[_Sample] = field(default_factory=list)  # trained (with a loss token), in order
     made: list[_Sample] = field(default_factory=list)  # every sample of the kept groups
     seconds: float = 0.0  # wall time of the groups' forward/backward, overlapped or not
 
